@@ -1,0 +1,92 @@
+"""`data_provider(args, flag)` -> (dataset, loader), the entry point the experiment uses.
+
+Sharding under DDP:
+- train: DistributedSampler (shuffled, `set_epoch` every epoch; it pads the last
+  batch with repeats, harmless for SGD and it keeps every rank's step count equal);
+- val/test: each rank takes a contiguous, unpadded share of the windows, so every
+  window is scored exactly once and no loader drops any.
+"""
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from data_provider.data_loader import DATASETS, SPLITS, Window, WindowDataset, prepare
+from utils import distributed
+from utils.errors import UserError, require
+
+_prepared_cache = {}
+
+
+def _cache_key(args):
+    return tuple(getattr(args, k, None) for k in (
+        "data", "root_path", "data_path", "features", "target", "freq", "embed", "scale",
+        "seed", "synthetic_rows", "synthetic_channels"))
+
+
+def prepared_data(args):
+    """The scaled series of args' data set, read once per process."""
+    require(args.data in DATASETS, f"unknown --data '{args.data}'; choose one of {', '.join(DATASETS)} (custom reads any CSV or raw numeric file)")
+    key = _cache_key(args)
+    if key not in _prepared_cache:
+        _prepared_cache.clear()
+        _prepared_cache[key] = prepare(args)
+    return _prepared_cache[key]
+
+
+def window_for(args, flag):
+    """Input/target layout of a window for the model family and split.
+
+    Direct models (TSLib): x = seq_len rows, y = label_len + pred_len rows after x's
+    first seq_len - label_len rows. Token models (OpenLTM): y holds the next
+    output_token_len rows of every input token; at test time the model rolls out
+    test_pred_len rows after a test_seq_len history.
+    """
+    if getattr(args, "autoregressive", False):
+        if flag == "test":
+            return Window(args.test_seq_len, args.test_seq_len, args.test_pred_len)
+        return Window(args.seq_len, args.input_token_len, args.seq_len - args.input_token_len + args.output_token_len)
+    return Window(args.seq_len, args.seq_len - args.label_len, args.label_len + args.pred_len)
+
+
+def _identity(batch):
+    return batch  # the dataset's __getitems__ already returns a stacked batch
+
+
+class ShardSampler:
+    """This rank's contiguous, unpadded share of range(n), in order."""
+
+    def __init__(self, n):
+        self.start, self.stop = distributed.shard_range(n)
+
+    def __iter__(self):
+        return iter(range(self.start, self.stop))
+
+    def __len__(self):
+        return self.stop - self.start
+
+
+def data_provider(args, flag):
+    if flag not in SPLITS:
+        raise ValueError(f"flag must be one of {SPLITS}, got {flag!r}")
+    data = prepared_data(args)
+    window = window_for(args, flag)
+    start, stop = data.split_rows(flag, window.x_len)
+    dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag, start_row=start)
+    if len(dataset) == 0:
+        raise UserError(
+            f"the {flag} split of {args.data} has {stop - start} rows, fewer than the {window.span} "
+            f"one window needs (seq_len {window.x_len} + horizon); shorten --seq_len/--pred_len or use a longer series"
+        )
+    require(args.batch_size > 0, f"--batch_size must be positive, got {args.batch_size}")
+    if flag == "train":
+        sampler = DistributedSampler(
+            dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
+            shuffle=True, seed=args.seed, drop_last=False)
+    else:
+        sampler = ShardSampler(len(dataset))
+    loader = DataLoader(
+        dataset,
+        batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False),
+        collate_fn=_identity,
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+    )
+    return dataset, loader

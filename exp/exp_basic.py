@@ -1,0 +1,60 @@
+"""Exp_Basic: device, process group, data-derived shapes, model registry, DDP wrapping."""
+import logging
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from data_provider.data_factory import prepared_data
+from models import get_model_class
+from utils import distributed
+from utils.errors import require
+from utils.metrics import LOSSES
+from utils.tools import learning_rate_for_epoch, seed_everything
+
+logger = logging.getLogger("tsl")
+
+
+class Exp_Basic:
+    def __init__(self, args):
+        self.args = args
+        if args.ddp:
+            self.device = distributed.setup(args.use_gpu, args.dist_timeout)
+        else:
+            cuda = args.use_gpu and torch.cuda.is_available()
+            self.device = torch.device("cuda", args.gpu) if cuda else torch.device("cpu")
+        self.model_class = get_model_class(args.model)
+        self._complete_args()
+        seed_everything(args.seed)
+        model = self.model_class(args).to(self.device)
+        # DDP broadcasts rank 0's parameters at construction, so every rank starts equal.
+        if distributed.is_dist():
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=device_ids)
+        self.model = model
+
+    @property
+    def raw_model(self):
+        """The plain model: what is evaluated, saved and loaded (never the DDP wrapper)."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+
+    def _complete_args(self):
+        """Fill what the data and the model family decide, and reject impossible settings."""
+        args = self.args
+        args.autoregressive = bool(getattr(self.model_class, "autoregressive", False))
+        n_channels = len(prepared_data(args).columns)
+        args.enc_in = args.enc_in or n_channels
+        args.dec_in = args.dec_in or n_channels
+        args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)
+        args.test_seq_len = args.test_seq_len or args.seq_len
+        args.test_pred_len = args.test_pred_len or args.pred_len
+        for name in ("seq_len", "pred_len", "batch_size", "train_epochs", "patience"):
+            require(getattr(args, name) > 0, f"--{name} must be positive, got {getattr(args, name)}")
+        require(0 <= args.label_len <= args.seq_len, f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
+        require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+        learning_rate_for_epoch(args, 1)  # rejects an unknown --lradj before any training
+        if args.autoregressive:
+            token = args.input_token_len
+            require(token > 0 and args.output_token_len > 0, "--input_token_len and --output_token_len must be positive")
+            for name in ("seq_len", "test_seq_len"):
+                require(getattr(args, name) % token == 0,
+                        f"--{name} ({getattr(args, name)}) must be a multiple of --input_token_len ({token}) for token model {args.model}")

@@ -1,0 +1,1 @@
+"""Reusable building blocks shared by the forecasting models."""

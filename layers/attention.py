@@ -1,0 +1,136 @@
+"""Attention pieces for Timer-XL (Liu et al., ICLR 2025): RoPE, binary variable bias, Kronecker mask, TimeAttention.
+
+Tokens of C variables with N patches each are flattened variable-major: token index = c * N + n.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def token_ids(n_vars: int, n_tokens: int, device=None):
+    """(variable id, time id) of every flattened token, each a LongTensor [n_vars * n_tokens]."""
+    flat = torch.arange(n_vars * n_tokens, device=device)
+    return flat // n_tokens, flat % n_tokens
+
+
+def timer_xl_blocked_mask(n_vars: int, n_tokens: int, covariate: bool = False, device=None) -> torch.Tensor:
+    """Boolean [S, S] mask (S = n_vars * n_tokens), True where query token i must NOT attend to key token j.
+
+    Multivariate: Kronecker product of an all-ones variable dependency with a causal time mask, i.e. token
+    (c, n) sees (c', n') iff n' <= n. Covariate (last variable is the target, as in OpenLTM): every variable
+    sees only its own past, the target sees the past of all variables, so no covariate token ever depends
+    on the target.
+    """
+    var_id, time_id = token_ids(n_vars, n_tokens, device)
+    blocked = time_id.unsqueeze(0) > time_id.unsqueeze(1)
+    if covariate:
+        same_var = var_id.unsqueeze(0) == var_id.unsqueeze(1)
+        query_is_target = (var_id == n_vars - 1).unsqueeze(1)
+        blocked = blocked | ~(same_var | query_is_target)
+    return blocked
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding on the first `rotary_dim` features of each head (interleaved pairs).
+
+    Timer-XL rotates only part of each head (OpenLTM: the first half), leaving the rest position-free.
+    Has no parameters; cos/sin are recomputed per call because they are tiny ([N, rotary_dim]).
+    """
+
+    def __init__(self, rotary_dim: int, base: float = 10000.0):
+        super().__init__()
+        if rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+        self.rotary_dim = rotary_dim
+        self.base = base
+
+    def cos_sin(self, positions: torch.Tensor, dtype=torch.float32):
+        """cos, sin of shape [len(positions), rotary_dim] for integer positions."""
+        exponent = torch.arange(0, self.rotary_dim, 2, device=positions.device, dtype=torch.float32) / self.rotary_dim
+        inv_freq = self.base ** -exponent
+        angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [S, rotary_dim / 2]
+        angles = angles.repeat_interleave(2, dim=-1)  # each pair shares one frequency
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [..., S, E] rotated by positions [S] on its first rotary_dim features."""
+        if self.rotary_dim == 0:
+            return x
+        cos, sin = self.cos_sin(positions, x.dtype)
+        rotated, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        pairs = rotated.unflatten(-1, (-1, 2))
+        # (a, b) -> (-b, a): multiplying by i in each 2-d plane.
+        turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        return torch.cat((rotated * cos + turned * sin, rest), dim=-1)
+
+
+class BinaryAttentionBias(nn.Module):
+    """Learned per-head scalar added to attention logits: row 0 for different variables, row 1 for the same one."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.emb = nn.Embedding(2, n_heads)
+
+    def forward(self, var_id_q: torch.Tensor, var_id_k: torch.Tensor) -> torch.Tensor:
+        """Bias [H, Sq, Sk] for variable ids var_id_q [Sq], var_id_k [Sk]."""
+        same_var = var_id_q.unsqueeze(1) == var_id_k.unsqueeze(0)
+        different, same = self.emb.weight[0], self.emb.weight[1]
+        return torch.where(same_var, same[:, None, None], different[:, None, None])
+
+
+class TimeAttention(nn.Module):
+    """Multi-head self-attention over C * N flattened patch tokens with Timer-XL's Kronecker mask.
+
+    Queries and keys are rotated by each token's time index n (not its flattened index), so every
+    variable shares the same positional frame; a binary same/different-variable bias is added to the
+    logits; the causal (and optionally covariate) mask is folded into the same float additive mask so
+    F.scaled_dot_product_attention can use a fused kernel.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, covariate: bool = False,
+                 rotary_fraction: float = 0.5):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.covariate = covariate
+        self.query_projection = nn.Linear(d_model, d_model)
+        self.key_projection = nn.Linear(d_model, d_model)
+        self.value_projection = nn.Linear(d_model, d_model)
+        self.out_projection = nn.Linear(d_model, d_model)
+        self.rotary = RotaryEmbedding(int(self.head_dim * rotary_fraction) // 2 * 2)
+        self.variable_bias = BinaryAttentionBias(n_heads)
+
+    def attention_mask(self, n_vars: int, n_tokens: int, device, dtype) -> torch.Tensor:
+        """Float additive mask [1, H, S, S]: variable bias where allowed, -inf where blocked."""
+        var_id, _ = token_ids(n_vars, n_tokens, device)
+        blocked = timer_xl_blocked_mask(n_vars, n_tokens, self.covariate, device)
+        bias = self.variable_bias(var_id, var_id).masked_fill(blocked, float("-inf"))
+        return bias.unsqueeze(0).to(dtype)
+
+    def forward(self, x: torch.Tensor, n_vars: int, n_tokens: int) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        if seq != n_vars * n_tokens:
+            raise ValueError(f"expected {n_vars} * {n_tokens} tokens, got {seq}")
+
+        def split_heads(t):  # [B, S, D] -> [B, H, S, E]
+            return t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+
+        query = split_heads(self.query_projection(x))
+        key = split_heads(self.key_projection(x))
+        value = split_heads(self.value_projection(x))
+
+        _, time_id = token_ids(n_vars, n_tokens, x.device)
+        query = self.rotary(query, time_id)
+        key = self.rotary(key, time_id)
+
+        mask = self.attention_mask(n_vars, n_tokens, x.device, query.dtype)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            scale=1.0 / math.sqrt(self.head_dim),
+        )
+        return self.out_projection(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -1,0 +1,58 @@
+"""Timer-XL: a decoder-only Transformer over patch tokens of all variables at once. Each variable's series
+is cut into non-overlapping patches, every patch becomes a token, and the C * N tokens attend to each other
+under a Kronecker mask (all variables, causal in time) with rotary time positions and a learned
+same/different-variable bias; every token predicts the next `output_token_len` steps. Liu et al.,
+"Timer-XL: Long-Context Transformers for Unified Time Series Forecasting", ICLR 2025; follows OpenLTM."""
+import torch
+from torch import nn
+
+from layers.attention import TimeAttention
+from layers.transformer import TimerBlock, TimerLayer
+
+
+class Model(nn.Module):
+    autoregressive = True
+
+    def __init__(self, configs):
+        super().__init__()
+        self.input_token_len = configs.input_token_len
+        self.output_token_len = configs.output_token_len
+        self.use_norm = bool(configs.use_norm)
+        dropout = configs.dropout
+        self.embedding = nn.Linear(self.input_token_len, configs.d_model)
+        self.blocks = TimerBlock(
+            [
+                TimerLayer(
+                    TimeAttention(configs.d_model, configs.n_heads, dropout=dropout,
+                                  covariate=bool(configs.covariate)),
+                    configs.d_model, configs.d_ff, dropout=dropout,
+                    activation=configs.activation,
+                )
+                for _ in range(configs.e_layers)
+            ],
+            configs.d_model,
+        )
+        self.head = nn.Linear(configs.d_model, self.output_token_len)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        batch, length, n_vars = x_enc.shape
+        if length % self.input_token_len:
+            raise ValueError(f"input length {length} is not a multiple of input_token_len {self.input_token_len}")
+        n_tokens = length // self.input_token_len
+
+        if self.use_norm:
+            # Statistics over the whole window, as OpenLTM: note this lets early tokens see later
+            # inputs through the mean/std; use use_norm=False for strictly causal outputs.
+            means = x_enc.mean(1, keepdim=True).detach()
+            stdev = torch.sqrt(torch.var(x_enc, dim=1, keepdim=True, unbiased=False) + 1e-5).detach()
+            x_enc = (x_enc - means) / stdev
+
+        patches = x_enc.transpose(1, 2).unfold(-1, self.input_token_len, self.input_token_len)  # [B, C, N, P]
+        tokens = self.embedding(patches).reshape(batch, n_vars * n_tokens, -1)  # variable-major: c * N + n
+        tokens = self.blocks(tokens, n_vars, n_tokens)
+        out = self.head(tokens)  # [B, C * N, output_token_len]
+        out = out.reshape(batch, n_vars, n_tokens * self.output_token_len).transpose(1, 2)  # [B, N * out, C]
+
+        if self.use_norm:
+            out = out * stdev + means
+        return out

@@ -1,0 +1,179 @@
+"""Train, validate and test a forecaster: `python run.py --model DLinear`.
+
+Argument names follow thuml's Time-Series-Library and OpenLTM so their scripts port over.
+DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` which starts
+`--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run).
+"""
+import argparse
+import logging
+import os
+import sys
+
+from utils import distributed
+from utils.errors import UserError
+
+logger = logging.getLogger("tsl")
+
+
+def str2bool(value):
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("1", "true", "yes", "y"):
+        return True
+    if value.lower() in ("0", "false", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0), got '{value}'")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Time-series forecasting with exact DistributedDataParallel",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("basic")
+    g.add_argument("--task_name", default="long_term_forecast")
+    g.add_argument("--is_training", type=int, default=1, help="1: train then test; 0: evaluate --checkpoint")
+    g.add_argument("--model_id", default="test")
+    g.add_argument("--model", default="DLinear", help="any models/<Name>.py")
+    g.add_argument("--des", default="exp", help="free text appended to the setting name")
+    g.add_argument("--itr", type=int, default=1, help="repeat the experiment; run i uses seed + i")
+    g.add_argument("--seed", type=int, default=2021)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="synthetic", help="ETTh1, ETTh2, ETTm1, ETTm2, custom or synthetic (built in)")
+    g.add_argument("--root_path", default="./dataset/")
+    g.add_argument("--data_path", default="ETTh1.csv")
+    g.add_argument("--features", default="M", help="M: multi->multi, S: uni->uni, MS: multi->target")
+    g.add_argument("--target", default=None, help="target column (default: OT if present, else the last column)")
+    g.add_argument("--freq", default="h", help="time-feature frequency: s, t, h, d, b, w, m, y (e.g. 15min)")
+    g.add_argument("--embed", default="timeF", help="timeF (scaled calendar features) or fixed/learned (integer)")
+    g.add_argument("--scale", type=str2bool, default=True, help="z-score with the training split's statistics")
+    g.add_argument("--checkpoints", default="./checkpoints/")
+    g.add_argument("--results_dir", default="./results")
+    g.add_argument("--checkpoint", default=None, help="weights evaluated when --is_training 0")
+    g.add_argument("--synthetic_rows", type=int, default=5000, help="length of the built-in series")
+    g.add_argument("--synthetic_channels", type=int, default=7)
+
+    g = p.add_argument_group("forecasting")
+    g.add_argument("--seq_len", type=int, default=96, help="input length")
+    g.add_argument("--label_len", type=int, default=48, help="decoder start-token length (TSLib)")
+    g.add_argument("--pred_len", type=int, default=96, help="horizon")
+    g.add_argument("--input_token_len", type=int, default=24, help="patch/token length of token models")
+    g.add_argument("--output_token_len", type=int, default=24, help="steps each token predicts")
+    g.add_argument("--test_seq_len", type=int, default=None, help="token models' test input (default seq_len)")
+    g.add_argument("--test_pred_len", type=int, default=None, help="token models' rolled-out horizon (default pred_len)")
+    g.add_argument("--covariate", action="store_true", help="score only the target (last) channel")
+    g.add_argument("--last_token", action="store_true", help="score only the last token")
+    g.add_argument("--nonautoregressive", action="store_true", help="token models: test with one forward, no roll-out")
+    g.add_argument("--valid_last", action="store_true", help="validate on the last token only")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--enc_in", type=int, default=None, help="default: from the data")
+    g.add_argument("--dec_in", type=int, default=None, help="default: from the data")
+    g.add_argument("--c_out", type=int, default=None, help="default: from the data (1 with MS)")
+    g.add_argument("--d_model", type=int, default=512)
+    g.add_argument("--n_heads", type=int, default=8)
+    g.add_argument("--e_layers", type=int, default=2)
+    g.add_argument("--d_layers", type=int, default=1)
+    g.add_argument("--d_ff", type=int, default=2048)
+    g.add_argument("--moving_avg", type=int, default=25)
+    g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument("--activation", default="gelu")
+    g.add_argument("--use_norm", type=int, nargs="?", const=1, default=1, help="instance normalisation (flag or 0/1)")
+    g.add_argument("--individual", action="store_true", help="DLinear: one linear head per channel")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--train_epochs", type=int, default=10)
+    g.add_argument("--batch_size", type=int, default=32, help="per process; the global batch is batch_size x world size")
+    g.add_argument("--patience", type=int, default=3)
+    g.add_argument("--learning_rate", type=float, default=1e-4)
+    g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant")
+    g.add_argument("--weight_decay", type=float, default=0.0)
+    g.add_argument("--loss", default="MSE", help="MSE or MAE")
+    g.add_argument("--num_workers", type=int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
+
+    g = p.add_argument_group("devices and DDP")
+    g.add_argument("--use_gpu", type=str2bool, default=True, help="use CUDA when available")
+    g.add_argument("--gpu", type=int, default=0, help="GPU index without DDP")
+    g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
+    g.add_argument("--nproc_per_node", type=int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
+    g.add_argument("--dist_timeout", type=int, default=600, help="seconds a collective may wait")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="legacy torch.distributed.launch; unused")
+    return p
+
+
+def setting_name(args, ii):
+    parts = [args.task_name, args.model_id, args.model, args.data, f"ft{args.features}", f"sl{args.seq_len}",
+             f"ll{args.label_len}", f"pl{args.pred_len}", f"dm{args.d_model}", f"nh{args.n_heads}",
+             f"el{args.e_layers}", f"dl{args.d_layers}", f"df{args.d_ff}"]
+    if args.autoregressive:
+        parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
+    return "_".join(parts + [args.des, str(ii)])
+
+
+def configure_logging():
+    """Rank 0 logs progress; other ranks only warnings, with their rank in front."""
+    handler = logging.StreamHandler(sys.stdout)
+    rank = int(os.environ.get("RANK", 0))
+    if rank == 0:
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.setLevel(logging.INFO)
+    else:
+        handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s: %(message)s"))
+        logger.setLevel(logging.WARNING)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+
+
+def launch_local_workers(args):
+    """`python run.py --ddp` outside torchrun: hand the same command line to torchrun's engine."""
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run as torchrun
+
+    nproc = args.nproc_per_node
+    if nproc is None:
+        nproc = torch.cuda.device_count() if args.use_gpu and torch.cuda.is_available() else 2
+    launch = get_args_parser().parse_args(
+        ["--standalone", f"--nproc_per_node={nproc}", "--max_restarts=0", os.path.abspath(__file__), *sys.argv[1:]])
+    try:
+        torchrun(launch)
+    except ChildFailedError as failure:
+        codes = sorted({f.exitcode for f in failure.failures.values()})
+        print(f"error: {len(failure.failures)} of {nproc} workers failed (exit codes {codes}); "
+              "the first message above says why", file=sys.stderr)
+        return 2 if 2 in codes else 1
+    return 0
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.ddp and not distributed.launched_by_torchrun():
+        return launch_local_workers(args)
+    args.ddp = args.ddp or distributed.launched_by_torchrun()
+    configure_logging()
+    from exp.exp_forecast import Exp_Forecast
+
+    try:
+        base_seed = args.seed
+        for ii in range(args.itr):
+            args.seed = base_seed + ii
+            exp = Exp_Forecast(args)
+            setting = setting_name(args, ii)
+            if args.is_training:
+                training = exp.train(setting)
+                metrics = exp.test(setting)
+            else:
+                training = None
+                checkpoint = args.checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth")
+                metrics = exp.test(setting, checkpoint=checkpoint)
+            exp.save_results(setting, metrics, training)
+    except UserError as problem:
+        if int(os.environ.get("RANK", 0)) == 0:  # the process group may not exist yet
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    finally:
+        distributed.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

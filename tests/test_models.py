@@ -1,0 +1,254 @@
+"""Fast CPU tests for DLinear, TimerXL and their layers."""
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from layers.attention import RotaryEmbedding, timer_xl_blocked_mask
+from layers.decomposition import SeriesDecomposition
+from models import DLinear, TimerXL
+
+B, L, C = 4, 96, 7
+
+
+def make_configs(**overrides):
+    base = dict(
+        seq_len=L, label_len=48, pred_len=24, enc_in=C, dec_in=C, c_out=C, d_model=64, n_heads=4,
+        e_layers=2, d_layers=1, d_ff=128, moving_avg=25, dropout=0.1, activation="gelu", use_norm=True,
+        individual=False, input_token_len=24, output_token_len=24, covariate=False, features="M",
+    )
+    base.update(overrides)
+    return types.SimpleNamespace(**base)
+
+
+def make_inputs(configs, seed=0, batch=B, channels=C):
+    g = torch.Generator().manual_seed(seed)
+    x_enc = torch.randn(batch, configs.seq_len, channels, generator=g)
+    x_mark_enc = torch.randn(batch, configs.seq_len, 4, generator=g)
+    x_dec = torch.randn(batch, configs.label_len + configs.pred_len, channels, generator=g)
+    x_mark_dec = torch.randn(batch, configs.label_len + configs.pred_len, 4, generator=g)
+    return x_enc, x_mark_enc, x_dec, x_mark_dec
+
+
+def build(module, configs, seed=0):
+    torch.manual_seed(seed)
+    return module.Model(configs)
+
+
+# ---------------------------------------------------------------- decomposition
+
+def reference_moving_average(x, kernel_size):
+    """TSLib's moving_avg, written out: replicate-pad both ends, then AvgPool1d over time."""
+    front = x[:, 0:1, :].repeat(1, (kernel_size - 1) // 2, 1)
+    end = x[:, -1:, :].repeat(1, (kernel_size - 1) // 2, 1)
+    padded = torch.cat([front, x, end], dim=1)
+    return nn.AvgPool1d(kernel_size, stride=1, padding=0)(padded.permute(0, 2, 1)).permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("kernel_size,length", [(25, 96), (1, 96), (3, 10), (25, 12), (7, 336)])
+def test_decomposition_matches_padded_avgpool(kernel_size, length):
+    x = torch.randn(3, length, 5, dtype=torch.float32)
+    seasonal, trend = SeriesDecomposition(kernel_size)(x)
+    expected = reference_moving_average(x, kernel_size)
+    torch.testing.assert_close(trend, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(seasonal, x - expected, atol=1e-6, rtol=1e-6)
+
+
+def test_decomposition_rebuilds_for_new_length_and_is_not_persistent():
+    decomposition = SeriesDecomposition(25, length=96)
+    assert "averaging_matrix" not in decomposition.state_dict()
+    x = torch.randn(2, 48, 3)
+    _, trend = decomposition(x)
+    torch.testing.assert_close(trend, reference_moving_average(x, 25), atol=1e-6, rtol=1e-6)
+
+
+def test_decomposition_even_kernel_keeps_length():
+    x = torch.randn(2, 30, 3)
+    seasonal, trend = SeriesDecomposition(4)(x)
+    assert seasonal.shape == trend.shape == x.shape
+    # front pad 1, back pad 2: trend[0] = (x0 + x0 + x1 + x2) / 4
+    torch.testing.assert_close(trend[:, 0], (2 * x[:, 0] + x[:, 1] + x[:, 2]) / 4)
+
+
+# ---------------------------------------------------------------- DLinear
+
+@pytest.mark.parametrize("individual", [False, True])
+def test_dlinear_shape_and_init(individual):
+    configs = make_configs(individual=individual)
+    model = build(DLinear, configs)
+    assert DLinear.Model.autoregressive is False
+    out = model(*make_inputs(configs))
+    assert out.shape == (B, configs.pred_len, C)
+    for name, param in model.named_parameters():
+        if name.endswith("weight"):
+            torch.testing.assert_close(param, torch.full_like(param, 1 / configs.seq_len))
+
+
+def test_dlinear_state_dict_keys():
+    keys = set(build(DLinear, make_configs()).state_dict())
+    assert keys == {"Linear_Seasonal.weight", "Linear_Seasonal.bias", "Linear_Trend.weight", "Linear_Trend.bias"}
+    keys = set(build(DLinear, make_configs(individual=True)).state_dict())
+    assert "Linear_Seasonal.6.weight" in keys and "Linear_Trend.0.bias" in keys and len(keys) == 4 * C
+
+
+def test_dlinear_matches_explicit_formula():
+    """Shared and individual heads agree with a direct TSLib-style computation."""
+    configs = make_configs(individual=True)
+    model = build(DLinear, configs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    x = make_inputs(configs)[0]
+    trend = reference_moving_average(x, configs.moving_avg)
+    seasonal = x - trend
+    expected = torch.stack(
+        [model.Linear_Seasonal[c](seasonal[:, :, c]) + model.Linear_Trend[c](trend[:, :, c]) for c in range(C)], dim=-1
+    )
+    torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- TimerXL
+
+@pytest.mark.parametrize("output_token_len", [24, 48])
+def test_timerxl_shape(output_token_len):
+    configs = make_configs(output_token_len=output_token_len)
+    model = build(TimerXL, configs)
+    assert TimerXL.Model.autoregressive is True
+    out = model(*make_inputs(configs))
+    assert out.shape == (B, (L // configs.input_token_len) * output_token_len, C)
+
+
+def test_timerxl_rejects_ragged_length():
+    configs = make_configs()
+    with pytest.raises(ValueError):
+        build(TimerXL, configs)(torch.randn(2, 100, C), None, None, None)
+
+
+@pytest.mark.parametrize(
+    "module,overrides",
+    [
+        (DLinear, {}),
+        (DLinear, {"individual": True}),
+        (TimerXL, {}),
+        (TimerXL, {"covariate": True, "output_token_len": 48, "activation": "relu"}),
+        (TimerXL, {"use_norm": False}),
+    ],
+)
+def test_every_parameter_gets_finite_gradient(module, overrides):
+    configs = make_configs(**overrides)
+    model = build(module, configs)
+    model.train()
+    out = model(*make_inputs(configs))
+    out.square().mean().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(param.grad).all(), f"{name} has a non-finite gradient"
+    # The variable bias must actually be learned, both "same" and "different" rows.
+    if module is TimerXL:
+        grad = model.blocks.layers[0].attention.variable_bias.emb.weight.grad
+        assert (grad.abs().sum(dim=1) > 0).all()
+
+
+@pytest.mark.parametrize("output_token_len", [24, 48])
+def test_timerxl_is_causal(output_token_len):
+    # use_norm=False: the instance statistics span the whole window and would leak later inputs.
+    configs = make_configs(use_norm=False, output_token_len=output_token_len)
+    model = build(TimerXL, configs).eval()
+    P, N = configs.input_token_len, L // configs.input_token_len
+    x = make_inputs(configs)[0]
+    with torch.no_grad():
+        base = model(x)
+        for n in range(N - 1):
+            changed = x.clone()
+            changed[:, (n + 1) * P:, :] += torch.randn_like(changed[:, (n + 1) * P:, :]) * 3
+            out = model(changed)
+            rows = slice(0, (n + 1) * output_token_len)
+            torch.testing.assert_close(out[:, rows], base[:, rows], atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(out[:, (n + 1) * output_token_len:], base[:, (n + 1) * output_token_len:])
+
+
+def test_timerxl_variables_interact_without_covariate():
+    configs = make_configs(use_norm=False)
+    model = build(TimerXL, configs).eval()
+    x = make_inputs(configs)[0]
+    changed = x.clone()
+    changed[:, :, -1] += 1.0
+    with torch.no_grad():
+        assert not torch.allclose(model(x)[..., 0], model(changed)[..., 0])
+
+
+@pytest.mark.parametrize("use_norm", [False, True])
+def test_timerxl_covariates_ignore_target(use_norm):
+    configs = make_configs(covariate=True, use_norm=use_norm)
+    model = build(TimerXL, configs).eval()
+    x = make_inputs(configs)[0]
+    changed = x.clone()
+    changed[:, :, -1] = torch.randn_like(changed[:, :, -1]) * 5 + 2
+    changed_covariate = x.clone()
+    changed_covariate[:, :, 0] += 1.0
+    with torch.no_grad():
+        base, out = model(x), model(changed)
+        torch.testing.assert_close(out[..., :-1], base[..., :-1], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out[..., -1], base[..., -1])
+        # ...while the target does read the covariates.
+        assert not torch.allclose(model(changed_covariate)[..., -1], base[..., -1])
+
+
+def test_blocked_mask_structure():
+    n_vars, n_tokens = 3, 4
+    blocked = timer_xl_blocked_mask(n_vars, n_tokens)
+    covariate_blocked = timer_xl_blocked_mask(n_vars, n_tokens, covariate=True)
+    for i in range(n_vars * n_tokens):
+        for j in range(n_vars * n_tokens):
+            (ci, ni), (cj, nj) = divmod(i, n_tokens), divmod(j, n_tokens)
+            assert blocked[i, j].item() == (nj > ni)
+            allowed = nj <= ni and (ci == cj or ci == n_vars - 1)
+            assert covariate_blocked[i, j].item() == (not allowed)
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    rotary = RotaryEmbedding(8)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(m, n):
+        return (rotary(q, torch.tensor([m])) * rotary(k, torch.tensor([n]))).sum()
+
+    torch.testing.assert_close(score(5, 2), score(13, 10), atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(score(5, 2), score(5, 3))
+    # The features past rotary_dim are left untouched.
+    torch.testing.assert_close(rotary(q, torch.tensor([7]))[..., 8:], q[..., 8:])
+
+
+def test_timerxl_use_norm_scale_equivariance():
+    configs = make_configs(use_norm=True)
+    model = build(TimerXL, configs).eval()
+    x = make_inputs(configs)[0]
+    scale, shift = 3.5, -2.0
+    with torch.no_grad():
+        base = model(x)
+        out = model(x * scale + shift)
+    torch.testing.assert_close(out, base * scale + shift, atol=1e-3, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- shared behaviour
+
+@pytest.mark.parametrize(
+    "module,overrides", [(DLinear, {}), (DLinear, {"individual": True}), (TimerXL, {}), (TimerXL, {"covariate": True})]
+)
+def test_same_seed_same_output_and_state_dict_round_trip(module, overrides):
+    configs = make_configs(**overrides)
+    inputs = make_inputs(configs)
+    first, second = build(module, configs, seed=7).eval(), build(module, configs, seed=7).eval()
+    with torch.no_grad():
+        reference = first(*inputs)
+        torch.testing.assert_close(second(*inputs), reference, atol=0, rtol=0)
+
+        # Perturb so the round trip is not trivially satisfied by identical initialisation.
+        for p in first.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        perturbed = first(*inputs)
+        fresh = build(module, configs, seed=123).eval()
+        fresh.load_state_dict(first.state_dict(), strict=True)
+        torch.testing.assert_close(fresh(*inputs), perturbed, atol=0, rtol=0)
+

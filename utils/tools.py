@@ -1,0 +1,74 @@
+"""Training-loop helpers: learning-rate schedules, early stopping, seeding."""
+import math
+import random
+
+import numpy as np
+import torch
+
+from utils.errors import UserError
+
+LR_SCHEDULES = ("type1", "type2", "cosine", "constant")
+
+
+def learning_rate_for_epoch(args, epoch):
+    """Learning rate for 1-based `epoch` (TSLib's adjust_learning_rate semantics)."""
+    base = args.learning_rate
+    if args.lradj == "type1":  # epochs 1-2 at base, then halve every epoch
+        return base * 0.5 ** max(epoch - 2, 0)
+    if args.lradj == "type2":  # TSLib's fixed table
+        table = {2: 5e-5, 4: 1e-5, 6: 5e-6, 8: 1e-6, 10: 5e-7, 15: 1e-7, 20: 5e-8}
+        lr = base
+        for start, value in sorted(table.items()):
+            if epoch > start:
+                lr = value
+        return lr
+    if args.lradj == "cosine":  # cosine from base to 0 over train_epochs
+        return base / 2 * (1 + math.cos((epoch - 1) / args.train_epochs * math.pi))
+    if args.lradj == "constant":
+        return base
+    raise UserError(f"unknown --lradj '{args.lradj}'; choose one of {', '.join(LR_SCHEDULES)}")
+
+
+def set_learning_rate(optimizer, lr):
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+class EarlyStopping:
+    """Stops after `patience` epochs without a new best validation loss.
+
+    It is fed the *global* validation loss, identical on every rank, so each rank
+    reaches the same decision; the experiment still agrees on it through a collective.
+    """
+
+    def __init__(self, patience, delta=0.0):
+        self.patience = patience
+        self.delta = delta
+        self.best_loss = math.inf
+        self.counter = 0
+
+    def step(self, val_loss):
+        """Returns True when val_loss is a new best (weights should be saved)."""
+        if val_loss < self.best_loss - self.delta:
+            self.best_loss = val_loss
+            self.counter = 0
+            return True
+        self.counter += 1
+        return False
+
+    @property
+    def should_stop(self):
+        return self.counter >= self.patience
+
+    def state_dict(self):
+        return {"best_loss": self.best_loss, "counter": self.counter}
+
+    def load_state_dict(self, state):
+        self.best_loss = state["best_loss"]
+        self.counter = state["counter"]
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
