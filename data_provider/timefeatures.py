@@ -13,9 +13,9 @@ _FEATURES = {
     "second": lambda d: _scaled(d.dt.second, 59.0),
     "minute": lambda d: _scaled(d.dt.minute, 59.0),
     "hour": lambda d: _scaled(d.dt.hour, 23.0),
-    "weekday": lambda d: _scaled(d.dt.dayofweek, 6.0),
+    "weekday": lambda d: _scaled(d.dt.day_of_week, 6.0),
     "monthday": lambda d: _scaled(d.dt.day - 1, 30.0),
-    "yearday": lambda d: _scaled(d.dt.dayofyear - 1, 365.0),
+    "yearday": lambda d: _scaled(d.dt.day_of_year - 1, 365.0),
     "month": lambda d: _scaled(d.dt.month - 1, 11.0),
     "week": lambda d: _scaled(d.dt.isocalendar().week.astype(int) - 1, 52.0),
 }
@@ -53,7 +53,7 @@ def time_features(dates, freq, embed="timeF"):
             return np.zeros((len(dates), 0), dtype=np.float32)
         return np.stack([_FEATURES[n](dates) for n in names], axis=1).astype(np.float32)
     # TSLib's integer encoding (embed fixed/learned): month, day, weekday, hour[, minute//15]
-    cols = [dates.dt.month, dates.dt.day, dates.dt.dayofweek, dates.dt.hour]
+    cols = [dates.dt.month, dates.dt.day, dates.dt.day_of_week, dates.dt.hour]
     if normalise_freq(freq) in ("t", "s"):
         cols.append(dates.dt.minute // 15)
     return np.stack([np.asarray(c) for c in cols], axis=1).astype(np.float32)

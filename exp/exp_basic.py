@@ -58,3 +58,6 @@ class Exp_Basic:
             for name in ("seq_len", "test_seq_len"):
                 require(getattr(args, name) % token == 0,
                         f"--{name} ({getattr(args, name)}) must be a multiple of --input_token_len ({token}) for token model {args.model}")
+            require(not args.nonautoregressive or args.output_token_len >= args.test_pred_len,
+                    f"--nonautoregressive forecasts in one step, so --output_token_len ({args.output_token_len}) "
+                    f"must cover --test_pred_len ({args.test_pred_len})")

@@ -1,0 +1,96 @@
+"""Distributed helpers and exact evaluation, on real gloo process groups of 1, 2 and 3 ranks."""
+import math
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers import make_args, run_on_ranks
+
+
+def _collectives(rank, world):
+    from utils import distributed
+
+    return {
+        "sum": distributed.all_reduce_sum([rank + 1.0, 0.5]),
+        "any_last": distributed.any_rank(rank == world - 1),
+        "any_none": distributed.any_rank(False),
+        "gathered": distributed.gather_objects(rank * 10),
+        "broadcast": distributed.broadcast_object(f"from {rank}"),
+        "is_main": distributed.is_main(),
+    }
+
+
+def test_collective_helpers_on_three_ranks():
+    results = run_on_ranks(_collectives, 3)
+    for rank, result in enumerate(results):
+        assert result["sum"] == [6.0, 1.5]
+        assert result["any_last"] is True and result["any_none"] is False
+        assert result["gathered"] == [0, 10, 20]
+        assert result["broadcast"] == "from 0"
+        assert result["is_main"] == (rank == 0)
+
+
+def _evaluate(rank, world, argv):
+    """Build the experiment on this rank and evaluate val and test without training."""
+    from exp.exp_forecast import Exp_Forecast
+    from data_provider.data_factory import data_provider
+
+    args = make_args(*argv, "--ddp")
+    exp = Exp_Forecast(args)
+    assert isinstance(exp.model, DistributedDataParallel) or world == 1
+
+    # Evaluation must never run the DDP wrapper: make its forward explode while evaluating.
+    def forbidden(*a, **k):
+        raise AssertionError("evaluation ran through the DDP wrapper")
+
+    original = DistributedDataParallel.forward
+    DistributedDataParallel.forward = forbidden
+    try:
+        _, vali_loader = data_provider(args, "val")
+        _, test_loader = data_provider(args, "test")
+        vali = exp.vali(vali_loader)
+        test = exp.evaluate(test_loader, "test").metrics()
+    finally:
+        DistributedDataParallel.forward = original
+    return {"vali": vali, "test": test, "test_batches": len(test_loader)}
+
+
+CASES = {
+    "DLinear": ["--model", "DLinear", "--batch_size", 301],
+    "TimerXL": ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
+                "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60, "--batch_size", 128],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_evaluation_is_identical_for_world_sizes_1_2_3(case):
+    reference = run_on_ranks(_evaluate, 1, CASES[case])[0]
+    assert math.isfinite(reference["vali"])
+    for world in (2, 3):
+        results = run_on_ranks(_evaluate, world, CASES[case])
+        if case == "DLinear" and world == 3:
+            # 905 test windows as 301/302/302 with batch 301: ranks run different batch counts
+            assert sorted(r["test_batches"] for r in results) == [1, 2, 2]
+        for result in results:
+            assert result["vali"] == pytest.approx(reference["vali"], rel=1e-6)
+            for name in ("mse", "mae", "rmse", "mape", "mspe"):
+                assert result["test"][name] == pytest.approx(reference["test"][name], rel=1e-6), name
+        # every rank holds the very same global numbers, bit for bit
+        assert len({r["vali"] for r in results}) == 1
+
+
+def test_error_sums_match_numpy_reference():
+    from utils.metrics import ErrorSums
+
+    pred, true = torch.randn(5, 7, 3), torch.randn(5, 7, 3) + 3
+    sums = ErrorSums()
+    sums.update(pred[:2], true[:2])
+    sums.update(pred[2:], true[2:])
+    metrics = sums.metrics()
+    p, t = pred.double().numpy(), true.double().numpy()
+    assert metrics["mse"] == pytest.approx(((p - t) ** 2).mean())
+    assert metrics["mae"] == pytest.approx(abs(p - t).mean())
+    assert metrics["rmse"] == pytest.approx(((p - t) ** 2).mean() ** 0.5)
+    assert metrics["mape"] == pytest.approx(abs((p - t) / t).mean())
+    assert metrics["mspe"] == pytest.approx((((p - t) / t) ** 2).mean())

@@ -1,0 +1,44 @@
+"""End to end: one checkpoint, evaluated with --is_training 0 under 1, 2 and 3 processes,
+reports the same validation loss and test metrics (relative difference below 1e-6)."""
+import pytest
+
+from helpers import ETTH1, ETTH1_ARGS, assert_ok, records, run_cli
+
+SMALL_TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
+                 "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60]
+CASES = {
+    "DLinear-ETTh1": ["--model", "DLinear", *ETTH1_ARGS, "--learning_rate", 0.005],
+    "DLinear-synthetic": ["--model", "DLinear", "--features", "MS"],
+    "TimerXL-synthetic": SMALL_TIMERXL,
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def trained(request, tmp_path_factory):
+    if "ETTh1" in request.param and not ETTH1.exists():
+        pytest.skip("ETTh1 not present")
+    tmp = tmp_path_factory.mktemp(request.param)
+    argv = CASES[request.param]
+    assert_ok(run_cli(tmp, *argv, "--train_epochs", 1))
+    record = records(tmp)[-1]
+    return tmp, argv, record
+
+
+def test_checkpoint_evaluates_identically_on_1_2_3_processes(trained):
+    tmp, argv, train_record = trained
+    checkpoint = tmp / "checkpoints" / train_record["setting"] / "checkpoint.pth"
+    assert checkpoint.exists()
+    evaluations = []
+    for nproc in (1, 2, 3):
+        proc = run_cli(tmp, *argv, "--is_training", 0, "--checkpoint", checkpoint, "--ddp", nproc=nproc)
+        assert_ok(proc)
+        evaluations.append(records(tmp)[-1])
+        assert evaluations[-1]["world_size"] == nproc
+    # the training run's own final test (same weights, 1 process) agrees too
+    evaluations.append(train_record)
+    reference = evaluations[0]
+    for other in evaluations[1:]:
+        for key in ("vali_loss", "mse", "mae", "rmse", "mape", "mspe"):
+            assert other[key] == pytest.approx(reference[key], rel=1e-6), (key, other["world_size"])
+        assert other["test_windows"] == reference["test_windows"]
+    assert f"{reference['mse']:.6g}" == f"{evaluations[2]['mse']:.6g}"
