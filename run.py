@@ -126,22 +126,13 @@ def configure_logging():
 def launch_local_workers(args):
     """`python run.py --ddp` outside torchrun: hand the same command line to torchrun's engine."""
     import torch
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run as torchrun
+
+    from utils.launch import launch
 
     nproc = args.nproc_per_node
     if nproc is None:
         nproc = torch.cuda.device_count() if args.use_gpu and torch.cuda.is_available() else 2
-    launch = get_args_parser().parse_args(
-        ["--standalone", f"--nproc_per_node={nproc}", "--max_restarts=0", os.path.abspath(__file__), *sys.argv[1:]])
-    try:
-        torchrun(launch)
-    except ChildFailedError as failure:
-        codes = sorted({f.exitcode for f in failure.failures.values()})
-        print(f"error: {len(failure.failures)} of {nproc} workers failed (exit codes {codes}); "
-              "the first message above says why", file=sys.stderr)
-        return 2 if 2 in codes else 1
-    return 0
+    return launch(["--standalone", f"--nproc_per_node={nproc}", os.path.abspath(__file__), *sys.argv[1:]])
 
 
 def main(argv=None):

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # DDP training with PyTorch's own launcher (torchrun). Works as-is on a CPU-only machine
 # with the built-in data; extra arguments pass through to run.py.
+# `python -m utils.launch` is torchrun itself (same arguments, elastic agent and c10d
+# rendezvous) that ends a failed run with one line instead of a launcher traceback.
 #
 #   bash scripts/ddp_forecast.sh                                    # 2 local processes, DLinear
 #   NPROC_PER_NODE=4 MODEL=TimerXL bash scripts/ddp_forecast.sh --train_epochs 5
@@ -16,7 +18,7 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
 MODEL=${MODEL:-DLinear}
 
-exec python -m torch.distributed.run \
+exec python -m utils.launch \
   --nproc_per_node="$NPROC_PER_NODE" \
   --nnodes="$NNODES" \
   --node_rank="$NODE_RANK" \
