@@ -49,8 +49,11 @@ def build_parser():
     g.add_argument("--checkpoints", default="./checkpoints/")
     g.add_argument("--results_dir", default="./results")
     g.add_argument("--checkpoint", default=None, help="weights evaluated when --is_training 0")
+    g.add_argument("--resume", nargs="?", const="auto", default=None,
+                   help="continue the setting's last.pth (or the given training-state file)")
     g.add_argument("--synthetic_rows", type=int, default=5000, help="length of the built-in series")
     g.add_argument("--synthetic_channels", type=int, default=7)
+    g.add_argument("--synthetic_seed", type=int, default=None, help="seed of the built-in series (default: --seed)")
 
     g = p.add_argument_group("forecasting")
     g.add_argument("--seq_len", type=int, default=96, help="input length")
@@ -100,6 +103,13 @@ def build_parser():
     return p
 
 
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.synthetic_seed is None:
+        args.synthetic_seed = args.seed  # --itr changes the run seed, never the data
+    return args
+
+
 def setting_name(args, ii):
     parts = [args.task_name, args.model_id, args.model, args.data, f"ft{args.features}", f"sl{args.seq_len}",
              f"ll{args.label_len}", f"pl{args.pred_len}", f"dm{args.d_model}", f"nh{args.n_heads}",
@@ -136,7 +146,7 @@ def launch_local_workers(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.ddp and not distributed.launched_by_torchrun():
         return launch_local_workers(args)
     args.ddp = args.ddp or distributed.launched_by_torchrun()

@@ -18,7 +18,7 @@ _prepared_cache = {}
 def _cache_key(args):
     return tuple(getattr(args, k, None) for k in (
         "data", "root_path", "data_path", "features", "target", "freq", "embed", "scale",
-        "seed", "synthetic_rows", "synthetic_channels"))
+        "synthetic_seed", "synthetic_rows", "synthetic_channels"))
 
 
 def prepared_data(args):

@@ -104,7 +104,7 @@ def _read_file(path, mtime):
 
 def read_table(args):
     if args.data == "synthetic":
-        frame = make_synthetic(rows=args.synthetic_rows, channels=args.synthetic_channels, seed=args.seed)
+        frame = make_synthetic(rows=args.synthetic_rows, channels=args.synthetic_channels, seed=args.synthetic_seed)
         return _frame_to_table(frame, "synthetic data")
     path = os.path.join(args.root_path, args.data_path)
     require(os.path.isfile(path), f"data file not found: {path}; set --root_path and --data_path (or use --data synthetic)")

@@ -19,12 +19,18 @@ import torch
 from data_provider.data_factory import data_provider
 from exp.exp_basic import Exp_Basic
 from utils import distributed
-from utils.checkpoint import load_weights, save_atomic
+from utils.checkpoint import load_weights, read_training_state, save_atomic, writable_dir_problem
 from utils.errors import require
 from utils.metrics import ErrorSums, batch_loss
-from utils.tools import EarlyStopping, learning_rate_for_epoch, set_learning_rate
+from utils.tools import (EarlyStopping, learning_rate_for_epoch, rng_state, seed_everything, set_learning_rate,
+                         set_rng_state)
 
 logger = logging.getLogger("tsl")
+
+# Arguments that decide the model's shape and meaning: a resumed run must match them.
+MODEL_SHAPING_ARGS = ("model", "features", "seq_len", "label_len", "pred_len", "enc_in", "dec_in", "c_out",
+                      "d_model", "n_heads", "e_layers", "d_layers", "d_ff", "moving_avg", "activation", "use_norm",
+                      "individual", "input_token_len", "output_token_len", "covariate")
 
 
 class Exp_Forecast(Exp_Basic):
@@ -104,66 +110,134 @@ class Exp_Forecast(Exp_Basic):
         return self._loss_of(self.evaluate(vali_loader, stage))
 
     # ------------------------------------------------------------ training
-    def _checkpoint_path(self, setting):
-        return os.path.join(self.args.checkpoints, setting, "checkpoint.pth")
+    def _checkpoint_path(self, setting, name="checkpoint.pth"):
+        return os.path.join(self.args.checkpoints, setting, name)
+
+    def _require_writable(self, *options):
+        """Fail before any work if rank 0 cannot write where it will have to."""
+        problems = [writable_dir_problem(getattr(self.args, o), f"--{o}") for o in options] if distributed.is_main() else []
+        problem = distributed.broadcast_object(next((p for p in problems if p), None))
+        require(problem is None, problem)
 
     def _save_best(self, path):
         if distributed.is_main():
             save_atomic(self.raw_model.state_dict(), path)
         distributed.barrier()  # nobody reads the file before it is complete
 
+    def _save_training_state(self, path, optimizer, stopper, epoch, step, history, stopped):
+        """last.pth: everything needed to continue exactly where this epoch ended."""
+        rng = distributed.gather_objects(rng_state())  # collective: every rank's generators
+        if distributed.is_main():
+            save_atomic({
+                "model": self.raw_model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "lr_schedule": {"lradj": self.args.lradj, "epoch": epoch},  # lr is a function of the epoch
+                "early_stopping": stopper.state_dict(),
+                "epoch": epoch,  # also the sampler epoch: set_epoch(epoch) reproduces the order
+                "global_step": step,
+                "stopped": stopped,
+                "rng": rng,
+                "model_args": {k: getattr(self.args, k) for k in MODEL_SHAPING_ARGS},
+                "history": history,
+            }, path)
+
+    def _resume_path(self, setting):
+        """last.pth to continue from, or None: --resume [PATH], or any torchrun restart."""
+        resume = self.args.resume
+        if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+            resume = "auto"  # an elastic restart always continues the interrupted run
+        if resume is None:
+            return None
+        if resume != "auto":
+            return resume
+        path = self._checkpoint_path(setting, "last.pth")
+        if os.path.isfile(path):
+            return path
+        logger.info(f"--resume: no {path} yet, starting from epoch 1")
+        return None
+
+    def _load_training_state(self, path, optimizer, stopper):
+        state = read_training_state(path, map_location=self.device)
+        differing = [f"{k} (saved {state['model_args'].get(k)!r}, now {getattr(self.args, k)!r})"
+                     for k in MODEL_SHAPING_ARGS if state["model_args"].get(k) != getattr(self.args, k)]
+        require(not differing, f"cannot resume from {path}: it was trained with other model arguments: "
+                + "; ".join(differing) + ". Use the same arguments, or another --checkpoints folder")
+        self.raw_model.load_state_dict(state["model"], strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        stopper.load_state_dict(state["early_stopping"])
+        if len(state["rng"]) == distributed.world_size():
+            set_rng_state(state["rng"][distributed.rank()])
+        else:
+            logger.warning(f"resuming on {distributed.world_size()} processes from a run on {len(state['rng'])}: "
+                           "random streams are re-seeded, so results will differ from an uninterrupted run")
+            seed_everything(self.args.seed + state["epoch"])
+        logger.info(f"resumed from {path} after epoch {state['epoch']} (best vali {stopper.best_loss:.6f})")
+        return state
+
+    def _train_epoch(self, loader, optimizer):
+        """One pass over this rank's shard; returns (global mean train loss, steps)."""
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        n_scored = steps = 0
+        for batch in loader:
+            optimizer.zero_grad(set_to_none=True)
+            pred, true = self._forward(self.model, batch, "train")
+            loss = batch_loss(pred, true, self.args.loss)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach().double() * pred.numel()  # no host sync per step
+            n_scored += pred.numel()
+            steps += 1
+        total, count = distributed.all_reduce_sum([loss_sum.item(), n_scored])
+        return total / count, steps
+
     def train(self, setting):
         args = self.args
+        self._require_writable("checkpoints", "results_dir")
         _, train_loader = data_provider(args, "train")
         _, vali_loader = data_provider(args, "val")
         _, test_loader = data_provider(args, "test")
-        path = self._checkpoint_path(setting)
+        best_path, last_path = self._checkpoint_path(setting), self._checkpoint_path(setting, "last.pth")
         optimizer = torch.optim.Adam(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
         stopper = EarlyStopping(args.patience)
-        history = []
+        history, step, stopped, first_epoch = [], 0, False, 1
+        resume_path = self._resume_path(setting)
+        if resume_path:
+            state = self._load_training_state(resume_path, optimizer, stopper)
+            history, step, stopped, first_epoch = state["history"], state["global_step"], state["stopped"], state["epoch"] + 1
         world = distributed.world_size()
         logger.info(f"training {setting}: {len(train_loader.dataset)} train windows, global batch "
                     f"{args.batch_size * world} ({args.batch_size} x {world} processes)")
-        for epoch in range(1, args.train_epochs + 1):
+        for epoch in range(first_epoch, args.train_epochs + 1):
+            if stopped:
+                break
             started = time.time()
             lr = learning_rate_for_epoch(args, epoch)
             set_learning_rate(optimizer, lr)
             train_loader.batch_sampler.sampler.set_epoch(epoch)
-            self.model.train()
-            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-            n_scored = 0
-            for batch in train_loader:
-                optimizer.zero_grad(set_to_none=True)
-                pred, true = self._forward(self.model, batch, "train")
-                loss = batch_loss(pred, true, args.loss)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.detach().double() * pred.numel()  # no host sync per step
-                n_scored += pred.numel()
-            train_loss = distributed.all_reduce_sum([loss_sum.item(), n_scored])
-            train_loss = train_loss[0] / train_loss[1]
+            train_loss, steps = self._train_epoch(train_loader, optimizer)
+            step += steps
             vali_loss = self.vali(vali_loader, "val")
             test_loss = self._loss_of(self.evaluate(test_loader, "test"))
             require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after epoch {epoch}: training diverged; "
                     "lower --learning_rate or check the data for extreme values")
             improved = stopper.step(vali_loss)
             if improved:
-                self._save_best(path)
+                self._save_best(best_path)
             # Every rank holds the same global vali_loss; the collective makes the
             # decision shared by construction, so no rank can leave the loop alone.
-            stop = distributed.any_rank(stopper.should_stop)
-            record = {"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
-                      "lr": lr, "seconds": time.time() - started}
-            history.append(record)
+            stopped = distributed.any_rank(stopper.should_stop)
+            history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
+                            "lr": lr, "seconds": time.time() - started})
+            self._save_training_state(last_path, optimizer, stopper, epoch, step, history, stopped)
             logger.info(f"epoch {epoch}: train {train_loss:.6f} vali {vali_loss:.6f} test {test_loss:.6f} "
-                        f"lr {lr:.3g} {record['seconds']:.2f}s" + (" *best*" if improved else
+                        f"lr {lr:.3g} {history[-1]['seconds']:.2f}s" + (" *best*" if improved else
                         f" (no improvement {stopper.counter}/{args.patience})"))
-            if stop:
+            if stopped:
                 logger.info(f"early stopping after epoch {epoch}")
-                break
-        load_weights(self.raw_model, path, map_location=self.device)
+        load_weights(self.raw_model, best_path, map_location=self.device)
         return {"history": history, "stopped_epoch": history[-1]["epoch"], "best_vali_loss": stopper.best_loss,
-                "checkpoint": path}
+                "checkpoint": best_path}
 
     # ------------------------------------------------------------ testing
     def test(self, setting, checkpoint=None):

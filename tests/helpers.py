@@ -96,6 +96,6 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
 def make_args(*argv):
     """Parsed run.py arguments, as a worker would see them."""
     sys.path.insert(0, str(REPO))
-    from run import build_parser
+    from run import parse_args
 
-    return build_parser().parse_args(list(map(str, argv)))
+    return parse_args(list(map(str, argv)))

@@ -86,3 +86,29 @@ def load_weights(model, path, map_location="cpu"):
         )
     model.load_state_dict(state, strict=True)
     return model
+
+
+def read_training_state(path, map_location="cpu"):
+    """The full training state written by Exp_Forecast after every epoch (last.pth)."""
+    if not os.path.isfile(path):
+        raise UserError(f"training state not found: {path}; pass --resume without a path to continue the setting's last.pth")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise UserError(f"cannot read training state {path}: it is truncated or corrupt ({type(exc).__name__}); "
+                        "delete it to start over") from None
+    required = {"model", "optimizer", "early_stopping", "epoch", "rng", "model_args", "history"}
+    if not isinstance(state, dict) or not required <= set(state):
+        raise UserError(f"{path} is not a training state written by this codebase (need {', '.join(sorted(required))})")
+    return state
+
+
+def writable_dir_problem(folder, option):
+    """None if `folder` can be created and written to, else a message that says why not."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_test_"):
+            pass
+    except OSError as exc:
+        return f"{option} {folder} is not a writable folder ({exc.strerror}); choose another path or fix its permissions"
+    return None
