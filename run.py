@@ -5,6 +5,7 @@ DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` wh
 `--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run).
 """
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -151,28 +152,35 @@ def main(argv=None):
         return launch_local_workers(args)
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging()
-    from exp.exp_forecast import Exp_Forecast
-
     try:
-        base_seed = args.seed
-        for ii in range(args.itr):
-            args.seed = base_seed + ii
-            exp = Exp_Forecast(args)
-            setting = setting_name(args, ii)
-            if args.is_training:
-                training = exp.train(setting)
-                metrics = exp.test(setting)
-            else:
-                training = None
-                checkpoint = args.checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth")
-                metrics = exp.test(setting, checkpoint=checkpoint)
-            exp.save_results(setting, metrics, training)
+        return run_experiments(args)
     except UserError as problem:
         if int(os.environ.get("RANK", 0)) == 0:  # the process group may not exist yet
             print(f"error: {problem}", file=sys.stderr)
         return 2
     finally:
+        # The DDP wrapper (in reference cycles) holds the process group: free it and destroy
+        # the group now. Left to interpreter shutdown, gloo's threads abort the process.
+        gc.collect()
         distributed.cleanup()
+
+
+def run_experiments(args):
+    from exp.exp_forecast import Exp_Forecast
+
+    base_seed = args.seed
+    for ii in range(args.itr):
+        args.seed = base_seed + ii
+        exp = Exp_Forecast(args)
+        setting = setting_name(args, ii)
+        if args.is_training:
+            training = exp.train(setting)
+            metrics = exp.test(setting)
+        else:
+            training = None
+            checkpoint = args.checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth")
+            metrics = exp.test(setting, checkpoint=checkpoint)
+        exp.save_results(setting, metrics, training)
     return 0
 
 

@@ -243,6 +243,7 @@ class Exp_Forecast(Exp_Basic):
     def test(self, setting, checkpoint=None):
         """Test metrics of the current weights, or of `checkpoint` if given; runs under DDP too."""
         if checkpoint:
+            self._require_writable("results_dir")
             load_weights(self.raw_model, checkpoint, map_location=self.device)
         _, vali_loader = data_provider(self.args, "val")
         _, test_loader = data_provider(self.args, "test")

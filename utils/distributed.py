@@ -48,12 +48,18 @@ def setup(use_gpu, timeout_s):
     else:
         device = torch.device("cpu")
     if not is_dist():
-        dist.init_process_group(
-            backend="nccl" if cuda else "gloo",
-            init_method="env://",
-            timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=device if cuda else None,
-        )
+        options = dict(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+                       device_id=device if cuda else None)
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # After an elastic restart torchrun's store still holds the previous group's
+            # connection keys; a per-attempt prefix keeps the new group from reading them.
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  int(os.environ["WORLD_SIZE"]), is_master=False, timeout=options["timeout"])
+            dist.init_process_group(store=dist.PrefixStore(f"restart_{restart}", store),
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **options)
+        else:
+            dist.init_process_group(init_method="env://", **options)
     return device
 
 
