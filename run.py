@@ -5,7 +5,6 @@ DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` wh
 `--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run).
 """
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -93,6 +92,10 @@ def build_parser():
     g.add_argument("--weight_decay", type=float, default=0.0)
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
     g.add_argument("--num_workers", type=int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
+    g.add_argument("--use_amp", action="store_true", help="mixed precision: bf16 autocast (CPU and GPU)")
+    g.add_argument("--amp_dtype", default="bf16", choices=["bf16", "fp16"], help="fp16 (GPU only) adds loss scaling")
+    g.add_argument("--compile", action="store_true", help="torch.compile the training model")
+    g.add_argument("--num_threads", type=int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
 
     g = p.add_argument_group("devices and DDP")
     g.add_argument("--use_gpu", type=str2bool, default=True, help="use CUDA when available")
@@ -159,9 +162,6 @@ def main(argv=None):
             print(f"error: {problem}", file=sys.stderr)
         return 2
     finally:
-        # The DDP wrapper (in reference cycles) holds the process group: free it and destroy
-        # the group now. Left to interpreter shutdown, gloo's threads abort the process.
-        gc.collect()
         distributed.cleanup()
 
 

@@ -6,6 +6,7 @@ Sharding under DDP:
 - val/test: each rank takes a contiguous, unpadded share of the windows, so every
   window is scored exactly once and no loader drops any.
 """
+import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from data_provider.data_loader import DATASETS, SPLITS, Window, WindowDataset, prepare
@@ -63,13 +64,17 @@ class ShardSampler:
         return self.stop - self.start
 
 
-def data_provider(args, flag):
+def data_provider(args, flag, device=None):
+    """(dataset, loader) of one split. With a CUDA `device` and no loader workers the split
+    lives on the GPU, so building a batch is one gather on the device and nothing crosses PCIe."""
     if flag not in SPLITS:
         raise ValueError(f"flag must be one of {SPLITS}, got {flag!r}")
     data = prepared_data(args)
     window = window_for(args, flag)
     start, stop = data.split_rows(flag, window.x_len)
     dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag, start_row=start)
+    if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:
+        dataset.to(device)
     if len(dataset) == 0:
         raise UserError(
             f"the {flag} split of {args.data} has {stop - start} rows, fewer than the {window.span} "

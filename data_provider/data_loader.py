@@ -193,24 +193,35 @@ class WindowDataset(Dataset):
     """Every window of one split: item i is (x, y, x_mark, y_mark) starting at row i."""
 
     def __init__(self, values, marks, window, split, start_row=0):
-        self.data = torch.from_numpy(np.ascontiguousarray(values))
-        self.marks = torch.from_numpy(np.ascontiguousarray(marks))
         self.window = window
         self.split = split
         self.start_row = start_row  # row of the full series where this split begins
         self.n_windows = len(values) - window.span + 1
-        self._x_steps = torch.arange(window.x_len)
-        self._y_steps = torch.arange(window.y_offset, window.y_offset + window.y_len)
+        self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)))
+
+    def _store(self, data, marks):
+        self.data, self.marks = data, marks
+        # [n_windows, span, C] views of the series (no copy): a batch is one gather of rows.
+        span = self.window.span
+        self._windows = data.unfold(0, span, 1).transpose(1, 2) if len(self) else None
+        self._mark_windows = marks.unfold(0, span, 1).transpose(1, 2) if len(self) else None
 
     def __len__(self):
         return max(self.n_windows, 0)
 
+    def to(self, device):
+        """Keep the split on `device` (a GPU): batches are then gathered there."""
+        self._store(self.data.to(device), self.marks.to(device))
+        return self
+
     def __getitems__(self, indices):
         """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
-        starts = torch.as_tensor(indices, dtype=torch.long).unsqueeze(1)
-        x_rows = starts + self._x_steps
-        y_rows = starts + self._y_steps
-        return self.data[x_rows], self.data[y_rows], self.marks[x_rows], self.marks[y_rows]
+        starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
+        windows, marks = self._windows[starts], self._mark_windows[starts]  # [B, span, C]
+        w = self.window
+        x, y = slice(0, w.x_len), slice(w.y_offset, w.y_offset + w.y_len)
+        return (windows[:, x].contiguous(), windows[:, y].contiguous(),
+                marks[:, x].contiguous(), marks[:, y].contiguous())
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):

@@ -1,5 +1,7 @@
 """Exp_Basic: device, process group, data-derived shapes, model registry, DDP wrapping."""
+import contextlib
 import logging
+import os
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -22,20 +24,51 @@ class Exp_Basic:
         else:
             cuda = args.use_gpu and torch.cuda.is_available()
             self.device = torch.device("cuda", args.gpu) if cuda else torch.device("cpu")
+        self._set_threads()
         self.model_class = get_model_class(args.model)
         self._complete_args()
         seed_everything(args.seed)
-        model = self.model_class(args).to(self.device)
+        # raw_model: the plain module that is evaluated, saved and loaded; never a DDP or
+        # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
+        self.raw_model = self.model_class(args).to(self.device)
+        model = self.raw_model
         # DDP broadcasts rank 0's parameters at construction, so every rank starts equal.
         if distributed.is_dist():
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=device_ids)
-        self.model = model
+        self.model = torch.compile(model) if args.compile else model  # what training steps run
+        self._amp_dtype = None
+        if args.use_amp:
+            fp16 = args.amp_dtype == "fp16"
+            require(not fp16 or self.device.type == "cuda", "--amp_dtype fp16 needs a GPU; on CPU use bf16 (the default)")
+            self._amp_dtype = torch.float16 if fp16 else torch.bfloat16
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+        self.grad_scaler = torch.amp.GradScaler(self.device.type, enabled=self._amp_dtype == torch.float16)
 
-    @property
-    def raw_model(self):
-        """The plain model: what is evaluated, saved and loaded (never the DDP wrapper)."""
-        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+    def _set_threads(self):
+        """One process per core group: under torchrun, split the cores between local ranks."""
+        threads = self.args.num_threads
+        if not threads and distributed.launched_by_torchrun():
+            threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if threads:
+            torch.set_num_threads(threads)
+
+    def autocast(self):
+        """Mixed-precision context for forward passes (a no-op without --use_amp)."""
+        if self._amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
+
+    def make_optimizer(self):
+        """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU)."""
+        args = self.args
+        return torch.optim.Adam(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
+                                fused=True)
+
+    def backward_and_step(self, loss, optimizer):
+        self.grad_scaler.scale(loss).backward()
+        self.grad_scaler.step(optimizer)
+        self.grad_scaler.update()
 
     def _complete_args(self):
         """Fill what the data and the model family decide, and reject impossible settings."""

@@ -97,7 +97,8 @@ class Exp_Forecast(Exp_Basic):
         model.eval()
         sums = ErrorSums()
         for batch in loader:
-            pred, true = self._forward(model, batch, stage)
+            with self.autocast():
+                pred, true = self._forward(model, batch, stage)
             sums.update(pred, true)
         model.train(was_training)
         return sums.all_reduce()
@@ -181,11 +182,11 @@ class Exp_Forecast(Exp_Basic):
         n_scored = steps = 0
         for batch in loader:
             optimizer.zero_grad(set_to_none=True)
-            pred, true = self._forward(self.model, batch, "train")
-            loss = batch_loss(pred, true, self.args.loss)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach().double() * pred.numel()  # no host sync per step
+            with self.autocast():
+                pred, true = self._forward(self.model, batch, "train")
+                loss = batch_loss(pred.float(), true, self.args.loss)
+            self.backward_and_step(loss, optimizer)
+            loss_sum.add_(loss.detach(), alpha=pred.numel())  # no host sync per step
             n_scored += pred.numel()
             steps += 1
         total, count = distributed.all_reduce_sum([loss_sum.item(), n_scored])
@@ -194,11 +195,11 @@ class Exp_Forecast(Exp_Basic):
     def train(self, setting):
         args = self.args
         self._require_writable("checkpoints", "results_dir")
-        _, train_loader = data_provider(args, "train")
-        _, vali_loader = data_provider(args, "val")
-        _, test_loader = data_provider(args, "test")
+        _, train_loader = data_provider(args, "train", self.device)
+        _, vali_loader = data_provider(args, "val", self.device)
+        _, test_loader = data_provider(args, "test", self.device)
         best_path, last_path = self._checkpoint_path(setting), self._checkpoint_path(setting, "last.pth")
-        optimizer = torch.optim.Adam(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+        optimizer = self.make_optimizer()
         stopper = EarlyStopping(args.patience)
         history, step, stopped, first_epoch = [], 0, False, 1
         resume_path = self._resume_path(setting)
@@ -245,8 +246,8 @@ class Exp_Forecast(Exp_Basic):
         if checkpoint:
             self._require_writable("results_dir")
             load_weights(self.raw_model, checkpoint, map_location=self.device)
-        _, vali_loader = data_provider(self.args, "val")
-        _, test_loader = data_provider(self.args, "test")
+        _, vali_loader = data_provider(self.args, "val", self.device)
+        _, test_loader = data_provider(self.args, "test", self.device)
         vali_loss = self.vali(vali_loader, "val")
         sums = self.evaluate(test_loader, "test")
         metrics = sums.metrics()

@@ -33,21 +33,31 @@ class Model(nn.Module):
             self.Linear_Seasonal = _time_linear(self.seq_len, self.pred_len)
             self.Linear_Trend = _time_linear(self.seq_len, self.pred_len)
 
-    @staticmethod
-    def _per_channel(heads: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
-        """x [B, C, L] -> [B, C, pred_len] with head c applied to channel c, as one batched product
-        instead of a Python loop of C small matmuls (C reaches ~900 on Traffic)."""
-        weight = torch.stack([head.weight for head in heads])  # [C, pred_len, L]
-        bias = torch.stack([head.bias for head in heads])  # [C, pred_len]
-        return torch.einsum("bcl,cpl->bcp", x, weight) + bias
+    def effective_weights(self):
+        """(weight, bias) of the whole model as one linear map over time.
+
+        seasonal_head(x - A x) + trend_head(A x) = (Ws + (Wt - Ws) A) x + bs + bt, with A the
+        moving-average matrix: the same mathematics as decomposing first, but one matrix
+        product per batch instead of a decomposition and two products.
+        """
+        average = self.decomposition.averaging_matrix  # [L, L]
+        if self.individual:
+            seasonal = torch.stack([head.weight for head in self.Linear_Seasonal])  # [C, P, L]
+            trend = torch.stack([head.weight for head in self.Linear_Trend])
+            bias = torch.stack([head.bias for head in self.Linear_Seasonal]) + torch.stack(
+                [head.bias for head in self.Linear_Trend])  # [C, P]
+        else:
+            seasonal, trend = self.Linear_Seasonal.weight, self.Linear_Trend.weight  # [P, L]
+            bias = self.Linear_Seasonal.bias + self.Linear_Trend.bias
+        return seasonal + (trend - seasonal) @ average.to(seasonal.dtype), bias
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
         if x_enc.shape[1] != self.seq_len:
             raise ValueError(f"DLinear expects seq_len={self.seq_len} input steps, got {x_enc.shape[1]}")
-        seasonal, trend = self.decomposition(x_enc)
-        seasonal, trend = seasonal.transpose(1, 2), trend.transpose(1, 2)  # [B, C, L]: linear acts on time
-        if self.individual:
-            out = self._per_channel(self.Linear_Seasonal, seasonal) + self._per_channel(self.Linear_Trend, trend)
-        else:
-            out = self.Linear_Seasonal(seasonal) + self.Linear_Trend(trend)
-        return out.transpose(1, 2)  # [B, pred_len, C]
+        if self.decomposition.averaging_matrix.device != x_enc.device:
+            self.decomposition(x_enc[:1])  # rebuilds the matrix on the input's device
+        weight, bias = self.effective_weights()
+        if self.individual:  # head c for channel c, batched: [B, L, C] x [C, P, L] -> [B, P, C]
+            return torch.einsum("blc,cpl->bpc", x_enc, weight) + bias.T
+        # one GEMM over all B * C series: [B, C, L] x [L, P] -> [B, C, P], returned as [B, P, C]
+        return nn.functional.linear(x_enc.transpose(1, 2), weight, bias).transpose(1, 2)

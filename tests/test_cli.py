@@ -60,7 +60,7 @@ def test_bad_input_fails_fast_with_one_clear_line(tmp_path, case, ddp):
     assert proc.stderr.count("error: ") == (2 if ddp else 1)  # the worker's message (+ the launcher's line)
     assert "Traceback" not in proc.stderr + proc.stdout
     assert elapsed < 30, f"took {elapsed:.0f}s to fail"
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "results" / "results.jsonl").exists()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ Single-process runs go through the same functions: every helper is a no-op (or t
 identity) when no process group is initialised.
 """
 import datetime
+import gc
 import os
 
 import torch
@@ -64,7 +65,13 @@ def setup(use_gpu, timeout_s):
 
 
 def cleanup():
+    """Destroy the process group while the interpreter is whole.
+
+    A DDP wrapper sits in reference cycles and holds the group; collect it first. Left to
+    interpreter shutdown, gloo's worker threads abort the process (exit code -6) at random.
+    """
     if is_dist():
+        gc.collect()
         dist.destroy_process_group()
 
 

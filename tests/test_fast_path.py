@@ -1,0 +1,45 @@
+"""The fast path changes speed, never results: AMP, torch.compile, the batched gather, fused steps."""
+import pytest
+import torch
+
+from data_provider.data_factory import data_provider
+from helpers import assert_ok, make_args, records, run_cli
+from utils.errors import UserError
+
+
+def test_bf16_amp_trains_to_nearly_the_fp32_result(tmp_path):
+    argv = ["--train_epochs", 2, "--synthetic_rows", 2500]
+    assert_ok(run_cli(tmp_path, *argv))
+    assert_ok(run_cli(tmp_path, *argv, "--use_amp"))
+    fp32, amp = records(tmp_path)
+    assert amp["mse"] == pytest.approx(fp32["mse"], rel=0.02)
+    assert amp["args"]["use_amp"] is True
+
+
+def test_compiled_training_saves_plain_checkpoints(tmp_path):
+    assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500, "--compile"))
+    compiled = records(tmp_path)[-1]
+    state = torch.load(tmp_path / "checkpoints" / compiled["setting"] / "checkpoint.pth", weights_only=True)
+    assert sorted(state) == ["Linear_Seasonal.bias", "Linear_Seasonal.weight", "Linear_Trend.bias", "Linear_Trend.weight"]
+    assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500))
+    assert records(tmp_path)[-1]["mse"] == pytest.approx(compiled["mse"], rel=1e-4)
+
+
+def test_fp16_is_refused_on_cpu():
+    from exp.exp_forecast import Exp_Forecast
+
+    with pytest.raises(UserError, match="--amp_dtype fp16 needs a GPU"):
+        Exp_Forecast(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
+
+
+def test_loader_batches_equal_stacked_per_window_items():
+    args = make_args("--batch_size", 16)
+    args.autoregressive = False
+    dataset, loader = data_provider(args, "train")
+    loader.batch_sampler.sampler.set_epoch(3)
+    order = list(loader.batch_sampler)[0]
+    batch = next(iter(loader))
+    singles = [dataset[i] for i in order]
+    for part, stacked in enumerate(batch):
+        torch.testing.assert_close(stacked, torch.stack([s[part] for s in singles]), rtol=0, atol=0)
+        assert stacked.is_contiguous()
