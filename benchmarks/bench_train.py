@@ -11,7 +11,7 @@ Every configuration runs in its own process (clean peak memory, no warm caches s
   (c) floor: our model's forward, backward and optimizer step on batches already in memory;
   and (a)/(b) again as 2-process DDP under torchrun.
 Seconds per epoch are medians over the epochs after the first (warm-up). Writes
-benchmarks/results/bench_train_<device>.md and prints the same table.
+benchmarks/results/bench_train_<device>_<models>.md and prints the same table.
 """
 import argparse
 import json
@@ -243,7 +243,7 @@ def main():
     table = render(rows, opts.epochs, device)
     print(table)
     os.makedirs(opts.out, exist_ok=True)
-    name = "bench_train_cuda.md" if device.startswith("cuda") else "bench_train_cpu.md"
+    name = f"bench_train_{'cuda' if device.startswith('cuda') else 'cpu'}_{opts.models.replace(',', '_')}.md"
     Path(opts.out, name).write_text(table)
 
 

@@ -59,5 +59,8 @@ class Model(nn.Module):
         weight, bias = self.effective_weights()
         if self.individual:  # head c for channel c, batched: [B, L, C] x [C, P, L] -> [B, P, C]
             return torch.einsum("blc,cpl->bpc", x_enc, weight) + bias.T
-        # one GEMM over all B * C series: [B, C, L] x [L, P] -> [B, C, P], returned as [B, P, C]
-        return nn.functional.linear(x_enc.transpose(1, 2), weight, bias).transpose(1, 2)
+        # one GEMM over all B * C series: [B * C, L] x [L, P]. The explicit reshape keeps it a
+        # plain matrix product; a strided 3-D input sends no-grad calls to a slow batched kernel.
+        batch, _, channels = x_enc.shape
+        series = x_enc.transpose(1, 2).reshape(batch * channels, self.seq_len)
+        return nn.functional.linear(series, weight, bias).view(batch, channels, -1).transpose(1, 2)

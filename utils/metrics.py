@@ -17,23 +17,32 @@ class ErrorSums:
 
     def __init__(self):
         self.sums = dict.fromkeys(_FIELDS, 0.0)
+        self._pending = []  # per-batch sums kept as tensors: no host sync inside the loop
 
     def update(self, pred, true):
-        err = (pred.double() - true.double())
-        rel = err / true.double()
-        self.sums["count"] += err.numel()
-        self.sums["sq"] += err.square().sum().item()
-        self.sums["abs"] += err.abs().sum().item()
-        self.sums["ape"] += rel.abs().sum().item()
-        self.sums["spe"] += rel.square().sum().item()
+        err = pred.float() - true
+        rel = err / true
+        self._pending.append(torch.stack([
+            torch.tensor(float(err.numel()), dtype=torch.float64, device=err.device),
+            err.square().sum(dtype=torch.float64), err.abs().sum(dtype=torch.float64),
+            rel.abs().sum(dtype=torch.float64), rel.square().sum(dtype=torch.float64)]))
+
+    def _flush(self):
+        if self._pending:
+            totals = torch.stack(self._pending).sum(0).tolist()
+            self._pending = []
+            for key, value in zip(_FIELDS, totals):
+                self.sums[key] += value
 
     def all_reduce(self):
         """Sum over all ranks (every rank gets the global sums)."""
+        self._flush()
         totals = distributed.all_reduce_sum([self.sums[k] for k in _FIELDS])
         self.sums = dict(zip(_FIELDS, totals))
         return self
 
     def metrics(self):
+        self._flush()
         n = self.sums["count"]
         if n == 0:
             return dict.fromkeys(("mse", "mae", "rmse", "mape", "mspe"), float("nan"))
