@@ -72,7 +72,7 @@ def data_provider(args, flag, device=None):
     data = prepared_data(args)
     window = window_for(args, flag)
     start, stop = data.split_rows(flag, window.x_len)
-    dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag, start_row=start)
+    dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag)
     if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:
         dataset.to(device)
     if len(dataset) == 0:

@@ -192,10 +192,9 @@ def prepare(args):
 class WindowDataset(Dataset):
     """Every window of one split: item i is (x, y, x_mark, y_mark) starting at row i."""
 
-    def __init__(self, values, marks, window, split, start_row=0):
+    def __init__(self, values, marks, window, split):
         self.window = window
         self.split = split
-        self.start_row = start_row  # row of the full series where this split begins
         self.n_windows = len(values) - window.span + 1
         self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)))
 

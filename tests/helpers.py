@@ -12,10 +12,12 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 ETTH1 = REPO.parent / "shared" / "datasets" / "ETT-small" / "ETTh1.csv"
 EXCHANGE = REPO.parent / "shared" / "datasets" / "exchange_rate" / "exchange_rate.txt.gz"
+# A TimerXL small enough for CPU tests (dropout 0.1 stays on, so RNG state matters).
+SMALL_TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1]
 ETTH1_ARGS = ["--data", "ETTh1", "--root_path", str(ETTH1.parent), "--data_path", ETTH1.name]
 
 
-def _env():
+def subprocess_env():
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("LOCAL_RANK", None)
@@ -31,11 +33,11 @@ def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True):
     cmd += ["run.py", *map(str, args)]
     if outputs:
         cmd += ["--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")]
-    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def run_command(cmd, timeout=240, extra_env=None):
-    env = _env()
+    env = subprocess_env()
     env.update(extra_env or {})
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 

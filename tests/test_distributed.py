@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import make_args, run_on_ranks
+from helpers import SMALL_TIMERXL, make_args, run_on_ranks
 
 
 def _collectives(rank, world):
@@ -58,8 +58,7 @@ def _evaluate(rank, world, argv):
 
 CASES = {
     "DLinear": ["--model", "DLinear", "--batch_size", 301],
-    "TimerXL": ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
-                "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60, "--batch_size", 128],
+    "TimerXL": [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60, "--batch_size", 128],
 }
 
 

@@ -2,14 +2,12 @@
 reports the same validation loss and test metrics (relative difference below 1e-6)."""
 import pytest
 
-from helpers import ETTH1, ETTH1_ARGS, assert_ok, records, run_cli
+from helpers import ETTH1, ETTH1_ARGS, SMALL_TIMERXL, assert_ok, records, run_cli
 
-SMALL_TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
-                 "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60]
 CASES = {
     "DLinear-ETTh1": ["--model", "DLinear", *ETTH1_ARGS, "--learning_rate", 0.005],
     "DLinear-synthetic": ["--model", "DLinear", "--features", "MS"],
-    "TimerXL-synthetic": SMALL_TIMERXL,
+    "TimerXL-synthetic": [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60],
 }
 
 

@@ -11,17 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import REPO, _env, assert_ok, free_port, make_args, records, run_cli, run_on_ranks
+from helpers import (REPO, SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, records, run_cli, run_command,
+                     run_on_ranks, subprocess_env)
 
-SMALL_TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
-                 "--input_token_len", 24, "--output_token_len", 24]  # dropout 0.1: RNG state matters
+SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
 
 
 class Streamed:
     """A process whose output is collected line by line while it runs."""
 
     def __init__(self, cmd, env=None):
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or _env(), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or subprocess_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -119,14 +119,15 @@ def _worker_pids(launcher_pid):
 
 def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
     argv = [*SMALL_TIMERXL, "--train_epochs", 3]
-    env = dict(_env(), MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
-    straight = subprocess.run(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "a"))],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
+    straight = run_command(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "a"))],
+                           timeout=300, extra_env=env)
     assert_ok(straight)
     reference = records(tmp_path / "a")[-1]
 
     env["MASTER_PORT"] = str(free_port())
-    run = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "b"))], env=env)
+    run = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "b"))],
+                   env=dict(subprocess_env(), **env))
     run.wait_for("epoch 1:")
     time.sleep(0.3)  # into epoch 2
     victim = _worker_pids(run.proc.pid)[1]
@@ -158,11 +159,10 @@ if os.environ.get("RANK") == "1":
 
 def test_a_raising_rank_ends_the_whole_job_promptly(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(FAULT)  # injected from outside the code under test
-    env = dict(_env(), PYTHONPATH=str(tmp_path), TSL_REPO=str(REPO))
     started = time.time()
-    proc = subprocess.run([sys.executable, "run.py", "--ddp", "--nproc_per_node", "3", "--dist_timeout", "5",
-                           *map(str, _outputs(tmp_path))], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = run_command([sys.executable, "run.py", "--ddp", "--nproc_per_node", "3", "--dist_timeout", "5",
+                        *map(str, _outputs(tmp_path))], timeout=120,
+                       extra_env={"PYTHONPATH": str(tmp_path), "TSL_REPO": str(REPO)})
     elapsed = time.time() - started
     assert proc.returncode != 0
     assert elapsed < 5 + 10 + 5, f"{elapsed:.1f}s"  # dist_timeout + 10 s, plus process start-up

@@ -4,10 +4,9 @@ import torch
 
 from data_provider.data_factory import data_provider
 from exp.exp_forecast import Exp_Forecast
-from helpers import make_args
+from helpers import SMALL_TIMERXL, make_args
 
-TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads", 2, "--e_layers", 1,
-           "--input_token_len", 24, "--output_token_len", 48]
+TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48]
 
 
 def _exp_and_batch(*argv, flag="train", batch=4):
