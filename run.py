@@ -185,4 +185,4 @@ def run_experiments(args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

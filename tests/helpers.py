@@ -72,6 +72,11 @@ def _rank_entry(rank, world_size, port, fn, args, queue):
         queue.put((rank, False, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+        # skip interpreter teardown, where gloo threads can abort a finished rank (see
+        # utils.distributed.exit_process); flush the queue's feeder thread first
+        queue.close()
+        queue.join_thread()
+        os._exit(0)
 
 
 def run_on_ranks(fn, world_size, *args, timeout=120):

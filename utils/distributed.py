@@ -5,7 +5,9 @@ identity) when no process group is initialised.
 """
 import datetime
 import gc
+import logging
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,6 +75,22 @@ def cleanup():
     if is_dist():
         gc.collect()
         dist.destroy_process_group()
+
+
+def exit_process(code):
+    """End this process with `code`, skipping interpreter teardown when it ran distributed.
+
+    Even after destroy_process_group, C++ threads of gloo and the TCP store can still be
+    joinable when static destructors run; at random that aborts a worker which had finished
+    cleanly ("terminate called without an active exception", exit -6) and fails the job.
+    Results are on disk (atomic saves fsync), so flush the streams and leave directly.
+    """
+    if not launched_by_torchrun():
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)
 
 
 def barrier():
