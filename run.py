@@ -86,6 +86,9 @@ def build_parser():
     g = p.add_argument_group("optimisation")
     g.add_argument("--train_epochs", type=int, default=10)
     g.add_argument("--batch_size", type=int, default=32, help="per process; the global batch is batch_size x world size")
+    g.add_argument("--eval_batch_size", type=int, default=None,
+                   help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
+                        "and metrics are exact sums, so it only changes speed)")
     g.add_argument("--patience", type=int, default=3)
     g.add_argument("--learning_rate", type=float, default=1e-4)
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant")

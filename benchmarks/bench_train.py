@@ -170,15 +170,28 @@ def measure(kind, argv, epochs):
             times.append(time.perf_counter() - started)
     else:  # ours
         for epoch in range(epochs):
-            loader.batch_sampler.sampler.set_epoch(epoch)
+            loader.set_epoch(epoch)
             started = time.perf_counter()
             exp._train_epoch(loader, optimizer)
             _sync(device)
             times.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    exp.evaluate(vali_loader, "val")
-    exp.evaluate(test_loader, "test")
+    if kind.startswith("conventional"):  # TSLib's vali/test: per-window loaders, a .item() per batch
+        for split_loader in (vali_loader, test_loader):
+            split = split_loader.dataset
+            conv = DataLoader(PerWindowDataset(split.data.double().numpy(), split.marks.double().numpy(),
+                                               window.x_len, window.y_offset, window.y_len),
+                              batch_size=args.batch_size, shuffle=False, num_workers=workers)
+            model.eval()
+            with torch.no_grad():
+                for x, y, x_mark, y_mark in conv:
+                    pred, true = exp._forward(model, (x.float(), y.float(), x_mark.float(), y_mark.float()), "val")
+                    torch.nn.functional.mse_loss(pred, true).item()
+            model.train()
+    else:
+        exp.evaluate(vali_loader, "val")
+        exp.evaluate(test_loader, "test")
     _sync(device)
     eval_seconds = time.perf_counter() - started
     return {"epoch_seconds": times, "eval_seconds": eval_seconds, "train_windows": len(dataset),
@@ -208,6 +221,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=4, help="timed epochs; the first is a warm-up")
     parser.add_argument("--kinds", default="conventional-nw0,conventional-nw2,ours-fp32,ours-amp,floor")
     parser.add_argument("--ddp_kinds", default="conventional-nw0,ours-fp32", help="also run these on 2 processes")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="run the whole plan this many times, interleaved, and pool the epochs: "
+                             "slow spells of a shared machine then hit every configuration alike")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -231,30 +247,37 @@ def main():
             base = DATA_ARGS[data] + MODEL_ARGS[model]
             plan = [(k, 1) for k in opts.kinds.split(",") if k] + [(k, 2) for k in opts.ddp_kinds.split(",") if k]
             results = {}
-            for kind, nproc in plan:
-                argv = base + (["--use_amp"] if kind == "ours-amp" else [])
-                result = run_one(kind, argv, opts.epochs, nproc)
-                result["median"] = statistics.median(result["epoch_seconds"][1:] or result["epoch_seconds"])
-                results[(kind, nproc)] = result
-                print(f"{data} {model} {kind} x{nproc}: {result['median']:.3f} s/epoch "
-                      f"(epochs {', '.join(f'{t:.3f}' for t in result['epoch_seconds'])})", flush=True)
+            for round_ in range(opts.rounds):
+                for kind, nproc in plan:
+                    argv = base + (["--use_amp"] if kind == "ours-amp" else [])
+                    result = run_one(kind, argv, opts.epochs, nproc)
+                    timed = result["epoch_seconds"][1:] or result["epoch_seconds"]
+                    pooled = results.setdefault((kind, nproc), dict(result, timed=[], evals=[]))
+                    pooled["timed"] += timed
+                    pooled["evals"].append(result["eval_seconds"])
+                    pooled["median"] = statistics.median(pooled["timed"])
+                    pooled["eval_seconds"] = statistics.median(pooled["evals"])
+                    pooled["peak_mb"] = max(pooled["peak_mb"], result["peak_mb"])
+                    print(f"{data} {model} {kind} x{nproc} round {round_ + 1}: {statistics.median(timed):.3f} s/epoch "
+                          f"(epochs {', '.join(f'{t:.3f}' for t in result['epoch_seconds'])})", flush=True)
             rows.append((data, model, results))
     device = next(iter(rows[0][2].values()))["device"] if rows else "cpu"
-    table = render(rows, opts.epochs, device)
+    table = render(rows, opts.epochs, opts.rounds, device)
     print(table)
     os.makedirs(opts.out, exist_ok=True)
     name = f"bench_train_{'cuda' if device.startswith('cuda') else 'cpu'}_{opts.models.replace(',', '_')}.md"
     Path(opts.out, name).write_text(table)
 
 
-def render(rows, epochs, device):
+def render(rows, epochs, rounds, device):
     import torch
 
     lines = [f"# Training speed: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"torch {torch.__version__}, device {device}",
              "",
              f"ETTh1-sized series (17420 rows), 96 -> 96, batch 32 per process; seconds per training epoch are "
-             f"medians of {epochs - 1} epochs after a warm-up; eval = one validation + one test pass.",
+             f"medians of {epochs - 1} epochs after a warm-up x {rounds} interleaved rounds; eval = one validation + "
+             f"one test pass (median over rounds).",
              ""]
     for data, model, results in rows:
         reference = results.get(("conventional-nw0", 1))

@@ -35,7 +35,7 @@ def profile(model, data, ddp):
     sync = torch.cuda.synchronize if exp.device.type == "cuda" else (lambda: None)
     for epoch in range(2):  # the first epoch warms up, the second is measured
         seconds = defaultdict(float)
-        loader.batch_sampler.sampler.set_epoch(epoch)
+        loader.set_epoch(epoch)
         batches = iter(loader)
         while True:
             mark = time.perf_counter()

@@ -81,17 +81,46 @@ def data_provider(args, flag, device=None):
             f"one window needs (seq_len {window.x_len} + horizon); shorten --seq_len/--pred_len or use a longer series"
         )
     require(args.batch_size > 0, f"--batch_size must be positive, got {args.batch_size}")
+    batch_size = args.batch_size
+    if flag != "train":
+        batch_size = getattr(args, "eval_batch_size", None) or 4 * args.batch_size
+        require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
     if flag == "train":
         sampler = DistributedSampler(
             dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
             shuffle=True, seed=args.seed, drop_last=False)
     else:
         sampler = ShardSampler(len(dataset))
-    loader = DataLoader(
-        dataset,
-        batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False),
-        collate_fn=_identity,
-        num_workers=args.num_workers,
-        persistent_workers=args.num_workers > 0,
-    )
-    return dataset, loader
+    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers)
+
+
+class WindowLoader:
+    """This rank's batches of a WindowDataset, in the sampler's order.
+
+    Without workers a batch is an index tensor cut from the epoch's order and gathered in
+    one operation: no per-batch index lists, no collation. With --num_workers the same
+    batches come from a torch DataLoader (workers gather them).
+    """
+
+    def __init__(self, dataset, sampler, batch_size, num_workers):
+        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
+        self._worker_loader = DataLoader(
+            dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=False), collate_fn=_identity,
+            num_workers=num_workers, persistent_workers=True) if num_workers > 0 else None
+
+    def set_epoch(self, epoch):
+        """Reshuffle the training order (DistributedSampler semantics); no-op for val/test."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def batch_indices(self):
+        """The epoch's batches as index tensors (the last one may be short; none is dropped)."""
+        return torch.tensor(list(self.sampler), dtype=torch.long).split(self.batch_size)
+
+    def __iter__(self):
+        if self._worker_loader is not None:
+            return iter(self._worker_loader)
+        return (self.dataset.__getitems__(indices) for indices in self.batch_indices())
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.batch_size)

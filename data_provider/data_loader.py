@@ -200,10 +200,15 @@ class WindowDataset(Dataset):
 
     def _store(self, data, marks):
         self.data, self.marks = data, marks
-        # [n_windows, span, C] views of the series (no copy): a batch is one gather of rows.
-        span = self.window.span
-        self._windows = data.unfold(0, span, 1).transpose(1, 2) if len(self) else None
-        self._mark_windows = marks.unfold(0, span, 1).transpose(1, 2) if len(self) else None
+        # [n_windows, length, C] views of the series (no copy) for the input and the target
+        # part of every window: a batch is one gather per tensor, contiguous as gathered.
+        w, n = self.window, len(self)
+
+        def windows(series, offset, length):
+            return series[offset:].unfold(0, length, 1).transpose(1, 2)[:n] if n else None
+
+        self._parts = (windows(data, 0, w.x_len), windows(data, w.y_offset, w.y_len),
+                       windows(marks, 0, w.x_len), windows(marks, w.y_offset, w.y_len))
 
     def __len__(self):
         return max(self.n_windows, 0)
@@ -216,11 +221,7 @@ class WindowDataset(Dataset):
     def __getitems__(self, indices):
         """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
         starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
-        windows, marks = self._windows[starts], self._mark_windows[starts]  # [B, span, C]
-        w = self.window
-        x, y = slice(0, w.x_len), slice(w.y_offset, w.y_offset + w.y_len)
-        return (windows[:, x].contiguous(), windows[:, y].contiguous(),
-                marks[:, x].contiguous(), marks[:, y].contiguous())
+        return tuple(part[starts] for part in self._parts)
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):

@@ -41,18 +41,25 @@ class Exp_Forecast(Exp_Basic):
             return tensor[..., -1:]
         return tensor
 
+    def _on_device(self, batch):
+        if batch[0].device == self.device:  # splits kept on the GPU, or CPU training
+            return batch
+        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+
     def _direct_forward(self, model, batch):
-        x, y, x_mark, y_mark = (t.to(self.device, non_blocking=True) for t in batch)
+        x, y, x_mark, y_mark = self._on_device(batch)
         pred_len, label_len = self.args.pred_len, self.args.label_len
         # TSLib decoder input: the last label_len known steps, then zeros for the horizon.
         dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1)
         out = model(x, x_mark, dec_inp, y_mark)
-        return self._target_channels(out[:, -pred_len:]), self._target_channels(y[:, -pred_len:])
+        if out.shape[1] != pred_len:  # even a no-op slice costs a zero-fill and copy in backward
+            out = out[:, -pred_len:]
+        return self._target_channels(out), self._target_channels(y[:, -pred_len:])
 
     def _token_forward(self, model, batch, stage):
         """Every input token predicts the next output_token_len steps; score them all,
         or only the last token with --last_token (always) / --valid_last (validation)."""
-        x, y, x_mark, _ = (t.to(self.device, non_blocking=True) for t in batch)
+        x, y, x_mark, _ = self._on_device(batch)
         token, out_len = self.args.input_token_len, self.args.output_token_len
         out = model(x, x_mark, None, None)
         batch_size, n_tokens = x.shape[0], x.shape[1] // token
@@ -64,7 +71,7 @@ class Exp_Forecast(Exp_Basic):
 
     def _rollout(self, model, batch):
         """Autoregressive test: feed predictions back until test_pred_len steps exist."""
-        x, y, x_mark, y_mark = (t.to(self.device, non_blocking=True) for t in batch)
+        x, y, x_mark, y_mark = self._on_device(batch)
         out_len, horizon, history = self.args.output_token_len, self.args.test_pred_len, x.shape[1]
         steps = math.ceil(horizon / out_len)
         marks = torch.cat([x_mark, y_mark], dim=1)
@@ -215,7 +222,7 @@ class Exp_Forecast(Exp_Basic):
             started = time.time()
             lr = learning_rate_for_epoch(args, epoch)
             set_learning_rate(optimizer, lr)
-            train_loader.batch_sampler.sampler.set_epoch(epoch)
+            train_loader.set_epoch(epoch)
             train_loss, steps = self._train_epoch(train_loader, optimizer)
             step += steps
             vali_loss = self.vali(vali_loader, "val")

@@ -106,7 +106,7 @@ def test_train_order_changes_with_set_epoch_and_is_reproducible():
     args = make_args()
     args.autoregressive = False
     _, loader = data_provider(args, "train")
-    sampler = loader.batch_sampler.sampler
+    sampler = loader.sampler
     sampler.set_epoch(1)
     first = list(sampler)
     sampler.set_epoch(2)

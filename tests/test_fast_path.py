@@ -32,14 +32,34 @@ def test_fp16_is_refused_on_cpu():
         Exp_Forecast(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
 
 
-def test_loader_batches_equal_stacked_per_window_items():
-    args = make_args("--batch_size", 16)
+@pytest.mark.parametrize("rank, world", [(0, 1), (1, 3)])
+def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
+    """Index-tensor batches: DistributedSampler's order and shard, equal to stacked per-window items,
+    and the same batches when workers build them."""
+    from torch.utils.data import BatchSampler, DistributedSampler
+
+    from data_provider.data_factory import WindowLoader
+
+    args = make_args("--batch_size", 16, "--synthetic_rows", 1200)
     args.autoregressive = False
-    dataset, loader = data_provider(args, "train")
-    loader.batch_sampler.sampler.set_epoch(3)
-    order = list(loader.batch_sampler)[0]
-    batch = next(iter(loader))
-    singles = [dataset[i] for i in order]
-    for part, stacked in enumerate(batch):
-        torch.testing.assert_close(stacked, torch.stack([s[part] for s in singles]), rtol=0, atol=0)
-        assert stacked.is_contiguous()
+    dataset, _ = data_provider(args, "train")
+
+    def loader(workers):
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=False)
+        made = WindowLoader(dataset, sampler, 16, workers)
+        made.set_epoch(3)
+        return made, sampler
+
+    fast, sampler = loader(0)
+    expected_order = list(BatchSampler(sampler, 16, drop_last=False))
+    assert [i.tolist() for i in fast.batch_indices()] == expected_order
+    batches = list(fast)
+    assert len(batches) == len(fast) == len(expected_order)
+    for order, batch in zip(expected_order, batches):
+        singles = [dataset[i] for i in order]
+        for part, stacked in enumerate(batch):
+            torch.testing.assert_close(stacked, torch.stack([s[part] for s in singles]), rtol=0, atol=0)
+            assert stacked.is_contiguous()
+    for fast_batch, worker_batch in zip(batches, loader(2)[0]):
+        for a, b in zip(fast_batch, worker_batch):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -178,7 +178,7 @@ def _evaluate_small(rank, world, argv):
     args = make_args(*argv, "--ddp")
     exp = Exp_Forecast(args)
     _, vali_loader = data_provider(args, "val")
-    return exp.vali(vali_loader), len(vali_loader.batch_sampler.sampler)
+    return exp.vali(vali_loader), len(vali_loader.sampler)
 
 
 def test_ranks_without_windows_contribute_nothing():

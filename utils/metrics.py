@@ -22,16 +22,19 @@ class ErrorSums:
     def update(self, pred, true):
         err = pred.float() - true
         rel = err / true
-        self._pending.append(torch.stack([
-            torch.tensor(float(err.numel()), dtype=torch.float64, device=err.device),
-            err.square().sum(dtype=torch.float64), err.abs().sum(dtype=torch.float64),
-            rel.abs().sum(dtype=torch.float64), rel.square().sum(dtype=torch.float64)]))
+        # float32 sums per window, then float64 across windows: a window's sum does not depend
+        # on which batch or rank it landed in, and no float64 copy of the errors is made.
+        window_dims = tuple(range(1, err.dim()))
+        per_window = torch.stack([err.square().sum(window_dims), err.abs().sum(window_dims),
+                                  rel.abs().sum(window_dims), rel.square().sum(window_dims)])  # [4, B]
+        self.sums["count"] += err.numel()
+        self._pending.append(per_window.sum(1, dtype=torch.float64))
 
     def _flush(self):
         if self._pending:
             totals = torch.stack(self._pending).sum(0).tolist()
             self._pending = []
-            for key, value in zip(_FIELDS, totals):
+            for key, value in zip(_FIELDS[1:], totals):
                 self.sums[key] += value
 
     def all_reduce(self):
