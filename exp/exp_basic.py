@@ -74,7 +74,9 @@ class Exp_Basic:
         """Fill what the data and the model family decide, and reject impossible settings."""
         args = self.args
         args.autoregressive = bool(getattr(self.model_class, "autoregressive", False))
-        n_channels = len(prepared_data(args).columns)
+        data = prepared_data(args)
+        n_channels = len(data.columns)
+        args.mark_dim = data.marks.shape[1]  # time features per step (0 for undated data)
         args.enc_in = args.enc_in or n_channels
         args.dec_in = args.dec_in or n_channels
         args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)
