@@ -57,8 +57,8 @@ def _evaluate(rank, world, argv):
 
 
 CASES = {
-    "DLinear": ["--model", "DLinear", "--batch_size", 301],
-    "TimerXL": [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60, "--batch_size", 128],
+    "DLinear": ["--model", "DLinear", "--eval_batch_size", 301],
+    "TimerXL": [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48, "--test_pred_len", 60, "--eval_batch_size", 128],
 }
 
 
