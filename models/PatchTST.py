@@ -1,0 +1,63 @@
+"""PatchTST: every channel is forecast on its own (channel independence) from its instance-normalised
+lookback, cut into overlapping patches that become the tokens of a Transformer encoder; a flatten head maps
+all patch representations of a channel linearly to the horizon. Nie et al., "A Time Series is Worth 64
+Words: Long-term Forecasting with Transformers", ICLR 2023; supervised version, as in TSLib."""
+from torch import nn
+
+from layers.embed import PatchEmbedding
+from layers.encoder import Encoder, EncoderLayer
+from layers.normalization import InstanceNorm
+
+# TSLib's PatchTST keeps its generic encoder layers (LayerNorm after attention and feed-forward) and puts
+# BatchNorm only after the last layer; the paper's own code uses BatchNorm inside every layer instead.
+LAYER_NORM = "layer"
+FINAL_NORM = "batch"
+
+
+class FlattenHead(nn.Module):
+    """[B * C, N, d_model] -> [B * C, pred_len]: one linear map over all of a series' patch features."""
+
+    def __init__(self, n_features: int, pred_len: int, dropout: float):
+        super().__init__()
+        self.linear = nn.Linear(n_features, pred_len)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens):
+        # d_model-major flattening ([d_model, N] per series), the layout of TSLib's head weights.
+        return self.dropout(self.linear(tokens.transpose(1, 2).flatten(1)))
+
+
+class Model(nn.Module):
+    autoregressive = False
+
+    def __init__(self, configs):
+        super().__init__()
+        self.seq_len = configs.seq_len
+        self.pred_len = configs.pred_len
+        # Always on: TSLib's PatchTST normalises every window regardless of use_norm.
+        self.normalization = InstanceNorm()
+        patch_len, stride = getattr(configs, "patch_len", 16), getattr(configs, "stride", 8)  # TSLib's defaults
+        self.patch_embedding = PatchEmbedding(configs.d_model, patch_len, stride, configs.dropout)
+        self.encoder = Encoder(
+            [
+                EncoderLayer(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout,
+                             configs.activation, norm=LAYER_NORM)
+                for _ in range(configs.e_layers)
+            ],
+            configs.d_model,
+            norm=FINAL_NORM,
+        )
+        n_patches = PatchEmbedding.n_patches(configs.seq_len, patch_len, stride)
+        if n_patches < 1:
+            raise ValueError(f"seq_len {configs.seq_len} is too short for patch_len {patch_len} with stride {stride}")
+        self.head = FlattenHead(configs.d_model * n_patches, configs.pred_len, configs.dropout)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        if x_enc.shape[1] != self.seq_len:
+            raise ValueError(f"PatchTST expects seq_len={self.seq_len} input steps, got {x_enc.shape[1]}")
+        batch, _, channels = x_enc.shape
+        x_enc = self.normalization.norm(x_enc)
+        series = x_enc.transpose(1, 2).reshape(batch * channels, self.seq_len)  # one sample per channel
+        tokens = self.encoder(self.patch_embedding(series))  # [B * C, N, d_model]
+        forecast = self.head(tokens).view(batch, channels, self.pred_len).transpose(1, 2)
+        return self.normalization.denorm(forecast)

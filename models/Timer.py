@@ -1,0 +1,59 @@
+"""Timer: a decoder-only (GPT-style) Transformer over patch tokens of each channel on its own.
+Every channel's series is cut into non-overlapping patches of `input_token_len`, each patch is
+embedded linearly with a sinusoidal position, causal self-attention runs over that channel's
+tokens only, and every token predicts the next `output_token_len` steps. Liu et al., "Timer:
+Generative Pre-trained Transformers Are Large Time Series Models", ICML 2024; follows OpenLTM."""
+from torch import nn
+
+from layers.causal_attention import CausalSelfAttention
+from layers.embed import PositionalEmbedding
+from layers.normalization import InstanceNorm
+from layers.transformer import TimerBlock, TimerLayer
+
+
+class Model(nn.Module):
+    autoregressive = True
+
+    def __init__(self, configs):
+        super().__init__()
+        self.input_token_len = configs.input_token_len
+        self.output_token_len = configs.output_token_len
+        self.use_norm = bool(configs.use_norm)
+        self.norm = InstanceNorm()
+        # No bias and absolute sinusoidal positions (not RoPE), as OpenLTM's Timer.
+        self.embedding = nn.Linear(self.input_token_len, configs.d_model, bias=False)
+        self.position = PositionalEmbedding(configs.d_model)
+        self.dropout = nn.Dropout(configs.dropout)
+        self.blocks = TimerBlock(
+            [
+                TimerLayer(
+                    CausalSelfAttention(configs.d_model, configs.n_heads, dropout=configs.dropout),
+                    configs.d_model, configs.d_ff, dropout=configs.dropout, activation=configs.activation,
+                )
+                for _ in range(configs.e_layers)
+            ],
+            configs.d_model,
+        )
+        self.head = nn.Linear(configs.d_model, self.output_token_len)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        batch, length, n_vars = x_enc.shape
+        if length % self.input_token_len:
+            raise ValueError(f"input length {length} is not a multiple of input_token_len {self.input_token_len}")
+        n_tokens = length // self.input_token_len
+
+        if self.use_norm:
+            # Whole-window statistics, as OpenLTM (early tokens thus see later inputs' mean/std).
+            x_enc = self.norm.norm(x_enc)
+
+        # Channel independence: each channel becomes its own sequence of tokens.
+        patches = x_enc.transpose(1, 2).unfold(-1, self.input_token_len, self.input_token_len)  # [B, C, N, P]
+        tokens = self.embedding(patches).reshape(batch * n_vars, n_tokens, -1)  # [B * C, N, D]
+        tokens = self.dropout(tokens + self.position(tokens))
+        tokens = self.blocks(tokens, 1, n_tokens)
+        out = self.head(tokens)  # [B * C, N, output_token_len]
+        out = out.reshape(batch, n_vars, n_tokens * self.output_token_len).transpose(1, 2)  # [B, N * out, C]
+
+        if self.use_norm:
+            out = self.norm.denorm(out)
+        return out

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# TimeMixer on ETTh1, input 96, horizons 96/192/336/720 (protocol A of ../shared/reference/targets.md).
+# Hyperparameters are TSLib's TimeMixer_ETTh1.sh, the same for every horizon: label_len 0 (the model
+# reads no decoder input), e_layers 2, d_model 16, d_ff 32, lr 0.01, batch 128, 10 epochs, patience 10,
+# 3 average-pooling down-sampling layers of window 2; channel independence, moving-average decomposition
+# (kernel 25) and instance normalisation are run.py's defaults.
+#   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/TimeMixer_ETTh1.sh
+#   PRED_LENS="96 336" bash ...TimeMixer_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
+#   ... TimeMixer_ETTh1.sh --ddp          # same runs on 2 local DDP workers (use --batch_size 64 to keep 128 globally)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+
+for pred_len in ${PRED_LENS:-96 192 336 720}; do
+  python run.py \
+    --task_name long_term_forecast \
+    --is_training 1 \
+    --root_path "$ROOT_PATH" \
+    --data_path ETTh1.csv \
+    --model_id "ETTh1_96_${pred_len}" \
+    --model TimeMixer \
+    --data ETTh1 \
+    --features M \
+    --seq_len 96 \
+    --label_len 0 \
+    --pred_len "$pred_len" \
+    --e_layers 2 \
+    --d_model 16 \
+    --d_ff 32 \
+    --down_sampling_layers 3 \
+    --down_sampling_method avg \
+    --down_sampling_window 2 \
+    --learning_rate 0.01 \
+    --train_epochs 10 \
+    --patience 10 \
+    --batch_size 128 \
+    --des Exp \
+    --itr 1 \
+    "$@"
+done

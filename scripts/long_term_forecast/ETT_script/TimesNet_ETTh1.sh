@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# TimesNet on ETTh1, input 96, horizons 96/192/336/720 (protocol A of ../shared/reference/targets.md).
+# TSLib's ETT_script/TimesNet_ETTh1.sh, same for every horizon: 2 TimesBlocks, d_model 16, d_ff 32,
+# top_k 5 periods, 6 Inception kernels (default), batch 32, lr 1e-4, 10 epochs, patience 3.
+# --d_layers 1 and --factor 3 are carried over from TSLib; TimesNet ignores them.
+# TimesNet picks its periods from the whole batch's spectrum, so evaluation batches change the numbers:
+# --eval_batch_size 32 evaluates in batches of 32 as TSLib does (our default would be 4 x batch_size).
+#   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/TimesNet_ETTh1.sh
+#   PRED_LENS="96 336" bash ...TimesNet_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
+#   ... TimesNet_ETTh1.sh --ddp         # same runs on 2 local DDP workers (use --batch_size 16 to keep 32 globally)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+
+for pred_len in ${PRED_LENS:-96 192 336 720}; do
+  python run.py \
+    --task_name long_term_forecast \
+    --is_training 1 \
+    --root_path "$ROOT_PATH" \
+    --data_path ETTh1.csv \
+    --model_id "ETTh1_96_${pred_len}" \
+    --model TimesNet \
+    --data ETTh1 \
+    --features M \
+    --seq_len 96 \
+    --label_len 48 \
+    --pred_len "$pred_len" \
+    --e_layers 2 \
+    --d_layers 1 \
+    --factor 3 \
+    --d_model 16 \
+    --d_ff 32 \
+    --top_k 5 \
+    --num_kernels 6 \
+    --batch_size 32 \
+    --eval_batch_size 32 \
+    --learning_rate 0.0001 \
+    --des Exp \
+    --itr 1 \
+    "$@"
+done

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Vanilla encoder-decoder Transformer on ETTh1, input 96 (decoder start token 48), horizons
+# 96/192/336/720 (protocol A of ../shared/reference/targets.md). TSLib's Transformer_ETTh1.sh:
+# e_layers 2, d_layers 1, factor 3 (unused by full attention), everything else at the defaults
+# (d_model 512, n_heads 8, d_ff 2048, dropout 0.1, lr 1e-4, batch 32, 10 epochs). TSLib's
+# Transformer does not normalise its input, so neither does this one (--use_norm has no effect).
+#   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/Transformer_ETTh1.sh
+#   PRED_LENS="96 336" bash ...Transformer_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+
+for pred_len in ${PRED_LENS:-96 192 336 720}; do
+  python run.py \
+    --task_name long_term_forecast \
+    --is_training 1 \
+    --root_path "$ROOT_PATH" \
+    --data_path ETTh1.csv \
+    --model_id "ETTh1_96_${pred_len}" \
+    --model Transformer \
+    --data ETTh1 \
+    --features M \
+    --seq_len 96 \
+    --label_len 48 \
+    --pred_len "$pred_len" \
+    --e_layers 2 \
+    --d_layers 1 \
+    --factor 3 \
+    --des Exp \
+    --itr 1 \
+    "$@"
+done

@@ -1,0 +1,491 @@
+"""The model contract: every models/<Name>.py is held to the same clauses, through the real experiment code.
+
+Models are found by models.available_models(), so a new file is checked without editing this suite. Each
+clause is a plain function `check_<clause>(spec, ...)` that raises ContractViolation (an AssertionError)
+whose message reads "<Model> breaks the model contract: <clause>: <details and what to do>"; the tests
+parametrise them over the models, and the test_contract_catches_* tests feed them deliberately broken
+models so the suite is known to catch what it claims to.
+
+One model: python -m pytest tests/test_model_contract.py -k <Name>    (see models/README.md)
+"""
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import NamedTuple
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers import make_args, run_on_ranks
+from models import available_models
+
+# One small configuration for every model; each model reads the fields it needs.
+CONTRACT_ARGS = [
+    "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 1, "--d_layers", 1,
+    "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--input_token_len", 8, "--output_token_len", 8,
+    "--patch_len", 8, "--stride", 4, "--top_k", 2, "--num_kernels", 2,
+    "--down_sampling_layers", 1, "--down_sampling_window", 2, "--down_sampling_method", "avg",
+    "--dropout", 0, "--data", "synthetic", "--synthetic_rows", 400, "--synthetic_channels", 7,
+    "--batch_size", 4, "--num_threads", 1, "--use_gpu", "false",
+]
+SEED, OTHER_SEED = 2021, 7
+DDP_STEPS = 2  # DDP only notices a parameter left out of the all-reduce when the next step starts
+MODELS = available_models()
+
+
+class ModelSpec(NamedTuple):
+    """A model to check: a name in models/, or (for the self-tests) a file anywhere."""
+
+    name: str
+    path: str | None = None
+
+
+class ContractViolation(AssertionError):
+    pass
+
+
+def violation(spec, clause, details):
+    return ContractViolation(f"{spec.name} breaks the model contract: {clause}: {details}")
+
+
+_LIBRARY_PATHS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
+
+
+def describe_error(exc):
+    """'Type: message (at file:line)', the line being the last one outside Python's and torch's own code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if not f.filename.startswith(_LIBRARY_PATHS)] or frames
+    where = f" (at {ours[-1].filename}:{ours[-1].lineno})" if ours else ""
+    return f"{type(exc).__name__}: {str(exc).strip()[:1500]}{where}"
+
+
+@contextlib.contextmanager
+def clause(spec, title, hint):
+    """Turn any error raised while checking `title` into a contract message that names the model."""
+    try:
+        yield
+    except ContractViolation:
+        raise
+    except Exception as exc:
+        raise violation(spec, title, f"{describe_error(exc)}; {hint}") from exc
+
+
+# ---------------------------------------------------------------- building through the experiment
+
+_file_modules = {}
+
+
+def model_class(spec):
+    if spec.path is None:
+        from models import get_model_class
+
+        return get_model_class(spec.name)
+    if spec.path not in _file_modules:
+        module_name = f"contract_fixture_{spec.name}"
+        loader = importlib.util.spec_from_file_location(module_name, spec.path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module  # inspect.getmodule needs it registered
+        loader.loader.exec_module(module)
+        _file_modules[spec.path] = module
+    return _file_modules[spec.path].Model
+
+
+def build_experiment(spec, *extra, seed=SEED):
+    """Exp_Forecast on the contract configuration: exp.raw_model, exp.model (DDP under a process group)
+    and the completed exp.args (enc_in, c_out, mark_dim, autoregressive)."""
+    from exp.exp_forecast import Exp_Forecast
+
+    args = make_args("--model", spec.name, *CONTRACT_ARGS, "--seed", seed, *extra)
+    registry = (mock.patch("exp.exp_basic.get_model_class", return_value=model_class(spec)) if spec.path
+                else contextlib.nullcontext())
+    with registry:
+        return Exp_Forecast(args)
+
+
+def first_windows(exp, split, batch_size):
+    """The first `batch_size` windows of a split, in the layout its loader gives."""
+    from data_provider.data_factory import data_provider
+
+    dataset, _ = data_provider(exp.args, split)
+    return dataset.__getitems__(torch.arange(batch_size))
+
+
+def training_loss(exp, model, batch):
+    from utils.metrics import batch_loss
+
+    pred, true = exp._forward(model, batch, "train")
+    return batch_loss(pred.float(), true, exp.args.loss)
+
+
+def perturb_(model, seed):
+    """Move every float parameter and persistent buffer off its initial value."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():  # shares storage with the model
+            if tensor.is_floating_point():
+                tensor.add_(0.01 * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+
+
+def eval_output(exp, model, batch):
+    model.eval()
+    with torch.no_grad():
+        return exp._forward(model, batch, "val")[0]
+
+
+def max_difference(a, b):
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+    return f"max |difference| {(a.double() - b.double()).abs().max().item():.3g}"
+
+
+def parameter_digests(model):
+    return {name: hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest()
+            for name, p in model.named_parameters()}
+
+
+def shown(names, limit=6):
+    names = list(names)
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------- the clauses
+
+def check_output_shape(spec, features="M", batch_size=4, data_args=()):
+    """pred and true from the experiment agree, and the raw output has the family's shape, in a training
+    forward and in the test forward (a roll-out for token models)."""
+    title = f"output shape (--features {features}, batch {batch_size}{', undated data' if data_args else ''})"
+    with clause(spec, title, "the model must build and run on this configuration; see models/README.md"):
+        exp = build_experiment(spec, "--features", features, *data_args)
+        args, model = exp.args, exp.raw_model
+        outputs = []
+        hook = model.register_forward_hook(lambda module, inputs, output: outputs.append(output))
+        try:
+            for split, training in (("train", True), ("test", False)):
+                batch = first_windows(exp, split, batch_size)
+                model.train(training)
+                with torch.set_grad_enabled(training):
+                    pred, true = exp._forward(model, batch, split)
+                if pred.shape != true.shape:
+                    raise violation(spec, title, f"{split} prediction {tuple(pred.shape)} and truth {tuple(true.shape)} "
+                                    "differ after the experiment's slicing; fix the model's output length or channels")
+                if not torch.isfinite(pred).all():
+                    raise violation(spec, title, f"{split} prediction has non-finite values")
+                expected_channels = sorted({args.c_out, args.enc_in})
+                for output in outputs:
+                    if not isinstance(output, torch.Tensor):
+                        raise violation(spec, title, f"forward returned {type(output).__name__}; return one tensor")
+                    if args.autoregressive:
+                        n_tokens = batch[0].shape[1] // args.input_token_len
+                        length, expected = n_tokens * args.output_token_len, "[B, N * output_token_len, C]"
+                    else:
+                        length, expected = args.pred_len, "[B, pred_len, C]"
+                    if (output.dim() != 3 or output.shape[0] != batch_size or output.shape[1] != length
+                            or output.shape[2] not in expected_channels):
+                        raise violation(spec, title, f"{split} forward returned {tuple(output.shape)}; expected "
+                                        f"{expected} = ({batch_size}, {length}, C) with C in {expected_channels} "
+                                        f"(enc_in {args.enc_in}, c_out {args.c_out})")
+                    if output.device.type != "cpu":
+                        raise violation(spec, title, f"output is on {output.device}; follow the input's device")
+                outputs.clear()
+        finally:
+            hook.remove()
+
+
+def check_gradients(spec):
+    """One training forward/backward gives every parameter a finite gradient, unless the class
+    declares `unused_parameters = {"name.prefix": "why"}` for it."""
+    title = "every parameter gets a gradient"
+    with clause(spec, title, "the model file must import"):
+        cls = model_class(spec)
+    declared = getattr(cls, "unused_parameters", {})
+    if not isinstance(declared, dict) or not all(
+            isinstance(prefix, str) and prefix and isinstance(reason, str) and reason.strip()
+            for prefix, reason in declared.items()):
+        raise violation(spec, title, f"unused_parameters = {declared!r}; it must map parameter-name prefixes "
+                        "to a non-empty reason, e.g. {'head.spare': 'kept for TSLib checkpoints'}")
+    with clause(spec, title, "a training forward/backward must run"):
+        exp = build_experiment(spec, "--features", "M")
+        model = exp.raw_model
+        model.train()
+        training_loss(exp, model, first_windows(exp, "train", 4)).backward()
+    missing, non_finite = [], []
+    for name, parameter in model.named_parameters():
+        if parameter.grad is None:
+            if not any(name.startswith(prefix) for prefix in declared):
+                missing.append(name)
+        elif not torch.isfinite(parameter.grad).all():
+            non_finite.append(name)
+    if missing:
+        raise violation(spec, title, f"no gradient for {shown(missing)}. DDP here runs without "
+                        "find_unused_parameters, so make every parameter take part in forward (build only the "
+                        "layers this configuration uses); if one truly cannot, declare it in the class attribute "
+                        "unused_parameters = {'prefix': 'why'} (and it must still pass the DDP clause)")
+    if non_finite:
+        raise violation(spec, title, f"non-finite gradient for {shown(non_finite)}; look for divisions by zero, "
+                        "log/sqrt of non-positive values or overflow on this small configuration")
+
+
+def ddp_training_steps(rank, world_size, specs):
+    """Runs on every rank (inside run_on_ranks): DDP_STEPS training steps of each model through the
+    experiment's own DDP wrapper; per model the parameter digests afterwards, or the error."""
+    import torch.distributed as dist
+
+    from data_provider.data_factory import data_provider
+
+    results = {}
+    for spec in map(ModelSpec._make, specs):
+        try:
+            exp = build_experiment(spec, "--features", "M")
+            if not isinstance(exp.model, DistributedDataParallel):
+                raise RuntimeError(f"the experiment built {type(exp.model).__name__}, not DistributedDataParallel")
+            optimizer = exp.make_optimizer()
+            _, loader = data_provider(exp.args, "train")  # a different shard on every rank
+            loader.set_epoch(1)
+            exp.model.train()
+            for _, batch in zip(range(DDP_STEPS), loader):
+                optimizer.zero_grad(set_to_none=True)
+                exp.backward_and_step(training_loss(exp, exp.model, batch), optimizer)
+            results[spec.name] = {"digests": parameter_digests(exp.raw_model)}
+        except Exception as exc:
+            results[spec.name] = {"error": describe_error(exc)}
+        exp = optimizer = None
+        dist.barrier()  # the next model starts on every rank together
+    return results
+
+
+def check_ddp_step(spec, per_rank):
+    """`per_rank`: ddp_training_steps' results of every rank. Both ranks must finish and agree."""
+    title = f"{DDP_STEPS} DDP training steps on 2 processes"
+    outcomes = [results[spec.name] for results in per_rank]
+    for rank, outcome in enumerate(outcomes):
+        if "error" in outcome:
+            raise violation(spec, title, f"rank {rank} failed (DDP without find_unused_parameters, gloo): "
+                            f"{outcome['error']}\nEvery parameter that requires grad must take part in "
+                            "every training forward (see the gradient clause), and forward must not depend on the rank")
+    first, second = (outcome["digests"] for outcome in outcomes)
+    differing = [name for name in first if first[name] != second.get(name)]
+    if differing or first.keys() != second.keys():
+        raise violation(spec, title, f"parameters differ between ranks after the steps: {shown(differing)}; "
+                        "a parameter changed outside the all-reduced gradient (in-place updates in forward, "
+                        "rank-dependent initialisation after construction, or a gradient DDP did not reduce)")
+
+
+def check_same_seed(spec):
+    """Two models built with the same seed give identical eval-mode outputs on the same batch."""
+    title = "same seed, same output"
+    with clause(spec, title, "the model must build and run in eval mode"):
+        first, second = build_experiment(spec), build_experiment(spec)
+        batch = first_windows(first, "train", 4)
+        out_first, out_second = eval_output(first, first.raw_model, batch), eval_output(second, second.raw_model, batch)
+    if not torch.equal(out_first, out_second):
+        raise violation(spec, title, f"two models built with --seed {SEED} disagree ({max_difference(out_first, out_second)}); "
+                        "draw initial values only from torch's global generator in __init__ (the experiment seeds it) "
+                        "and use no randomness in eval-mode forward")
+
+
+def check_state_dict_round_trip(spec, folder):
+    """Weights saved with torch.save load strictly (utils.checkpoint.load_weights) into a model built with
+    another seed, and that model then gives the same outputs."""
+    from utils.checkpoint import load_weights
+
+    title = "state_dict round trip"
+    with clause(spec, title, "state_dict() must hold every tensor the output depends on, under stable names"):
+        original, fresh = build_experiment(spec), build_experiment(spec, seed=OTHER_SEED)
+        perturb_(original.raw_model, seed=1)  # so a deterministic initialisation cannot pass by itself
+        path = folder / f"{spec.name}.pth"
+        torch.save(original.raw_model.state_dict(), path)
+        load_weights(fresh.raw_model, str(path))
+        batch = first_windows(original, "train", 4)
+        expected, loaded = eval_output(original, original.raw_model, batch), eval_output(fresh, fresh.raw_model, batch)
+    if not torch.equal(expected, loaded):
+        raise violation(spec, title, f"the reloaded model's output differs ({max_difference(expected, loaded)}); "
+                        "register every tensor forward reads as a parameter or (persistent) buffer, or derive it "
+                        "from configs deterministically")
+
+
+def check_template(spec):
+    """Module docstring, bool `autoregressive`, forward(x_enc, x_mark_enc, x_dec, x_mark_dec), runs on CPU."""
+    title = "template and CPU"
+    with clause(spec, title, "the model file must import"):
+        cls = model_class(spec)
+    if not (inspect.getdoc(inspect.getmodule(cls)) or "").strip():
+        raise violation(spec, title, "the module has no docstring; say in 2-4 lines what the model does and cite the paper")
+    if not isinstance(getattr(cls, "autoregressive", None), bool):
+        raise violation(spec, title, f"class attribute autoregressive is {getattr(cls, 'autoregressive', None)!r}; "
+                        "set autoregressive = False (True only for token models like Timer)")
+    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    names = [p.name for p in parameters[:4]]
+    optional = all(p.default is None for p in parameters[1:4])
+    required_extra = [p.name for p in parameters[4:] if p.default is inspect.Parameter.empty
+                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if names != ["x_enc", "x_mark_enc", "x_dec", "x_mark_dec"] or not optional or required_extra:
+        raise violation(spec, title, f"forward{inspect.signature(cls.forward)}; write "
+                        "forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None)")
+    with clause(spec, title, "the model must build and run on CPU"):
+        exp = build_experiment(spec)
+        off_cpu = [name for name, t in [*exp.raw_model.named_parameters(), *exp.raw_model.named_buffers()]
+                   if t.device.type != "cpu"]
+        if off_cpu:
+            raise violation(spec, title, f"{shown(off_cpu)} not on the CPU after building; create tensors on no "
+                            "particular device (the experiment moves the model)")
+        output = eval_output(exp, exp.raw_model, first_windows(exp, "train", 2))
+        if output.device.type != "cpu":
+            raise violation(spec, title, f"output is on {output.device}")
+
+
+# ---------------------------------------------------------------- the tests, one per clause and model
+
+@pytest.fixture(scope="module")
+def undated_data(tmp_path_factory):
+    """A headerless numeric CSV without dates: mark_dim is 0 and the marks have last dimension 0."""
+    folder = tmp_path_factory.mktemp("undated")
+    rng = np.random.default_rng(0)
+    series = np.cumsum(rng.normal(size=(400, 7)), axis=0)
+    np.savetxt(folder / "undated.csv", series, delimiter=",", fmt="%.5f")
+    return ["--data", "custom", "--root_path", str(folder), "--data_path", "undated.csv"]
+
+
+SHAPE_CASES = {"M": ("M", 4, False), "S": ("S", 4, False), "MS": ("MS", 4, False), "batch1": ("M", 1, False),
+               "undated": ("M", 4, True)}
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES)
+@pytest.mark.parametrize("name", MODELS)
+def test_output_shape(name, case, undated_data):
+    features, batch_size, undated = SHAPE_CASES[case]
+    check_output_shape(ModelSpec(name), features, batch_size, undated_data if undated else ())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_parameter_gets_gradient(name):
+    check_gradients(ModelSpec(name))
+
+
+@pytest.fixture(scope="module")
+def ddp_results(request, broken_models):
+    """Every selected model's DDP steps in ONE pair of processes: a spawn costs seconds, a model's steps don't."""
+    specs = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "originalname", None) == "test_ddp_training_step":
+            specs.append(ModelSpec(params["name"]))
+        elif getattr(item, "originalname", None) == "test_contract_catches_ddp_breakage":
+            specs.append(broken_models[params["broken"]])
+    return run_on_ranks(ddp_training_steps, 2, [tuple(s) for s in dict.fromkeys(specs)], timeout=300)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_ddp_training_step(name, ddp_results):
+    check_ddp_step(ModelSpec(name), ddp_results)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_same_seed_same_output(name):
+    check_same_seed(ModelSpec(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_state_dict_round_trip(name, tmp_path):
+    check_state_dict_round_trip(ModelSpec(name), tmp_path)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_template_and_cpu(name):
+    check_template(ModelSpec(name))
+
+
+# ---------------------------------------------------------------- the suite catches breakage
+
+BROKEN_TEMPLATE = '''"""{doc}"""
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+{attributes}
+    def __init__(self, configs):
+        super().__init__()
+        self.time = nn.Linear(configs.seq_len, configs.pred_len)
+{init}
+    def forward(self, {inputs}):
+        out = self.time(x_enc.transpose(1, 2)).transpose(1, 2)
+{forward}        return out
+'''
+TEMPLATE_PARTS = dict(doc="A linear map over time, broken on purpose.", attributes="    autoregressive = False\n",
+                      init="", inputs="x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None", forward="")
+
+# Small models, each breaking one clause; Declared declares and freezes its unused parameter, and passes.
+BROKEN_MODELS = {
+    "Unused": dict(init="        self.spare = nn.Linear(4, 4)\n"),
+    "Declared": dict(attributes='    autoregressive = False\n    unused_parameters = {"spare": "kept for old checkpoints"}\n',
+                     init="        self.spare = nn.Linear(4, 4).requires_grad_(False)\n"),
+    "EmptyReason": dict(attributes='    autoregressive = False\n    unused_parameters = {"spare": " "}\n',
+                        init="        self.spare = nn.Linear(4, 4)\n"),
+    "WrongLength": dict(forward="        out = torch.cat([out, out[:, :1]], dim=1)\n"),
+    "Unseeded": dict(init="        private = torch.Generator().manual_seed(torch.initial_seed() ^ id(self))\n"
+                          "        self.offset = nn.Parameter(torch.randn(1, generator=private))\n",
+                     forward="        out = out + self.offset\n"),
+    "Unsaved": dict(init="        self.scale = torch.rand(1) + 0.5  # a plain attribute: not in the state_dict\n",
+                    forward="        out = out * self.scale\n"),
+    "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
+}
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("broken_models")
+    specs = {}
+    for name, parts in BROKEN_MODELS.items():
+        path = folder / f"{name}.py"
+        path.write_text(BROKEN_TEMPLATE.format(**{**TEMPLATE_PARTS, **parts}))
+        specs[name] = ModelSpec(name, str(path))
+    return specs
+
+
+# broken model -> (clause check, clause title, a phrase the message must contain)
+BREAKAGE_CASES = {
+    "Unused": (check_gradients, "every parameter gets a gradient", "no gradient for spare.weight, spare.bias"),
+    "EmptyReason": (check_gradients, "every parameter gets a gradient", "non-empty reason"),
+    "WrongLength": (check_output_shape, "output shape (--features M, batch 4)", "returned (4, 25, 7)"),
+    "Unseeded": (check_same_seed, "same seed, same output", "disagree"),
+    "Unsaved": (lambda spec: check_state_dict_round_trip(spec, Path(spec.path).parent), "state_dict round trip",
+                "output differs"),
+    "NoTemplate": (check_template, "template and CPU", "no docstring"),
+}
+
+
+@pytest.mark.parametrize("broken", BREAKAGE_CASES)
+def test_contract_catches_breakage(broken_models, broken):
+    check, title, phrase = BREAKAGE_CASES[broken]
+    with pytest.raises(ContractViolation) as caught:
+        check(broken_models[broken])
+    message = str(caught.value)
+    assert message.startswith(f"{broken} breaks the model contract: {title}: "), message
+    assert phrase in message, message
+
+
+def test_contract_accepts_a_declared_unused_parameter(broken_models):
+    spec = broken_models["Declared"]
+    check_gradients(spec)
+    check_template(spec)
+
+
+@pytest.mark.parametrize("broken,fails", [("Unused", True), ("Declared", False)])
+def test_contract_catches_ddp_breakage(broken_models, ddp_results, broken, fails):
+    spec = broken_models[broken]
+    if not fails:
+        check_ddp_step(spec, ddp_results)
+        return
+    with pytest.raises(ContractViolation) as caught:
+        check_ddp_step(spec, ddp_results)
+    message = str(caught.value)
+    assert message.startswith(f"{broken} breaks the model contract: {DDP_STEPS} DDP training steps"), message
+    assert "not used in producing loss" in message, message
