@@ -5,6 +5,7 @@ DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` wh
 `--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run).
 """
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -26,8 +27,9 @@ def str2bool(value):
 
 
 def build_parser():
+    # allow_abbrev=False: an unknown TSLib flag must never be taken for a prefix of one of ours
     p = argparse.ArgumentParser(description="Time-series forecasting with exact DistributedDataParallel",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("basic")
     g.add_argument("--task_name", default="long_term_forecast")
     g.add_argument("--is_training", type=int, default=1, help="1: train then test; 0: evaluate --checkpoint")
@@ -38,9 +40,10 @@ def build_parser():
     g.add_argument("--seed", type=int, default=2021)
 
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="synthetic", help="ETTh1, ETTh2, ETTm1, ETTm2, custom or synthetic (built in)")
+    g.add_argument("--data", default="synthetic",
+                   help="ETTh1, ETTh2, ETTm1, ETTm2, custom, synthetic (built in) or univariate (every channel of every file a series)")
     g.add_argument("--root_path", default="./dataset/")
-    g.add_argument("--data_path", default="ETTh1.csv")
+    g.add_argument("--data_path", default="ETTh1.csv", help="file under --root_path; a glob (e.g. '*.csv') with --data univariate")
     g.add_argument("--features", default="M", help="M: multi->multi, S: uni->uni, MS: multi->target")
     g.add_argument("--target", default=None, help="target column (default: OT if present, else the last column)")
     g.add_argument("--freq", default="h", help="time-feature frequency: s, t, h, d, b, w, m, y (e.g. 15min)")
@@ -95,7 +98,13 @@ def build_parser():
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--train_epochs", type=int, default=10)
-    g.add_argument("--batch_size", type=int, default=32, help="per process; the global batch is batch_size x world size")
+    g.add_argument("--batch_size", type=int, default=32,
+                   help="per process; the global batch is batch_size x world size x accumulation_steps")
+    g.add_argument("--accumulation_steps", type=int, default=1,
+                   help="micro-batches per optimizer step (gradients add up; DDP all-reduces once per step)")
+    g.add_argument("--lr_scaling", default="none",
+                   help="scale --learning_rate by global batch / --base_batch_size: none, linear or sqrt")
+    g.add_argument("--base_batch_size", type=int, default=32, help="the global batch --learning_rate was tuned for")
     g.add_argument("--eval_batch_size", type=int, default=None,
                    help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
                         "and metrics are exact sums, so it only changes speed)")
@@ -110,21 +119,59 @@ def build_parser():
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")
     g.add_argument("--num_threads", type=int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
 
+    g = p.add_argument_group("fine-tuning (OpenLTM)")
+    g.add_argument("--adaptation", action="store_true", help="start training from --pretrain_model_path's weights")
+    g.add_argument("--pretrain_model_path", default=None, help="checkpoint.pth of a pre-training run (same model arguments)")
+    g.add_argument("--subset_rand_ratio", type=float, default=1.0,
+                   help="few-shot: train on this random fraction of the training windows (from --seed; val/test whole)")
+
     g = p.add_argument_group("devices and DDP")
-    g.add_argument("--use_gpu", type=str2bool, default=True, help="use CUDA when available")
+    g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
+    g.add_argument("--no_use_gpu", dest="use_gpu", action="store_false", default=argparse.SUPPRESS,
+                   help="TSLib's spelling of --use_gpu false")
     g.add_argument("--gpu", type=int, default=0, help="GPU index without DDP")
     g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
     g.add_argument("--nproc_per_node", type=int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
     g.add_argument("--dist_timeout", type=int, default=600, help="seconds a collective may wait")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="legacy torch.distributed.launch; unused")
+    g.add_argument("--sync_bn", action="store_true", help="DDP: BatchNorm statistics over the global batch (GPU only)")
+    g.add_argument("--zero", action="store_true", help="DDP: shard the optimizer state between ranks (ZeRO stage 1)")
+
+    g = p.add_argument_group("results, pictures and forecasts")
+    g.add_argument("--inverse", action="store_true", help="also report test metrics on the original scale (mse_orig, ...)")
+    g.add_argument("--do_predict", action="store_true",
+                   help="forecast past the data file's last row into <results_dir>/<setting>/forecast.csv")
+    g.add_argument("--no_plots", action="store_true", help="skip forecast.png and training_curves.png")
     return p
 
 
 def parse_args(argv=None):
-    args = build_parser().parse_args(argv)
+    # TSLib scripts pass arguments of other tasks and models (--use_multi_gpu, --p_hidden_dims
+    # 128 128, --distil, ...): keep them aside for one warning instead of failing. Our own
+    # arguments still get their type checks.
+    args, ignored = build_parser().parse_known_args(argv)
+    args.ignored_args = ignored
     if args.synthetic_seed is None:
         args.synthetic_seed = args.seed  # --itr changes the run seed, never the data
     return args
+
+
+# TSLib/OpenLTM arguments that look like a misspelling of one of ours: no "did you mean" for them.
+FOREIGN_LOOKALIKES = ("--seg_len", "--top_p", "--scaling", "--checkpoints_dir", "--patch_size")
+
+
+def describe_ignored(tokens):
+    """'--use_multi_gpu --devices 0,1 --lerning_rate 0.01 (--lerning_rate: did you mean --learning_rate?)'."""
+    ours = [o for action in build_parser()._actions for o in action.option_strings]
+    hints = []
+    for token in tokens:
+        name = token.split("=")[0]
+        if not name.startswith("--") or name in FOREIGN_LOOKALIKES:
+            continue
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}?")
+    return " ".join(tokens) + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def setting_name(args, ii):
@@ -168,6 +215,9 @@ def main(argv=None):
         return launch_local_workers(args)
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging()
+    if args.ignored_args:
+        # info level: only rank 0 logs it, so a DDP job prints the line once
+        logger.info(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
     try:
         return run_experiments(args)
     except UserError as problem:
@@ -194,6 +244,8 @@ def run_experiments(args):
             checkpoint = args.checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth")
             metrics = exp.test(setting, checkpoint=checkpoint)
         exp.save_results(setting, metrics, training)
+        if args.do_predict:
+            exp.predict(setting)
     return 0
 
 

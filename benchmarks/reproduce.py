@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: make the repository's packages importable
+from utils.report import PROTOCOL_INPUT, horizon_of, input_of, normalise, read_published  # noqa: E402
+
 SHARED = REPO.parent / "shared"
 TARGETS = SHARED / "reference" / "targets.md"
 SCRIPTS = REPO / "scripts" / "long_term_forecast"
@@ -44,64 +47,7 @@ DATASETS = {
     "ETTh1": ("ETT_script", "ETTh1", SHARED / "datasets" / "ETT-small", "ETTh1.csv"),
     "Exchange": ("Exchange_script", "Exchange", SHARED / "datasets" / "exchange_rate", "exchange_rate.txt.gz"),
 }
-# Protocol letter = table letter in targets.md; the value is the input length the table assumes.
-PROTOCOL_INPUT = {"A": 96, "C": 672}
-# Table C's heading names no data set; Timer-XL's Table 12 block it quotes is ETTh1.
-SECTION_DEFAULT_DATA = {"C": "ETTh1"}
-KNOWN_DATA = ("ETTh1", "ETTh2", "ETTm1", "ETTm2", "Exchange", "Weather", "ECL", "Electricity", "Traffic", "ILI")
 TOLERANCE = 0.02  # targets.md: a reproduction counts at or below published MSE + 2 %
-
-
-# ------------------------------------------------------------------ published figures
-def normalise(name):
-    """'Timer-XL (trained 96->96)' and 'TimerXL' -> 'timerxl'; 'Exchange (70/10/20 split)' -> 'exchange'."""
-    return re.sub(r"[^a-z0-9]", "", re.sub(r"\(.*?\)", "", name).lower())
-
-
-def _data_named(text):
-    """The known data set a heading or caption line starts with / mentions, if any."""
-    words = re.findall(r"[A-Za-z0-9]+", text)
-    for word in words:
-        for data in KNOWN_DATA:
-            if word.lower() == data.lower():
-                return data
-    return None
-
-
-def read_published(path):
-    """{(protocol, data, model, horizon): (mse, mae)} from tables A and C of targets.md."""
-    figures = {}
-    section = data = None
-    horizons = []
-    for raw in Path(path).read_text().splitlines():
-        line = raw.strip()
-        heading = re.match(r"^##\s+([A-Z])\.(.*)$", line)
-        if heading:
-            section = heading.group(1)
-            data = _data_named(heading.group(2)) or SECTION_DEFAULT_DATA.get(section)
-            horizons = []
-            continue
-        if line.startswith("#"):
-            section = None  # any other heading ends the tables we read
-            continue
-        if section not in PROTOCOL_INPUT or not line:
-            continue
-        if not line.startswith("|"):
-            caption = line.split()[0]
-            if _data_named(caption):  # a caption line such as "Exchange (70/10/20 split)"
-                data = _data_named(caption)
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if set("".join(cells)) <= set("-: "):
-            continue  # the |---| separator
-        if cells[0].lower().startswith("model"):
-            horizons = [int(c) if c.isdigit() else None for c in cells[1:]]
-            continue
-        for horizon, cell in zip(horizons, cells[1:]):
-            pair = re.match(r"^([0-9.]+)\s*/\s*([0-9.]+)$", cell)
-            if horizon and pair and data:
-                figures[(section, normalise(data), normalise(cells[0]), horizon)] = (float(pair[1]), float(pair[2]))
-    return figures
 
 
 # ------------------------------------------------------------------ one script run (one seed)
@@ -172,21 +118,6 @@ def select(records, horizons):
     for i in last.values():
         records[i]["used"] = True
     return records
-
-
-def horizon_of(record):
-    """Token models are trained on pred_len and scored on the rolled-out test_pred_len."""
-    args = record.get("args", {})
-    if args.get("autoregressive") and args.get("test_pred_len"):
-        return int(args["test_pred_len"])
-    return int(record["pred_len"])
-
-
-def input_of(record):
-    args = record.get("args", {})
-    if args.get("autoregressive") and args.get("test_seq_len"):
-        return int(args["test_seq_len"])
-    return int(args.get("seq_len", 0))
 
 
 # ------------------------------------------------------------------ table

@@ -10,6 +10,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from data_provider.data_loader import DATASETS, SPLITS, Window, WindowDataset, prepare
+from data_provider.selection import few_shot_subset
+from data_provider.univariate import UNIVARIATE, prepare_univariate
 from utils import distributed
 from utils.errors import UserError, require
 
@@ -24,11 +26,12 @@ def _cache_key(args):
 
 def prepared_data(args):
     """The scaled series of args' data set, read once per process."""
-    require(args.data in DATASETS, f"unknown --data '{args.data}'; choose one of {', '.join(DATASETS)} (custom reads any CSV or raw numeric file)")
+    known = DATASETS + (UNIVARIATE,)
+    require(args.data in known, f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file)")
     key = _cache_key(args)
     if key not in _prepared_cache:
         _prepared_cache.clear()
-        _prepared_cache[key] = prepare(args)
+        _prepared_cache[key] = prepare_univariate(args) if args.data == UNIVARIATE else prepare(args)
     return _prepared_cache[key]
 
 
@@ -71,8 +74,13 @@ def data_provider(args, flag, device=None):
         raise ValueError(f"flag must be one of {SPLITS}, got {flag!r}")
     data = prepared_data(args)
     window = window_for(args, flag)
-    start, stop = data.split_rows(flag, window.x_len)
-    dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag)
+    if args.data == UNIVARIATE:
+        dataset = data.window_dataset(flag, window)  # says itself when no series holds a window
+    else:
+        start, stop = data.split_rows(flag, window.x_len)
+        dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag)
+    if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
+        dataset = few_shot_subset(dataset, getattr(args, "subset_rand_ratio", 1.0), args.seed)
     if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:
         dataset.to(device)
     if len(dataset) == 0:

@@ -57,3 +57,21 @@ def time_features(dates, freq, embed="timeF"):
     if normalise_freq(freq) in ("t", "s"):
         cols.append(dates.dt.minute // 15)
     return np.stack([np.asarray(c) for c in cols], axis=1).astype(np.float32)
+
+
+def freq_offset(freq):
+    """--freq as a calendar step: 'h' -> 1 hour, '15min' -> 15 minutes, 'b' -> 1 business day, 'm' -> 1 month."""
+    unit = normalise_freq(freq)
+    digits = freq[: len(freq) - len(freq.lstrip("0123456789"))]
+    n = int(digits) if digits else 1
+    if unit == "b":
+        return pd.offsets.BDay(n)
+    names = {"s": "seconds", "t": "minutes", "h": "hours", "d": "days", "w": "weeks", "m": "months", "y": "years"}
+    return pd.DateOffset(**{names[unit]: n})
+
+
+def future_dates(last, freq, n):
+    """The n timestamps after `last`, one --freq step apart (last + k steps, so a month
+    step from Jan 31 gives Feb 29, Mar 31, Apr 30 rather than drifting to the 29th)."""
+    offset = freq_offset(freq)
+    return pd.DatetimeIndex([pd.Timestamp(last) + offset * k for k in range(1, n + 1)])

@@ -4,14 +4,14 @@ import logging
 import os
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from data_provider.data_factory import prepared_data
+from exp.adaptation import check_adaptation_args
 from models import get_model_class
 from utils import distributed
 from utils.errors import require
 from utils.metrics import LOSSES
-from utils.tools import learning_rate_for_epoch, seed_everything
+from utils.tools import global_batch_size, learning_rate_for_epoch, scaled_learning_rate, seed_everything
 
 logger = logging.getLogger("tsl")
 
@@ -30,12 +30,11 @@ class Exp_Basic:
         seed_everything(args.seed)
         # raw_model: the plain module that is evaluated, saved and loaded; never a DDP or
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
-        self.raw_model = self.model_class(args).to(self.device)
-        model = self.raw_model
-        # DDP broadcasts rank 0's parameters at construction, so every rank starts equal.
-        if distributed.is_dist():
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids)
+        # SyncBatchNorm runs only on GPUs (PyTorch refuses it on CPU inside DDP).
+        require(not (args.sync_bn and distributed.is_dist() and self.device.type != "cuda"),
+                "--sync_bn needs GPUs (PyTorch's SyncBatchNorm does not run on CPU); "
+                "drop --sync_bn or use --use_gpu true on CUDA")
+        self.raw_model, model = distributed.wrap_ddp(self.model_class(args).to(self.device), self.device, args.sync_bn)
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         self._amp_dtype = None
         if args.use_amp:
@@ -60,15 +59,27 @@ class Exp_Basic:
         return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
 
     def make_optimizer(self):
-        """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU)."""
+        """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU); with
+        --zero under DDP each rank keeps the state of its share of the parameters only."""
         args = self.args
-        return torch.optim.Adam(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
-                                fused=True)
+        sharded = args.zero and distributed.is_dist()
+        # ZeRO's load_state_dict puts Adam's step counters on the CPU: the foreach/for-loop
+        # kernels' layout (fused keeps them on the parameters' device), so no fused there.
+        return distributed.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
+                                          lr=args.scaled_learning_rate, weight_decay=args.weight_decay,
+                                          fused=not sharded)
 
-    def backward_and_step(self, loss, optimizer):
+    def backward(self, loss):
+        """Backward of a (possibly fp16-scaled) loss; gradients add up until optimizer_step."""
         self.grad_scaler.scale(loss).backward()
+
+    def optimizer_step(self, optimizer):
         self.grad_scaler.step(optimizer)
         self.grad_scaler.update()
+
+    def backward_and_step(self, loss, optimizer):
+        self.backward(loss)
+        self.optimizer_step(optimizer)
 
     def _complete_args(self):
         """Fill what the data and the model family decide, and reject impossible settings."""
@@ -82,11 +93,15 @@ class Exp_Basic:
         args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)
         args.test_seq_len = args.test_seq_len or args.seq_len
         args.test_pred_len = args.test_pred_len or args.pred_len
-        for name in ("seq_len", "pred_len", "batch_size", "train_epochs", "patience"):
+        for name in ("seq_len", "pred_len", "batch_size", "train_epochs", "patience", "accumulation_steps",
+                     "base_batch_size"):
             require(getattr(args, name) > 0, f"--{name} must be positive, got {getattr(args, name)}")
         require(0 <= args.label_len <= args.seq_len, f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
         require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+        args.global_batch_size = global_batch_size(args, distributed.world_size())
+        args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
         learning_rate_for_epoch(args, 1)  # rejects an unknown --lradj before any training
+        check_adaptation_args(args)
         if args.autoregressive:
             token = args.input_token_len
             require(token > 0 and args.output_token_len > 0, "--input_token_len and --output_token_len must be positive")

@@ -25,12 +25,13 @@ def subprocess_env():
     return env
 
 
-def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True):
-    """`python run.py ...`, or under torchrun with `nproc` workers. Returns CompletedProcess."""
+def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False):
+    """`python run.py ...`, or under torchrun with `nproc` workers. Returns CompletedProcess.
+    Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second."""
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["run.py", *map(str, args)]
+    cmd += ["run.py", *map(str, args)] + ([] if plots else ["--no_plots"])
     if outputs:
         cmd += ["--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")]
     return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)

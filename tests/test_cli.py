@@ -37,7 +37,7 @@ def test_legacy_local_rank_argument_is_accepted(tmp_path):
 
 
 BAD_INPUTS = {
-    "unknown model": (["--model", "Nope"], "unknown --model 'Nope'; available: DLinear, TimerXL"),
+    "unknown model": (["--model", "Nope"], "unknown --model 'Nope'; available: DLinear, "),
     "missing data file": (["--data", "custom", "--root_path", "/nowhere", "--data_path", "data.csv"],
                           "data file not found: /nowhere/data.csv"),
     "unknown target": (["--target", "price"], "--target 'price' is not a column of the data; columns are: x0"),

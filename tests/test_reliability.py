@@ -255,7 +255,7 @@ CATALOGUE = {
     "token multiple": (lambda t: ["--model", "TimerXL", "--seq_len", 100],
                        "--seq_len (100) must be a multiple of --input_token_len (24)"),
     "MS on univariate": (_univariate, "--features MS needs covariates"),
-    "unknown model": (lambda t: ["--model", "Nope"], "unknown --model 'Nope'; available: DLinear, TimerXL"),
+    "unknown model": (lambda t: ["--model", "Nope"], "unknown --model 'Nope'; available: DLinear, "),
     "unknown data": (lambda t: ["--data", "ETTh3"], "unknown --data 'ETTh3'; choose one of ETTh1"),
     "unknown lradj": (lambda t: ["--lradj", "fancy"], "unknown --lradj 'fancy'; choose one of type1"),
     "unwritable checkpoints": (lambda t: _file_in_the_way(t, "checkpoints"), "--checkpoints"),

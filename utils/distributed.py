@@ -3,6 +3,7 @@
 Single-process runs go through the same functions: every helper is a no-op (or the
 identity) when no process group is initialised.
 """
+import contextlib
 import datetime
 import gc
 import logging
@@ -11,6 +12,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from utils.errors import UserError
 
 
 def launched_by_torchrun():
@@ -138,6 +142,44 @@ def gather_objects(obj):
     return out
 
 
+def require_same(value, message):
+    """Raise UserError(message) on every rank unless every rank holds an equal `value`.
+
+    For what each node decides from its own disk: if a node sees other files, all ranks
+    stop together with one message instead of going separate ways.
+    """
+    values = gather_objects(value)
+    if any(v != values[0] for v in values):
+        raise UserError(message)
+
+
+def load_on_main(module, load, *args, **kwargs):
+    """load(module, *args, **kwargs) on rank 0 only, then rank 0's weights on every rank.
+
+    Only rank 0 reads the file, so the nodes of a multi-node job need not share a disk. A
+    UserError from rank 0 is raised on every rank: nobody waits for weights that never come.
+    """
+    if not is_dist():
+        load(module, *args, **kwargs)
+        return module
+    problem = None
+    if is_main():
+        try:
+            load(module, *args, **kwargs)
+        except UserError as exc:
+            problem = str(exc)
+    problem = broadcast_object(problem)
+    if problem is not None:
+        raise UserError(problem)
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            box = tensor if tensor.is_contiguous() else tensor.contiguous()
+            dist.broadcast(box, src=0)
+            if box is not tensor:
+                tensor.copy_(box)
+    return module
+
+
 def shard_range(n, rank_=None, world_size_=None):
     """Contiguous, non-overlapping [start, stop) share of n items for a rank.
 
@@ -147,3 +189,86 @@ def shard_range(n, rank_=None, world_size_=None):
     r = rank() if rank_ is None else rank_
     w = world_size() if world_size_ is None else world_size_
     return (n * r) // w, (n * (r + 1)) // w
+
+
+# ---------------------------------------------------------------- scaling up: wrapping, accumulation, ZeRO
+def convert_sync_batchnorm(module):
+    """`module` with its BatchNorm layers as SyncBatchNorm (statistics of the global batch)
+    when distributed; unchanged otherwise. Parameter and buffer names stay the same."""
+    if not is_dist():
+        return module
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+def wrap_ddp(module, device, sync_bn=False):
+    """(module to evaluate and save, module to train): `module` itself twice without a
+    process group; else the (SyncBatchNorm-converted) module and its DDP wrapper.
+
+    DDP broadcasts rank 0's parameters at construction, so every rank starts equal.
+    """
+    if not is_dist():
+        return module, module
+    if sync_bn:
+        module = convert_sync_batchnorm(module)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return module, DistributedDataParallel(module, device_ids=device_ids)
+
+
+def ddp_module(model):
+    """The DistributedDataParallel in `model` (itself, or under torch.compile), or None."""
+    while model is not None and not isinstance(model, DistributedDataParallel):
+        model = getattr(model, "_orig_mod", None)
+    return model
+
+
+def no_sync(model, skip=True):
+    """With `skip`, DDP's no_sync(): forward + backward only accumulate local gradients and
+    the all-reduce waits for a backward outside it. A no-op without DDP or with skip=False."""
+    ddp = ddp_module(model) if skip else None
+    return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
+
+
+def make_optimizer(params, optimizer_class, shard=False, **options):
+    """optimizer_class(params, **options); with `shard` and a process group, wrapped in
+    ZeroRedundancyOptimizer: each rank keeps the state of its share of the parameters only."""
+    if shard and is_dist():
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # a 1 s import: only when asked for
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **options)
+    return optimizer_class(params, **options)
+
+
+def _is_sharded(optimizer):
+    return hasattr(optimizer, "consolidate_state_dict")  # ZeroRedundancyOptimizer, not imported eagerly
+
+
+def optimizer_state_dict(optimizer):
+    """The full optimizer state on rank 0 (None elsewhere). A collective for a sharded
+    optimizer, whose shards are first gathered on rank 0: call it on every rank."""
+    if _is_sharded(optimizer):
+        optimizer.consolidate_state_dict(to=0)
+    return optimizer.state_dict() if is_main() else None
+
+
+def load_optimizer_state(optimizer, state):
+    """Load a full optimizer state into a plain or a sharded optimizer, whichever saved it.
+
+    The saved kernel choice (fused / foreach) is replaced by this optimizer's own, so a
+    state written with --zero loads without it and vice versa.
+    """
+    for saved, current in zip(state["param_groups"], optimizer.param_groups):
+        for key in ("fused", "foreach"):
+            if key in current:
+                saved[key] = current[key]
+    optimizer.load_state_dict(state)
+    if _is_sharded(optimizer):
+        # Its load also copies this rank's shard into the wrapper's own `state`, which
+        # nothing reads (the local optimizer holds the live copy): drop the duplicate.
+        optimizer.state.clear()
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of optimizer state tensors held by this rank (only its shard when sharded)."""
+    states = [optimizer.state] + ([optimizer.optim.state] if _is_sharded(optimizer) else [])
+    return sum(value.numel() * value.element_size() for state in states for per_param in state.values()
+               if per_param for value in per_param.values() if torch.is_tensor(value))

@@ -3,11 +3,15 @@
 `python -m utils.launch <torchrun arguments> run.py ...` is exactly
 `torchrun <torchrun arguments> run.py ...` (same parser, same elastic agent, same c10d
 rendezvous); only a failed run ends differently: the workers have already printed
-what went wrong, so the launcher adds one line and exits with the workers' code.
+what went wrong, so the launcher adds one line and exits with the workers' code. A
+rendezvous that fails before any worker starts (a node missing, MASTER_ADDR unreachable,
+the port taken) ends with one line that says what to check, and exit code 1.
 """
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError, RendezvousError,
+                                                      RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
 
@@ -21,7 +25,25 @@ def launch(torchrun_argv):
         print(f"error: {len(failure.failures)} worker(s) failed (exit codes {codes}); "
               "the first message above says why", file=sys.stderr)
         return next((c for c in codes if c > 0), 1)
+    except RendezvousError as failure:
+        print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def rendezvous_problem(failure, config):
+    """What went wrong before any worker started, and what to check."""
+    where = f"rendezvous '{config.rdzv_id}' at {config.rdzv_endpoint or 'localhost'}"
+    same = "start every node with the same --nnodes, --rdzv_id and --rdzv_endpoint (NNODES, RDZV_ID, " \
+           "MASTER_ADDR:MASTER_PORT in scripts/ddp_forecast.sh)"
+    if isinstance(failure, RendezvousTimeoutError):
+        return f"not all {config.nnodes} node(s) joined {where} in time; {same}, or raise RDZV_TIMEOUT"
+    if isinstance(failure, RendezvousConnectionError):
+        cause = str(failure.__cause__ or failure).splitlines()[0].rstrip(".")
+        return (f"cannot reach or host the store of {where} ({cause}); check that node 0 is running (if it "
+                "stopped, its log says why), that MASTER_ADDR is its address, and that MASTER_PORT is free there "
+                "and open to the other nodes")
+    return f"{where} failed ({type(failure).__name__}: {failure}); {same}"
 
 
 if __name__ == "__main__":

@@ -8,11 +8,30 @@ import torch
 from utils.errors import UserError
 
 LR_SCHEDULES = ("type1", "type2", "cosine", "constant")
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def global_batch_size(args, world_size):
+    """Windows per optimizer step: per-process batch x processes x accumulation steps."""
+    return args.batch_size * world_size * args.accumulation_steps
+
+
+def scaled_learning_rate(args, global_batch):
+    """--learning_rate scaled by --lr_scaling for `global_batch` against --base_batch_size."""
+    ratio = global_batch / args.base_batch_size
+    if args.lr_scaling == "none":
+        return args.learning_rate
+    if args.lr_scaling == "linear":
+        return args.learning_rate * ratio
+    if args.lr_scaling == "sqrt":
+        return args.learning_rate * math.sqrt(ratio)
+    raise UserError(f"unknown --lr_scaling '{args.lr_scaling}'; choose one of {', '.join(LR_SCALINGS)}")
 
 
 def learning_rate_for_epoch(args, epoch):
     """Learning rate for 1-based `epoch` (TSLib's adjust_learning_rate semantics)."""
-    base = args.learning_rate
+    # the experiment sets scaled_learning_rate from --lr_scaling; bare args start from --learning_rate
+    base = getattr(args, "scaled_learning_rate", args.learning_rate)
     if args.lradj == "type1":  # epochs 1-2 at base, then halve every epoch
         return base * 0.5 ** max(epoch - 2, 0)
     if args.lradj == "type2":  # TSLib's fixed table

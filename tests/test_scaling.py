@@ -1,0 +1,235 @@
+"""Scaling up: gradient accumulation, global batch and learning-rate scaling, SyncBatchNorm.
+
+(--zero, the sharded optimizer state, is in test_zero.py.)
+"""
+import math
+import time
+
+import pytest
+import torch
+
+from helpers import SMALL_TIMERXL, assert_ok, make_args, records, run_cli, run_on_ranks
+
+# dropout 0: the four ways of taking a step below must see the very same function
+TIMERXL = [*SMALL_TIMERXL, "--dropout", 0, "--synthetic_rows", 1500, "--num_threads", 1, "--learning_rate", 1e-3]
+WINDOWS = 32
+
+
+# ---------------------------------------------------------------- gradient accumulation
+def _flat(tensors):
+    # numpy: tensors would cross the result queue as shared memory, gone once the rank exits
+    return torch.cat([t.detach().flatten().double() for t in tensors]).numpy()
+
+
+def _one_optimizer_step(exp, batch_size, world, rank):
+    """One Exp_Forecast.train_step over this rank's share of windows 0..31, cut into micro-batches."""
+    from data_provider.data_factory import data_provider
+
+    dataset, _ = data_provider(exp.args, "train")
+    share = WINDOWS // world
+    starts = torch.arange(rank * share, (rank + 1) * share)
+    micro_batches = [dataset.__getitems__(chunk) for chunk in starts.split(batch_size)]
+    assert len(micro_batches) == exp.args.accumulation_steps
+    optimizer = exp.make_optimizer()
+    initial = _flat(exp.raw_model.parameters())
+    exp.model.train()
+    exp.train_step(micro_batches, optimizer)
+    # train_step zeroes gradients before the group, so .grad still holds the step's gradient
+    grads = _flat(p.grad for p in exp.raw_model.parameters())
+    return {"initial": initial, "weights": _flat(exp.raw_model.parameters()), "grads": grads}
+
+
+def _as_tensors(results):
+    return [{k: torch.from_numpy(v) for k, v in result.items()} for result in results]
+
+
+def _configurations(rank, world, configs):
+    """On every rank: one optimizer step per (batch_size, accumulation_steps), each from fresh weights."""
+    from exp.exp_forecast import Exp_Forecast
+
+    results = []
+    for batch_size, accumulation in configs:
+        argv = [*TIMERXL, "--batch_size", batch_size, "--accumulation_steps", accumulation]
+        exp = Exp_Forecast(make_args(*argv, *(["--ddp"] if world > 1 else [])))
+        results.append(_one_optimizer_step(exp, batch_size, world, rank))
+    if world > 1:  # no_sync finds the experiment's DDP, also under a compile wrapper
+        assert _no_sync_state(exp.model) == _no_sync_state(_Compiled(exp.model)) == (False, True, True)
+    return results
+
+
+def test_accumulation_and_ddp_take_the_same_step_as_one_large_batch():
+    started = time.time()
+    # (i) 1 process x batch 32, (iii) 1 process x batch 16 x 2 micro-batches: no process group at all
+    single = _configurations(0, 1, [(32, 1), (16, 2)])
+    # (ii) 2 processes x batch 16, (iv) 2 processes x batch 8 x 2 micro-batches: DDP over gloo
+    ranks = run_on_ranks(_configurations, 2, [(16, 1), (8, 2)])
+    single, ranks = _as_tensors(single), [_as_tensors(r) for r in ranks]
+    reference = single[0]
+    cases = {"1 x 16 x 2 accumulation": single[1], "2 DDP x 16": ranks[0][0], "2 DDP x 8 x 2 accumulation": ranks[0][1],
+             "rank 1 of 2 DDP x 16": ranks[1][0], "rank 1 of 2 DDP x 8 x 2 accumulation": ranks[1][1]}
+    update = (reference["weights"] - reference["initial"]).abs().max()
+    assert update > 1e-4  # the step moved the weights
+    gaps = {}
+    for name, case in cases.items():
+        assert torch.equal(case["initial"], reference["initial"]), name  # the same starting point
+        # Relative to the whole vector: float32 summation order differs between the four, and
+        # Adam's first step (about lr x sign(grad)) amplifies that noise in weights whose
+        # gradient is nearly 0, so a near-zero weight can differ by more than 1e-6 of itself.
+        weight_gap = float((case["weights"] - reference["weights"]).norm() / reference["weights"].norm())
+        # The gradient itself too: Adam's first step ignores its scale, so a wrong 1/N would hide
+        grad_gap = float((case["grads"] - reference["grads"]).norm() / reference["grads"].norm())
+        assert weight_gap < 1e-6 and grad_gap < 1e-6, f"{name}: weights {weight_gap:.2e}, gradients {grad_gap:.2e}"
+        gaps[name] = (weight_gap, grad_gap)
+    print(f"largest weight update {update:.3e}; relative gaps (weights, gradients) {gaps}; "
+          f"{time.time() - started:.1f}s")
+
+
+class _Compiled(torch.nn.Module):
+    """Stands in for torch.compile's OptimizedModule, which keeps the module as _orig_mod
+    (a real torch.compile costs seconds of imports)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self._orig_mod = inner
+
+
+def _no_sync_state(model):
+    """(flag inside no_sync, flag with skip=False, flag after) of the DDP in `model`."""
+    from utils import distributed
+
+    ddp = distributed.ddp_module(model)
+    with distributed.no_sync(model):
+        inside = ddp.require_backward_grad_sync
+    with distributed.no_sync(model, skip=False):
+        unskipped = ddp.require_backward_grad_sync
+    return inside, unskipped, ddp.require_backward_grad_sync
+
+
+def test_micro_batch_groups_and_no_sync_without_ddp():
+    import contextlib
+
+    from exp.exp_forecast import _groups
+    from utils import distributed
+
+    assert [len(g) for g in _groups(range(7), 3)] == [3, 3, 1]  # a short last group
+    assert [g for g in _groups(range(4), 1)] == [[0], [1], [2], [3]]
+    assert list(_groups(range(0), 2)) == []
+    model = torch.nn.Linear(2, 2)
+    assert isinstance(distributed.no_sync(model), contextlib.nullcontext)
+    assert distributed.ddp_module(_Compiled(_Compiled(model))) is None
+
+
+# ---------------------------------------------------------------- global batch and learning-rate scaling
+@pytest.mark.parametrize("scaling, expected", [("none", 1e-3), ("linear", 4e-3), ("sqrt", 2e-3)])
+def test_learning_rate_scaling_arithmetic(scaling, expected):
+    from utils.tools import global_batch_size, learning_rate_for_epoch, scaled_learning_rate
+
+    args = make_args("--batch_size", 16, "--accumulation_steps", 4, "--lr_scaling", scaling,
+                     "--learning_rate", 1e-3, "--lradj", "type1")
+    assert global_batch_size(args, 2) == 128  # 16 x 2 processes x 4 micro-batches
+    assert scaled_learning_rate(args, 128) == pytest.approx(expected)  # against --base_batch_size 32
+    assert scaled_learning_rate(args, 32) == pytest.approx(1e-3)  # the base batch keeps the rate
+    args.scaled_learning_rate = scaled_learning_rate(args, 128)
+    assert [learning_rate_for_epoch(args, e) for e in (1, 3)] == pytest.approx([expected, expected / 2])
+
+
+def test_global_batch_and_scaled_rate_are_logged_and_recorded(tmp_path):
+    # 2 processes x batch 8 x 2 micro-batches = 32 windows a step; sqrt scaling against 16: x sqrt(2)
+    proc = run_cli(tmp_path, "--synthetic_rows", 1500, "--num_threads", 1, "--train_epochs", 1, "--batch_size", 8,
+                   "--accumulation_steps", 2, "--lr_scaling", "sqrt", "--base_batch_size", 16,
+                   "--learning_rate", 1e-3, "--ddp", "--nproc_per_node", 2, timeout=120)
+    assert_ok(proc)
+    lr = 1e-3 * math.sqrt(2)
+    assert (f"global batch 32 (8 x 2 processes x 2 accumulation steps), learning rate {lr:g} "
+            f"(--lr_scaling sqrt: 0.001 at batch 16)") in proc.stdout
+    record = records(tmp_path)[-1]
+    assert record["args"]["global_batch_size"] == 32
+    assert record["args"]["scaled_learning_rate"] == pytest.approx(lr)
+    assert record["history"][0]["lr"] == pytest.approx(lr)
+    # the step counter counts optimizer steps: ceil(micro-batches per rank / 2)
+    state = torch.load(tmp_path / "checkpoints" / record["setting"] / "last.pth", weights_only=True)
+    micro_batches = math.ceil(math.ceil(record["train_windows"] / 2) / 8)
+    assert state["global_step"] == math.ceil(micro_batches / 2)
+
+
+# ---------------------------------------------------------------- SyncBatchNorm
+PATCHTST = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 1,
+            "--synthetic_rows", 1500, "--num_threads", 1]
+
+
+def _converted_patchtst(rank, world):
+    from models import get_model_class
+    from utils import distributed
+
+    args = make_args(*PATCHTST)
+    args.enc_in = args.dec_in = args.c_out = 7
+    plain = get_model_class("PatchTST")(args)
+    expected = {k: tuple(v.shape) for k, v in plain.state_dict().items()}
+    converted = distributed.convert_sync_batchnorm(plain)
+    layers = [type(m).__name__ for m in converted.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    state = converted.state_dict()
+    get_model_class("PatchTST")(args).load_state_dict(state, strict=True)  # a plain model takes the file
+    return layers, {k: tuple(v.shape) for k, v in state.items()} == expected
+
+
+def test_sync_bn_conversion_keeps_plain_batchnorm_keys():
+    # on CPU: the conversion the experiment applies under DDP, and what it saves
+    for layers, same_keys in run_on_ranks(_converted_patchtst, 2):
+        assert layers == ["SyncBatchNorm"] and same_keys
+    from utils import distributed
+
+    plain = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
+    assert distributed.convert_sync_batchnorm(plain) is plain  # no process group: unchanged
+
+
+def _batchnorm_statistics(rank, world, full_batch):
+    from utils import distributed
+
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6)).to(device)
+    raw, ddp = distributed.wrap_ddp(module, device, sync_bn=True)  # the experiment's own wrapping
+    assert isinstance(raw[1], torch.nn.SyncBatchNorm)
+    ddp.train()
+    ddp(full_batch.chunk(world)[rank].to(device))
+    return raw[1].running_mean.cpu().numpy(), raw[1].running_var.cpu().numpy()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="PyTorch's SyncBatchNorm runs only on GPU tensors (DDP refuses it on CPU)")
+def test_sync_bn_statistics_over_two_ranks_equal_the_full_batch():
+    full_batch = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) * 3 + 1
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
+    reference.train()
+    reference(full_batch)
+    for mean, var in run_on_ranks(_batchnorm_statistics, 2, full_batch):
+        mean, var = torch.from_numpy(mean), torch.from_numpy(var)
+        torch.testing.assert_close(mean, reference[1].running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(var, reference[1].running_var, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- bad input (the catalogue's checks)
+BAD_INPUT = {
+    "accumulation steps": (["--accumulation_steps", 0], "--accumulation_steps must be positive, got 0"),
+    "unknown lr_scaling": (["--lr_scaling", "cubic"], "unknown --lr_scaling 'cubic'; choose one of none, linear, sqrt"),
+}
+if not torch.cuda.is_available():
+    BAD_INPUT["sync_bn on CPU"] = (["--sync_bn", "--model", "PatchTST"], "--sync_bn needs GPUs")
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_scaling_input_fails_with_one_line_under_ddp(tmp_path, case):
+    argv, message = BAD_INPUT[case]
+    sentinel = tmp_path / "results" / "results.jsonl"
+    sentinel.parent.mkdir()
+    sentinel.write_text('{"earlier": "result"}\n')
+    started = time.time()
+    proc = run_cli(tmp_path, *argv, "--synthetic_rows", 1500, "--ddp", "--nproc_per_node", 2, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ") and "worker" not in line]
+    assert len(errors) == 1  # one line, from rank 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert time.time() - started < 30
+    assert sentinel.read_text() == '{"earlier": "result"}\n'
