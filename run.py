@@ -51,6 +51,7 @@ def build_parser():
     g.add_argument("--scale", type=str2bool, default=True, help="z-score with the training split's statistics")
     g.add_argument("--checkpoints", default="./checkpoints/")
     g.add_argument("--results_dir", default="./results")
+    g.add_argument("--quiet", action="store_true", help="print nothing but the final results (no progress, no epoch lines)")
     g.add_argument("--checkpoint", default=None, help="weights evaluated when --is_training 0")
     g.add_argument("--resume", nargs="?", const="auto", default=None,
                    help="continue the setting's last.pth (or the given training-state file)")
@@ -183,13 +184,15 @@ def setting_name(args, ii):
     return "_".join(parts + [args.des, str(ii)])
 
 
-def configure_logging():
-    """Rank 0 logs progress; other ranks only warnings, with their rank in front."""
+def configure_logging(quiet=False):
+    """Rank 0 logs progress (with --quiet only the results); other ranks only warnings, with their rank in front."""
+    from utils.progress import RESULT
+
     handler = logging.StreamHandler(sys.stdout)
     rank = int(os.environ.get("RANK", 0))
     if rank == 0:
         handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.setLevel(logging.INFO)
+        logger.setLevel(RESULT if quiet else logging.INFO)
     else:
         handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s: %(message)s"))
         logger.setLevel(logging.WARNING)
@@ -214,7 +217,7 @@ def main(argv=None):
     if args.ddp and not distributed.launched_by_torchrun():
         return launch_local_workers(args)
     args.ddp = args.ddp or distributed.launched_by_torchrun()
-    configure_logging()
+    configure_logging(args.quiet)
     if args.ignored_args:
         # info level: only rank 0 logs it, so a DDP job prints the line once
         logger.info(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")

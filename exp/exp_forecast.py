@@ -26,6 +26,7 @@ from utils import distributed, plots
 from utils.checkpoint import load_weights, read_training_state, save_atomic, writable_dir_problem
 from utils.errors import require
 from utils.metrics import ErrorSums, batch_loss
+from utils.progress import RESULT, EpochProgress, progress_mode
 from utils.tools import (EarlyStopping, learning_rate_for_epoch, rng_state, seed_everything, set_learning_rate,
                          set_rng_state)
 
@@ -215,18 +216,22 @@ class Exp_Forecast(Exp_Basic):
         self.optimizer_step(optimizer)
         return loss_sum, n_scored
 
-    def _train_epoch(self, loader, optimizer):
-        """One pass over this rank's shard; returns (global mean train loss, optimizer steps)."""
+    def _train_epoch(self, loader, optimizer, epoch=0):
+        """One pass over this rank's shard; returns (global mean train loss, optimizer steps, samples/s)."""
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored = steps = 0
-        for group in _groups(loader, self.args.accumulation_steps):  # the last group may be short
+        accumulation = self.args.accumulation_steps
+        progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(getattr(self.args, "quiet", False)))
+        for group in _groups(loader, accumulation):  # the last group may be short
             group_loss, group_scored = self.train_step(group, optimizer)
             loss_sum += group_loss
             n_scored += group_scored
             steps += 1
+            progress.update(group_loss, group_scored, sum(batch[0].shape[0] for batch in group))
+        progress.close()
         total, count = distributed.all_reduce_sum([loss_sum.item(), n_scored])
-        return total / count, steps
+        return total / count, steps, progress.samples_per_second * distributed.world_size()
 
     def _log_optimizer_state_bytes(self, optimizer):
         """Every rank's optimizer-state bytes (halved per rank by --zero on 2 ranks), logged."""
@@ -271,7 +276,7 @@ class Exp_Forecast(Exp_Basic):
             lr = learning_rate_for_epoch(args, epoch)
             set_learning_rate(optimizer, lr)
             train_loader.set_epoch(epoch)
-            train_loss, steps = self._train_epoch(train_loader, optimizer)
+            train_loss, steps, samples_per_s = self._train_epoch(train_loader, optimizer, epoch)
             step += steps
             if state_bytes is None:
                 state_bytes = self._log_optimizer_state_bytes(optimizer)
@@ -288,9 +293,10 @@ class Exp_Forecast(Exp_Basic):
             history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
                             "lr": lr, "seconds": time.time() - started})
             self._save_training_state(last_path, optimizer, stopper, epoch, step, history, stopped)
-            logger.info(f"epoch {epoch}: train {train_loss:.6f} vali {vali_loss:.6f} test {test_loss:.6f} "
-                        f"lr {lr:.3g} {history[-1]['seconds']:.2f}s" + (" *best*" if improved else
-                        f" (no improvement {stopper.counter}/{args.patience})"))
+            logger.info(f"epoch {epoch}/{args.train_epochs}: train {train_loss:.6f} vali {vali_loss:.6f} "
+                        f"test {test_loss:.6f} lr {lr:.3g} {history[-1]['seconds']:.2f}s "
+                        f"{samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
+                        + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})"))
             if stopped:
                 logger.info(f"early stopping after epoch {epoch}")
         if state_bytes is None:  # resumed after the last epoch: the loaded state
@@ -321,7 +327,7 @@ class Exp_Forecast(Exp_Basic):
             orig_line = f"; original scale: mse {metrics['mse_orig']:.6g} mae {metrics['mae_orig']:.6g}"
         metrics["vali_loss"] = vali_loss
         metrics["test_windows"] = len(test_loader.dataset)
-        logger.info(f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
+        logger.log(RESULT, f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
                     f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig_line} (vali {vali_loss:.6f}, "
                     f"{metrics['test_windows']} windows, {distributed.world_size()} processes)")
         self._draw_forecasts(setting)

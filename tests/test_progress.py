@@ -1,0 +1,51 @@
+"""Progress output: a bar on a terminal, plain periodic lines in logs, nothing with --quiet."""
+import io
+
+from helpers import assert_ok, run_cli
+from utils.progress import EpochProgress, progress_mode
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_plain_lines_without_a_terminal_at_each_quarter():
+    stream = io.StringIO()
+    assert progress_mode(stream=stream) == "lines"
+    progress = EpochProgress(3, 40, "lines", stream=stream, every_s=1e9)
+    for _ in range(40):
+        progress.update(2.0, 4, 32)  # loss sum 2 over 4 scored elements: mean 0.5
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(",")[0].strip() for line in lines] == ["epoch 3: 10/40 steps", "epoch 3: 20/40 steps",
+                                                              "epoch 3: 30/40 steps"]
+    assert all("loss 0.500000" in line and "samples/s" in line and "eta" in line for line in lines)
+    assert "\r" not in stream.getvalue()  # no bar redraws in a log file
+
+
+def test_bar_on_a_terminal_and_nothing_when_quiet():
+    terminal = _Terminal()
+    assert progress_mode(stream=terminal) == "bar"
+    assert progress_mode(quiet=True, stream=terminal) is None
+    progress = EpochProgress(1, 5, "bar", stream=terminal)
+    for _ in range(5):
+        progress.update(1.0, 1, 8)
+    progress.close()
+    drawn = terminal.getvalue()
+    assert "epoch 1:" in drawn and "/5 [" in drawn and "\r" in drawn  # a tqdm bar, redrawn in place
+
+
+def test_run_logs_epoch_summaries_and_quiet_keeps_only_the_result(tmp_path):
+    argv = ["--train_epochs", 2, "--synthetic_rows", 1500]
+    proc = run_cli(tmp_path, *argv)
+    assert_ok(proc)
+    progress = [line for line in proc.stderr.splitlines() if line.strip().startswith("epoch 1:")]
+    assert progress and "steps, loss" in progress[0]  # plain lines: the test's output is not a terminal
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("epoch 2/2:")]
+    assert summary and "samples/s" in summary[0] and "best vali" in summary[0] and " lr " in summary[0]
+
+    quiet = run_cli(tmp_path, *argv, "--quiet")
+    assert_ok(quiet)
+    assert [line.split(":")[0].split(" ")[0] for line in quiet.stdout.splitlines()] == ["test"]
+    assert "steps, loss" not in quiet.stderr

@@ -1,0 +1,79 @@
+"""Training progress on rank 0: a tqdm bar on a terminal, periodic plain lines in logs, or nothing.
+
+The loss shown is read from the device only when something is about to be displayed, so
+progress adds no host sync to ordinary steps.
+"""
+import logging
+import sys
+import time
+
+from utils import distributed
+
+RESULT = 25  # log level of the final result lines: above INFO, so --quiet keeps only them
+logging.addLevelName(RESULT, "RESULT")
+
+PLAIN_EVERY_S = 30.0  # without a terminal: one line at most this often (and at 25/50/75 %)
+
+
+def progress_mode(quiet=False, stream=None):
+    """'bar' on a terminal, 'lines' when output goes to a file or pipe, None when quiet or not rank 0."""
+    if quiet or not distributed.is_main():
+        return None
+    stream = stream or sys.stderr
+    return "bar" if stream.isatty() else "lines"
+
+
+class EpochProgress:
+    """`update(loss_sum, n_scored, samples)` after each optimizer step; `close()` at the end of the epoch.
+
+    loss_sum / n_scored is the step's mean loss; loss_sum may be a device tensor (read only when shown).
+    """
+
+    def __init__(self, epoch, total_steps, mode, stream=None, every_s=PLAIN_EVERY_S):
+        self.epoch, self.total, self.mode = epoch, total_steps, mode
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self.steps = self.samples = 0
+        self.started = self._last_print = time.perf_counter()
+        self._quarters_done = 0
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, desc=f"epoch {epoch}", unit="step", file=self.stream,
+                             dynamic_ncols=True, leave=False)
+
+    def update(self, loss_sum, n_scored, samples):
+        self.steps += 1
+        self.samples += samples
+        if self.mode == "bar":
+            self._bar.update(1)
+            if self._bar.n == self._bar.last_print_n:  # tqdm just redrew: only then read the loss
+                self._bar.set_postfix(loss=f"{float(loss_sum) / n_scored:.4f}", refresh=False)
+        elif self.mode == "lines" and self._line_due():
+            self._print_line(float(loss_sum) / n_scored)
+
+    def _line_due(self):
+        now = time.perf_counter()
+        quarter = 4 * self.steps // max(self.total, 1)
+        if quarter > self._quarters_done and self.steps < self.total:
+            self._quarters_done = quarter
+            return True
+        return now - self._last_print >= self.every_s
+
+    def _print_line(self, loss):
+        elapsed = time.perf_counter() - self.started
+        rate = self.steps / elapsed if elapsed else 0.0
+        eta = (self.total - self.steps) / rate if rate else float("nan")
+        print(f"  epoch {self.epoch}: {self.steps}/{self.total} steps, loss {loss:.6f}, "
+              f"{self.samples / elapsed:.0f} samples/s, eta {eta:.0f}s", file=self.stream, flush=True)
+        self._last_print = time.perf_counter()
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+    @property
+    def samples_per_second(self):
+        elapsed = time.perf_counter() - self.started
+        return self.samples / elapsed if elapsed else 0.0
