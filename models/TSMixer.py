@@ -1,0 +1,52 @@
+"""TSMixer: a stack of all-MLP residual blocks that alternately mix along time (an MLP over the
+seq_len steps of each channel) and across channels (an MLP over the enc_in values of each step), then
+one linear map over time (seq_len -> pred_len). Chen et al., "TSMixer: An All-MLP Architecture for
+Time Series Forecasting", TMLR 2023; follows the TSLib implementation, with optional instance
+normalisation (the paper's RevIN) under configs.use_norm."""
+from torch import nn
+
+from layers.normalization import InstanceNorm
+
+
+class MixerBlock(nn.Module):
+    """x + time-mixing MLP, then + channel-mixing MLP, on x [B, L, C].
+
+    As TSLib: each MLP is Linear -> ReLU -> Linear -> Dropout with hidden width d_model, and there is
+    no normalisation inside the block (the paper's batch norm is left out). ReLU is fixed, as in
+    both the paper and TSLib, whatever configs.activation says.
+    """
+
+    def __init__(self, seq_len: int, channels: int, d_model: int, dropout: float):
+        super().__init__()
+        self.temporal = nn.Sequential(
+            nn.Linear(seq_len, d_model), nn.ReLU(), nn.Linear(d_model, seq_len), nn.Dropout(dropout))
+        self.channel = nn.Sequential(
+            nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + self.temporal(x.transpose(1, 2)).transpose(1, 2)
+        return x + self.channel(x)
+
+
+class Model(nn.Module):
+    autoregressive = False
+
+    def __init__(self, configs):
+        super().__init__()
+        self.seq_len = configs.seq_len
+        self.pred_len = configs.pred_len
+        self.normalize = InstanceNorm() if getattr(configs, "use_norm", 0) else None
+        # `model` and `projection` keep TSLib's state_dict keys (model.<i>.temporal.0.weight, ...).
+        self.model = nn.ModuleList(
+            MixerBlock(configs.seq_len, configs.enc_in, configs.d_model, configs.dropout)
+            for _ in range(configs.e_layers))
+        self.projection = nn.Linear(configs.seq_len, configs.pred_len)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        if x_enc.shape[1] != self.seq_len:
+            raise ValueError(f"TSMixer expects seq_len={self.seq_len} input steps, got {x_enc.shape[1]}")
+        x = self.normalize.norm(x_enc) if self.normalize is not None else x_enc
+        for block in self.model:
+            x = block(x)
+        out = self.projection(x.transpose(1, 2)).transpose(1, 2)  # [B, pred_len, C]
+        return self.normalize.denorm(out) if self.normalize is not None else out
