@@ -1,0 +1,239 @@
+"""The daily loop around a run: results tables, pictures, real forecasts past the data,
+metrics on the original scale (exact under DDP), and TSLib's own command lines."""
+import json
+import shlex
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from data_provider.synthetic import make_synthetic
+from data_provider.timefeatures import future_dates
+from helpers import assert_ok, make_args, records, run_cli
+from utils.report import main as report_main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ results table
+REFERENCE = """# targets
+
+## A. Unified protocol: input length 96
+
+ETTh1
+
+| model | 96 | 192 |
+|---|---|---|
+| DLinear | 0.386 / 0.400 | 0.437 / 0.432 |
+
+Exchange (70/10/20 split)
+
+| model | 96 | 192 |
+|---|---|---|
+| DLinear | 0.088 / 0.218 | 0.176 / 0.315 |
+
+## B. Other settings
+
+| model (setting) | 96 | source |
+|---|---|---|
+| DLinear (input 336) | 0.375 / 0.399 | paper |
+
+## C. Timer-XL protocol: input 672, rolled out
+
+| model | 96 | 192 |
+|---|---|---|
+| Timer-XL | 0.364 / 0.397 | 0.405 / 0.424 |
+"""
+
+
+def _record(model, data, pred_len, seed, mse, mae, **args):
+    args = {"features": "M", "seq_len": 96, "data_path": "ETTh1.csv", **args}
+    return {"setting": f"{model}_{pred_len}", "model": model, "data": data, "pred_len": pred_len, "seed": seed,
+            "mse": mse, "mae": mae, "world_size": 1, "args": args}
+
+
+def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
+    lines = [
+        _record("DLinear", "ETTh1", 96, 1, 0.50, 0.50),  # replaced by the rerun of seed 1 below
+        _record("DLinear", "ETTh1", 96, 2, 0.39, 0.41),
+        _record("DLinear", "ETTh1", 96, 1, 0.38, 0.40),
+        _record("DLinear", "ETTh1", 192, 1, 0.44, 0.43),
+        _record("DLinear", "ETTh1", 96, 1, 0.30, 0.35, features="S"),  # S: no published figure
+        _record("DLinear", "custom", 96, 1, 0.09, 0.21, data_path="exchange_rate.txt.gz"),
+        # token model: trained on 96, rolled out to test_pred_len 192 from test_seq_len 672 (table C)
+        _record("TimerXL", "ETTh1", 96, 1, 0.41, 0.43, seq_len=672, autoregressive=True, test_seq_len=672,
+                test_pred_len=192),
+    ]
+    nested = tmp_path / "runs" / "day1"
+    nested.mkdir(parents=True)
+    (nested / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    reference = tmp_path / "targets.md"
+    reference.write_text(REFERENCE)
+
+    argv = [str(tmp_path / "runs"), "--reference", str(reference)]
+    assert report_main(argv + ["--format", "csv", "--out", str(tmp_path / "t.csv"), "--plot", str(tmp_path / "mse.png")]) == 0
+    table = pd.read_csv(tmp_path / "t.csv")  # blank cells (no std, no published figure) read as NaN
+    rows = {(r.data, r.features, r.input, r.model, r.horizon): r for r in table.itertuples()}
+    assert len(rows) == 5
+    dl96 = rows[("ETTh1", "M", 96, "DLinear", 96)]
+    assert dl96.seeds == 2 and dl96.mse == pytest.approx(0.385) and dl96.mae == pytest.approx(0.405)
+    assert dl96.mse_std == pytest.approx(np.std([0.38, 0.39], ddof=1))
+    assert (dl96.reference_protocol, dl96.reference_mse, dl96.reference_mae) == ("A", 0.386, 0.400)
+    assert dl96.mse_vs_reference_pct == pytest.approx(100 * (0.385 - 0.386) / 0.386)
+    single = rows[("ETTh1", "M", 96, "DLinear", 192)]
+    assert single.seeds == 1 and np.isnan(single.mse_std) and single.reference_mse == 0.437
+    assert rows[("exchange_rate", "M", 96, "DLinear", 96)].reference_mse == 0.088  # 'Exchange' caption
+    assert np.isnan(rows[("ETTh1", "S", 96, "DLinear", 96)].reference_mse)
+    timer = rows[("ETTh1", "M", 672, "TimerXL", 192)]
+    assert (timer.reference_protocol, timer.reference_mse) == ("C", 0.405)
+    assert (tmp_path / "mse.png").read_bytes()[:8] == PNG
+
+    capsys.readouterr()
+    assert report_main(argv) == 0
+    markdown = capsys.readouterr().out
+    assert "| ETTh1 | M | 96 | DLinear | 96 | 0.3850 ± 0.0071 | 0.4050 ± 0.0071 | 2 | 0.386 / 0.400 (A) | -0.3% |" in markdown
+    assert "1 record(s) replaced by a later run of the same seed" in markdown
+    assert report_main([str(tmp_path / "nothing_here")]) == 2
+
+
+# ------------------------------------------------------------------ forecasts past the data, original scale
+def test_future_dates_continue_at_freq():
+    assert list(future_dates("2018-06-26 19:45", "15min", 2)) == [pd.Timestamp("2018-06-26 20:00"),
+                                                                   pd.Timestamp("2018-06-26 20:15")]
+    assert list(future_dates("2020-01-31", "m", 3)) == list(pd.to_datetime(["2020-02-29", "2020-03-31", "2020-04-30"]))
+    assert list(future_dates("2020-01-03", "b", 1)) == [pd.Timestamp("2020-01-06")]  # Friday -> Monday
+
+
+OFFSET = 1000.0
+
+
+@pytest.fixture(scope="module")
+def offset_run(tmp_path_factory):
+    """One short S run on a CSV far from zero, with pictures, --inverse and --do_predict."""
+    tmp = tmp_path_factory.mktemp("offset")
+    frame = make_synthetic(rows=1200, channels=3, seed=7)
+    frame[["x0", "x1", "OT"]] = frame[["x0", "x1", "OT"]] * 5 + OFFSET
+    frame.to_csv(tmp / "offset.csv", index=False)
+    argv = ["--data", "custom", "--root_path", tmp, "--data_path", "offset.csv", "--features", "S",
+            "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--train_epochs", 2, "--num_threads", 1,
+            "--learning_rate", 0.01, "--inverse"]
+    proc = run_cli(tmp, *argv, "--do_predict", plots=True)
+    assert_ok(proc)
+    return tmp, frame, argv, proc, records(tmp)[-1]
+
+
+def test_do_predict_continues_the_dates_on_the_original_scale(offset_run):
+    tmp, frame, _, _, record = offset_run
+    forecast = pd.read_csv(tmp / "results" / record["setting"] / "forecast.csv", parse_dates=["date"])
+    assert list(forecast.columns) == ["date", "OT"] and len(forecast) == 24
+    last = frame["date"].iloc[-1]
+    assert list(forecast["date"]) == [last + pd.Timedelta(hours=k) for k in range(1, 25)]
+    level, spread = frame["OT"].iloc[-200:].mean(), frame["OT"].iloc[-200:].std()
+    assert abs(forecast["OT"].mean() - level) < 2 * spread, (forecast["OT"].mean(), level)  # not ~0: un-scaled
+
+
+def test_inverse_metrics_are_the_scaled_ones_times_the_scale(offset_run):
+    _, frame, _, proc, record = offset_run
+    train = frame["OT"].iloc[: int(len(frame) * 0.7)]
+    scale = train.std(ddof=0)  # StandardScaler's scale_
+    assert record["mse_orig"] == pytest.approx(record["mse"] * scale ** 2, rel=1e-4)
+    assert record["mae_orig"] == pytest.approx(record["mae"] * scale, rel=1e-4)
+    assert f"original scale: mse {record['mse_orig']:.6g}" in proc.stdout
+
+
+def test_pictures_after_a_run_and_none_with_no_plots(offset_run):
+    tmp, _, argv, _, record = offset_run
+    folder = tmp / "results" / record["setting"]
+    for name in ("forecast.png", "training_curves.png"):
+        assert (folder / name).read_bytes()[:8] == PNG
+    # The same checkpoint tested on 2 processes: --inverse metrics equal the 1-process ones exactly.
+    ddp = tmp / "ddp"
+    checkpoint = tmp / "checkpoints" / record["setting"] / "checkpoint.pth"
+    proc = run_cli(ddp, *argv, "--is_training", 0, "--checkpoint", checkpoint, nproc=2)
+    assert_ok(proc)
+    again = records(ddp)[-1]
+    assert again["world_size"] == 2
+    for key in ("mse", "mae", "mse_orig", "mae_orig", "rmse_orig", "mape_orig"):
+        assert again[key] == pytest.approx(record[key], rel=1e-9, abs=0), key
+    assert not list((ddp / "results").rglob("*.png"))
+
+
+def test_do_predict_on_undated_data_counts_steps_and_inverts_the_scaler(tmp_path):
+    values = make_synthetic(rows=900, channels=3, seed=3).drop(columns=["date"]) * [2.0, 3.0, 4.0] + [10, -20, 30]
+    values.to_csv(tmp_path / "plain.csv", index=False)
+    from exp.exp_forecast import Exp_Forecast
+
+    args = make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "plain.csv", "--seq_len", 48,
+                     "--label_len", 24, "--pred_len", 12, "--num_threads", 1, "--results_dir", tmp_path / "results",
+                     "--no_plots")
+    exp = Exp_Forecast(args)
+    written = exp.predict("undated")
+    forecast = pd.read_csv(tmp_path / "results" / "undated" / "forecast.csv")
+    assert list(forecast.columns) == ["step", "x0", "x1", "OT"] and list(forecast["step"]) == list(range(1, 13))
+    np.testing.assert_allclose(forecast[["x0", "x1", "OT"]].to_numpy(), written[["x0", "x1", "OT"]].to_numpy(), rtol=1e-7)
+    # the same forecast by hand: the model on the last 48 scaled rows, then the scaler's inverse
+    from data_provider.data_factory import prepared_data
+
+    data = prepared_data(args)
+    x = torch.from_numpy(data.values[-48:])[None]
+    dec = torch.cat([x[:, -24:], torch.zeros(1, 12, 3)], dim=1)
+    with torch.no_grad():
+        scaled = exp.raw_model.eval()(x, torch.zeros(1, 48, 0), dec, torch.zeros(1, 36, 0))[0, -12:].numpy()
+    np.testing.assert_allclose(forecast[["x0", "x1", "OT"]].to_numpy(), data.scaler.inverse_transform(scaled),
+                               rtol=1e-5, atol=1e-4)
+
+
+# ------------------------------------------------------------------ TSLib's scripts
+# The first run of thuml/Time-Series-Library scripts/long_term_forecast/ETT_script/DLinear_ETTh1.sh, verbatim.
+TSLIB_DLINEAR_ETTH1 = r"""python -u run.py \
+  --task_name long_term_forecast \
+  --is_training 1 \
+  --root_path ./dataset/ETT-small/ \
+  --data_path ETTh1.csv \
+  --model_id ETTh1_96_96 \
+  --model $model_name \
+  --data ETTh1 \
+  --features M \
+  --seq_len 96 \
+  --label_len 48 \
+  --pred_len 96 \
+  --e_layers 2 \
+  --d_layers 1 \
+  --factor 3 \
+  --enc_in 7 \
+  --dec_in 7 \
+  --c_out 7 \
+  --des 'Exp' \
+  --itr 1"""
+# Arguments of TSLib's run.py for other tasks and models, which its scripts pass freely.
+TSLIB_FOREIGN = ["--use_multi_gpu", "--devices", "0,1", "--p_hidden_dims", "128", "128", "--distil",
+                 "--mask_rate", "0.25", "--seasonal_patterns", "Monthly"]
+
+
+def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
+    # An ETTh1-shaped file (20 months of hours, the ETT columns): the real one may be absent.
+    frame = make_synthetic(rows=14400, channels=7, seed=1)
+    frame.columns = ["date", "HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
+    (tmp_path / "ETT-small").mkdir()
+    frame.to_csv(tmp_path / "ETT-small" / "ETTh1.csv", index=False)
+    command = TSLIB_DLINEAR_ETTH1.replace("$model_name", "DLinear").replace("./dataset/ETT-small/", f"{tmp_path}/ETT-small/")
+    argv = shlex.split(command.replace("\\\n", " "))[3:]  # after `python -u run.py`
+    proc = run_cli(tmp_path, *argv, "--train_epochs", 1, *TSLIB_FOREIGN, "--num_threads", 1)
+    assert_ok(proc)
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: ignoring arguments run.py does not use: " + " ".join(TSLIB_FOREIGN)]
+    record = records(tmp_path)[-1]
+    assert (record["model"], record["data"], record["pred_len"], record["args"]["enc_in"]) == ("DLinear", "ETTh1", 96, 7)
+    assert record["setting"].startswith("long_term_forecast_ETTh1_96_96_DLinear_ETTh1_ftM_sl96_ll48_pl96")
+
+
+def test_our_own_arguments_keep_their_checks_and_typos_get_a_hint():
+    from run import build_parser, describe_ignored, parse_args
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_known_args(["--seq_len", "abc"])
+    args = parse_args(["--use_gpu", "--lerning_rate", "0.1", "--seg_len", "24"])  # TSLib's bare --use_gpu too
+    assert args.use_gpu is True and args.learning_rate == 1e-4
+    assert describe_ignored(args.ignored_args) == "--lerning_rate 0.1 --seg_len 24 (--lerning_rate: did you mean --learning_rate?)"
+    assert parse_args(["--no_use_gpu"]).use_gpu is False
