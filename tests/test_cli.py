@@ -12,7 +12,7 @@ from utils.errors import UserError
 def test_plain_run_py_trains_and_tests_on_builtin_data(tmp_path):
     proc = run_cli(tmp_path, "--train_epochs", 1)
     assert_ok(proc)
-    assert "epoch 1: train" in proc.stdout and "test long_term_forecast_test_DLinear_synthetic" in proc.stdout
+    assert "epoch 1/1: train" in proc.stdout and "test long_term_forecast_test_DLinear_synthetic" in proc.stdout
     assert records(tmp_path)[-1]["world_size"] == 1
 
 
