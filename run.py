@@ -111,7 +111,7 @@ def build_parser():
                         "and metrics are exact sums, so it only changes speed)")
     g.add_argument("--patience", type=int, default=3)
     g.add_argument("--learning_rate", type=float, default=1e-4)
-    g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant")
+    g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
     g.add_argument("--weight_decay", type=float, default=0.0)
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
     g.add_argument("--num_workers", type=int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")

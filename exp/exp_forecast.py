@@ -27,8 +27,8 @@ from utils.checkpoint import load_weights, read_training_state, save_atomic, wri
 from utils.errors import require
 from utils.metrics import ErrorSums, batch_loss
 from utils.progress import RESULT, EpochProgress, progress_mode
-from utils.tools import (EarlyStopping, learning_rate_for_epoch, rng_state, seed_everything, set_learning_rate,
-                         set_rng_state)
+from utils.tools import (PER_STEP_SCHEDULES, EarlyStopping, learning_rate_for_epoch, one_cycle_learning_rate,
+                         rng_state, seed_everything, set_learning_rate, set_rng_state)
 
 logger = logging.getLogger("tsl")
 
@@ -216,14 +216,19 @@ class Exp_Forecast(Exp_Basic):
         self.optimizer_step(optimizer)
         return loss_sum, n_scored
 
-    def _train_epoch(self, loader, optimizer, epoch=0):
+    def _train_epoch(self, loader, optimizer, epoch=0, first_step=0):
         """One pass over this rank's shard; returns (global mean train loss, optimizer steps, samples/s)."""
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored = steps = 0
         accumulation = self.args.accumulation_steps
-        progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(getattr(self.args, "quiet", False)))
+        steps_per_epoch = -(-len(loader) // accumulation)
+        progress = EpochProgress(epoch, steps_per_epoch, progress_mode(getattr(self.args, "quiet", False)))
+        per_step_lr = self.args.lradj in PER_STEP_SCHEDULES
         for group in _groups(loader, accumulation):  # the last group may be short
+            if per_step_lr:
+                set_learning_rate(optimizer, one_cycle_learning_rate(
+                    self.args.scaled_learning_rate, first_step + steps, steps_per_epoch * self.args.train_epochs))
             group_loss, group_scored = self.train_step(group, optimizer)
             loss_sum += group_loss
             n_scored += group_scored
@@ -276,7 +281,9 @@ class Exp_Forecast(Exp_Basic):
             lr = learning_rate_for_epoch(args, epoch)
             set_learning_rate(optimizer, lr)
             train_loader.set_epoch(epoch)
-            train_loss, steps, samples_per_s = self._train_epoch(train_loader, optimizer, epoch)
+            train_loss, steps, samples_per_s = self._train_epoch(train_loader, optimizer, epoch, step)
+            if args.lradj in PER_STEP_SCHEDULES:
+                lr = optimizer.param_groups[0]["lr"]  # where the per-step schedule ended the epoch
             step += steps
             if state_bytes is None:
                 state_bytes = self._log_optimizer_state_bytes(optimizer)

@@ -233,3 +233,24 @@ def test_bad_scaling_input_fails_with_one_line_under_ddp(tmp_path, case):
     assert "Traceback" not in proc.stderr + proc.stdout
     assert time.time() - started < 30
     assert sentinel.read_text() == '{"earlier": "result"}\n'
+
+
+def test_tst_schedule_is_torchs_one_cycle_as_a_function_of_the_step():
+    from utils.tools import one_cycle_learning_rate
+
+    total = 37 * 3
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.01, total_steps=total, pct_start=0.2)
+    for step in range(total):
+        assert one_cycle_learning_rate(0.01, step, total) == pytest.approx(scheduler.get_last_lr()[0], rel=1e-9), step
+        optimizer.step()
+        scheduler.step()
+
+
+def test_tst_run_records_the_per_step_rate(tmp_path):
+    assert_ok(run_cli(tmp_path, "--train_epochs", 2, "--synthetic_rows", 1500, "--lradj", "TST",
+                      "--learning_rate", 0.01))
+    history = records(tmp_path)[-1]["history"]
+    # OneCycle: the rate has warmed up past its start (0.01 / 25) by the end of epoch 1 and is
+    # near its floor after the last step
+    assert history[0]["lr"] > 0.01 / 25 and history[-1]["lr"] < 1e-5

@@ -7,7 +7,8 @@ import torch
 
 from utils.errors import UserError
 
-LR_SCHEDULES = ("type1", "type2", "cosine", "constant")
+LR_SCHEDULES = ("type1", "type2", "cosine", "constant", "TST")
+PER_STEP_SCHEDULES = ("TST",)  # set before every optimizer step, from the global step
 LR_SCALINGS = ("none", "linear", "sqrt")
 
 
@@ -43,9 +44,21 @@ def learning_rate_for_epoch(args, epoch):
         return lr
     if args.lradj == "cosine":  # cosine from base to 0 over train_epochs
         return base / 2 * (1 + math.cos((epoch - 1) / args.train_epochs * math.pi))
-    if args.lradj == "constant":
+    if args.lradj in ("constant", "TST"):  # TST: the epoch's rate is overridden step by step
         return base
     raise UserError(f"unknown --lradj '{args.lradj}'; choose one of {', '.join(LR_SCHEDULES)}")
+
+
+def one_cycle_learning_rate(base, step, total_steps, pct_start=0.2, div_factor=25.0, final_div_factor=1e4):
+    """Rate at 0-based optimizer `step` of torch's OneCycleLR (cosine, two phases), as a pure function
+    of the step so that resuming needs no scheduler state. TimeMixer/PatchTST's `--lradj TST`."""
+    warm_end, last = pct_start * total_steps - 1, total_steps - 1
+    start, low = base / div_factor, base / div_factor / final_div_factor
+    if step <= warm_end:
+        high, end, pct = start, base, step / warm_end if warm_end > 0 else 1.0
+    else:
+        high, end, pct = base, low, min((step - warm_end) / (last - warm_end), 1.0)
+    return end + (high - end) / 2 * (math.cos(math.pi * pct) + 1)
 
 
 def set_learning_rate(optimizer, lr):
