@@ -123,7 +123,8 @@ class WindowLoader:
 
     def batch_indices(self):
         """The epoch's batches as index tensors (the last one may be short; none is dropped)."""
-        return torch.tensor(list(self.sampler), dtype=torch.long).split(self.batch_size)
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch
 
     def __iter__(self):
         if self._worker_loader is not None:

@@ -71,7 +71,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
 
     broken = tmp_path / "broken"
     run = Streamed([sys.executable, "run.py", *map(str, argv + _outputs(broken))])
-    run.wait_for("epoch 2:")
+    run.wait_for("epoch 2/")
     os.killpg(run.proc.pid, signal.SIGKILL)  # no chance to clean up, as in a preemption
     run.finish()
     assert not (broken / "results" / "results.jsonl").exists()
@@ -128,7 +128,7 @@ def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
     env["MASTER_PORT"] = str(free_port())
     run = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "b"))],
                    env=dict(subprocess_env(), **env))
-    run.wait_for("epoch 1:")
+    run.wait_for("epoch 1/")  # the summary line: last.pth of epoch 1 exists
     time.sleep(0.3)  # into epoch 2
     victim = _worker_pids(run.proc.pid)[1]
     os.kill(victim, signal.SIGKILL)
