@@ -4,7 +4,7 @@ beside the published figures.
     python -m utils.report results/                                  # every results.jsonl under results/
     python -m utils.report a/results.jsonl b/ --format csv --out table.csv
     python -m utils.report results/ --reference ../shared/reference/targets.md --plot mse.png
-    python -m utils.report benchmarks/results/reproduce_ETTh1-Exchange_DLinear.json   # a reproduce.py run
+    python -m utils.report benchmarks/results/reproduce/reproduce_ETTh1-Exchange_DLinear.json   # a reproduce.py run
 
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model and horizon (for
