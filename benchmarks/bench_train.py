@@ -14,6 +14,7 @@ Seconds per epoch are medians over the epochs after the first (warm-up). Writes
 benchmarks/results/bench_train_<device>_<models>.md and prints the same table.
 """
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -34,6 +35,9 @@ MODEL_ARGS = {
     "DLinear": ["--model", "DLinear"],
     "TimerXL": ["--model", "TimerXL", "--d_model", "256", "--d_ff", "512", "--n_heads", "4", "--e_layers", "1",
                 "--input_token_len", "24", "--output_token_len", "24"],
+    # PatchTST_ETTh1.sh at horizon 96; compute-bound, so time it with --max_batches on a CPU
+    "PatchTST": ["--model", "PatchTST", "--e_layers", "1", "--n_heads", "2", "--d_model", "512", "--d_ff", "2048",
+                 "--patch_len", "16", "--stride", "8"],
 }
 
 
@@ -105,8 +109,28 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def measure(kind, argv, epochs):
-    """Seconds per training epoch (list), validation+test seconds, windows, peak memory."""
+class _FirstBatches:
+    """The first `limit` batches of a loader, for timing compute-bound models on a slow device."""
+
+    def __init__(self, loader, limit):
+        self.loader, self.limit = loader, limit
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.limit)
+
+    def __len__(self):
+        return min(len(self.loader), self.limit)
+
+    def set_epoch(self, epoch):
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(epoch)
+
+
+def measure(kind, argv, epochs, max_batches=0):
+    """Seconds per training epoch (list), validation+test seconds, windows, peak memory.
+
+    With max_batches, each epoch stops after that many batches and its time is scaled to the
+    full epoch (evaluation is then not timed)."""
     import torch
 
     from data_provider.data_factory import data_provider
@@ -122,6 +146,10 @@ def measure(kind, argv, epochs):
     _, test_loader = data_provider(args, "test")
     optimizer = exp.make_optimizer()
     times = []
+    full_batches = len(loader)
+    if max_batches:
+        loader = _FirstBatches(loader, max_batches)
+    scale = full_batches / len(loader)
 
     if kind.startswith("conventional"):
         from torch.utils.data import DataLoader, DistributedSampler
@@ -145,7 +173,7 @@ def measure(kind, argv, epochs):
                 sampler.set_epoch(epoch)
             started = time.perf_counter()
             losses = []
-            for x, y, x_mark, y_mark in conv_loader:  # TSLib's loop, float() casts and all
+            for x, y, x_mark, y_mark in itertools.islice(conv_loader, len(loader)):  # TSLib's loop, casts and all
                 x, y = x.float().to(device), y.float().to(device)
                 optimizer.zero_grad()
                 pred, true = exp._forward(model, (x, y, x_mark.float(), y_mark.float()), "train")
@@ -154,7 +182,7 @@ def measure(kind, argv, epochs):
                 loss.backward()
                 optimizer.step()
             _sync(device)
-            times.append(time.perf_counter() - started)
+            times.append((time.perf_counter() - started) * scale)
     elif kind == "floor":
         batches = [tuple(t.to(device) for t in batch) for batch in loader]
         model = exp.model
@@ -167,17 +195,19 @@ def measure(kind, argv, epochs):
                     loss = torch.nn.functional.mse_loss(pred.float(), true)
                 exp.backward_and_step(loss, optimizer)
             _sync(device)
-            times.append(time.perf_counter() - started)
+            times.append((time.perf_counter() - started) * scale)
     else:  # ours
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             started = time.perf_counter()
             exp._train_epoch(loader, optimizer)
             _sync(device)
-            times.append(time.perf_counter() - started)
+            times.append((time.perf_counter() - started) * scale)
 
     started = time.perf_counter()
-    if kind.startswith("conventional"):  # TSLib's vali/test: per-window loaders, a .item() per batch
+    if max_batches:
+        pass  # a partial epoch: evaluation is not timed
+    elif kind.startswith("conventional"):  # TSLib's vali/test: per-window loaders, a .item() per batch
         for split_loader in (vali_loader, test_loader):
             split = split_loader.dataset
             conv = DataLoader(PerWindowDataset(split.data.double().numpy(), split.marks.double().numpy(),
@@ -193,15 +223,15 @@ def measure(kind, argv, epochs):
         exp.evaluate(vali_loader, "val")
         exp.evaluate(test_loader, "test")
     _sync(device)
-    eval_seconds = time.perf_counter() - started
+    eval_seconds = float("nan") if max_batches else time.perf_counter() - started
     return {"epoch_seconds": times, "eval_seconds": eval_seconds, "train_windows": len(dataset),
             "peak_mb": _peak_memory_mb(device), "device": str(device),
             "world_size": distributed.world_size()}
 
 
 # ------------------------------------------------------------------ orchestration
-def run_one(kind, argv, epochs, nproc):
-    payload = json.dumps({"kind": kind, "argv": argv, "epochs": epochs})
+def run_one(kind, argv, epochs, nproc, max_batches=0):
+    payload = json.dumps({"kind": kind, "argv": argv, "epochs": epochs, "max_batches": max_batches})
     cmd = [sys.executable]
     if nproc > 1:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -225,12 +255,14 @@ def main():
                         help="run the whole plan this many times, interleaved, and pool the epochs: "
                              "slow spells of a shared machine then hit every configuration alike")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--max_batches", type=int, default=0,
+                        help="time only this many batches per epoch and scale to the full epoch (slow models)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
 
     if opts.one:  # a worker: measure one configuration and print it
         job = json.loads(opts.one)
-        result = measure(job["kind"], job["argv"], job["epochs"])
+        result = measure(job["kind"], job["argv"], job["epochs"], job.get("max_batches", 0))
         if int(os.environ.get("RANK", 0)) == 0:
             print("RESULT " + json.dumps(result), flush=True)
         from utils import distributed
@@ -250,7 +282,7 @@ def main():
             for round_ in range(opts.rounds):
                 for kind, nproc in plan:
                     argv = base + (["--use_amp"] if kind == "ours-amp" else [])
-                    result = run_one(kind, argv, opts.epochs, nproc)
+                    result = run_one(kind, argv, opts.epochs, nproc, opts.max_batches)
                     timed = result["epoch_seconds"][1:] or result["epoch_seconds"]
                     pooled = results.setdefault((kind, nproc), dict(result, timed=[], evals=[]))
                     pooled["timed"] += timed
@@ -263,6 +295,9 @@ def main():
             rows.append((data, model, results))
     device = next(iter(rows[0][2].values()))["device"] if rows else "cpu"
     table = render(rows, opts.epochs, opts.rounds, device)
+    if opts.max_batches:
+        table = table.replace("; eval = ", f"; only the first {opts.max_batches} batches of each epoch are timed and "
+                              "scaled to the full epoch (eval not timed); eval = ", 1)
     print(table)
     os.makedirs(opts.out, exist_ok=True)
     name = f"bench_train_{'cuda' if device.startswith('cuda') else 'cpu'}_{opts.models.replace(',', '_')}.md"
