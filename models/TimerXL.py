@@ -3,10 +3,10 @@ is cut into non-overlapping patches, every patch becomes a token, and the C * N 
 under a Kronecker mask (all variables, causal in time) with rotary time positions and a learned
 same/different-variable bias; every token predicts the next `output_token_len` steps. Liu et al.,
 "Timer-XL: Long-Context Transformers for Unified Time Series Forecasting", ICLR 2025; follows OpenLTM."""
-import torch
 from torch import nn
 
 from layers.attention import TimeAttention
+from layers.normalization import InstanceNorm
 from layers.transformer import TimerBlock, TimerLayer
 
 
@@ -18,6 +18,7 @@ class Model(nn.Module):
         self.input_token_len = configs.input_token_len
         self.output_token_len = configs.output_token_len
         self.use_norm = bool(configs.use_norm)
+        self.norm = InstanceNorm()
         dropout = configs.dropout
         self.embedding = nn.Linear(self.input_token_len, configs.d_model)
         self.blocks = TimerBlock(
@@ -43,9 +44,7 @@ class Model(nn.Module):
         if self.use_norm:
             # Statistics over the whole window, as OpenLTM: note this lets early tokens see later
             # inputs through the mean/std; use use_norm=False for strictly causal outputs.
-            means = x_enc.mean(1, keepdim=True).detach()
-            stdev = torch.sqrt(torch.var(x_enc, dim=1, keepdim=True, unbiased=False) + 1e-5).detach()
-            x_enc = (x_enc - means) / stdev
+            x_enc = self.norm.norm(x_enc)
 
         patches = x_enc.transpose(1, 2).unfold(-1, self.input_token_len, self.input_token_len)  # [B, C, N, P]
         tokens = self.embedding(patches).reshape(batch, n_vars * n_tokens, -1)  # variable-major: c * N + n
@@ -54,5 +53,5 @@ class Model(nn.Module):
         out = out.reshape(batch, n_vars, n_tokens * self.output_token_len).transpose(1, 2)  # [B, N * out, C]
 
         if self.use_norm:
-            out = out * stdev + means
+            out = self.norm.denorm(out)
         return out
