@@ -80,7 +80,7 @@ def data_provider(args, flag, device=None):
         start, stop = data.split_rows(flag, window.x_len)
         dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag)
     if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
-        dataset = few_shot_subset(dataset, getattr(args, "subset_rand_ratio", 1.0), args.seed)
+        dataset = few_shot_subset(dataset, args.subset_rand_ratio, args.seed)
     if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:
         dataset.to(device)
     if len(dataset) == 0:
@@ -91,7 +91,7 @@ def data_provider(args, flag, device=None):
     require(args.batch_size > 0, f"--batch_size must be positive, got {args.batch_size}")
     batch_size = args.batch_size
     if flag != "train":
-        batch_size = getattr(args, "eval_batch_size", None) or 4 * args.batch_size
+        batch_size = args.eval_batch_size or 4 * args.batch_size
         require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
     if flag == "train":
         sampler = DistributedSampler(

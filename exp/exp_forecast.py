@@ -223,7 +223,7 @@ class Exp_Forecast(Exp_Basic):
         n_scored = steps = 0
         accumulation = self.args.accumulation_steps
         steps_per_epoch = -(-len(loader) // accumulation)
-        progress = EpochProgress(epoch, steps_per_epoch, progress_mode(getattr(self.args, "quiet", False)))
+        progress = EpochProgress(epoch, steps_per_epoch, progress_mode(self.args.quiet))
         per_step_lr = self.args.lradj in PER_STEP_SCHEDULES
         for group in _groups(loader, accumulation):  # the last group may be short
             if per_step_lr:
