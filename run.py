@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+from models import FORWARD_INPUTS
 from utils import distributed
 from utils.errors import UserError
 
@@ -152,6 +153,7 @@ def parse_args(argv=None):
     # arguments still get their type checks.
     args, ignored = build_parser().parse_known_args(argv)
     args.ignored_args = ignored
+    args.model_inputs = FORWARD_INPUTS  # the experiment narrows it to what --model reads
     if args.synthetic_seed is None:
         args.synthetic_seed = args.seed  # --itr changes the run seed, never the data
     return args

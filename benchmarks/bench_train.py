@@ -5,8 +5,9 @@
 
 Every configuration runs in its own process (clean peak memory, no warm caches shared):
   (a) conventional: a per-window Dataset returning numpy slices, DataLoader collation
-      (num_workers 0 and 2), TSLib's step (loss.item() every batch) and, for DLinear,
-      TSLib's formulation (replicate padding + AvgPool1d decomposition, two linear heads);
+      (num_workers 0 and 2), TSLib's step (casts, decoder input, output and target slices,
+      loss.item() every batch) and, for DLinear, TSLib's formulation (replicate padding +
+      AvgPool1d decomposition, two linear heads, the output sliced to pred_len);
   (b) ours: run.py's data path and Exp_Forecast's training epoch, fp32 and --use_amp;
   (c) floor: our model's forward, backward and optimizer step on batches already in memory;
   and (a)/(b) again as 2-process DDP under torchrun.
@@ -86,9 +87,22 @@ def tslib_dlinear(configs):
             trend = self.moving_avg(x)
             seasonal = x - trend
             out = self.Linear_Seasonal(seasonal.permute(0, 2, 1)) + self.Linear_Trend(trend.permute(0, 2, 1))
-            return out.permute(0, 2, 1)
+            return out.permute(0, 2, 1)[:, -configs.pred_len:, :]  # TSLib's Model.forward slices its output
 
     return Model()
+
+
+def tslib_forward(model, batch, args, device):
+    """The per-batch lines of TSLib's Exp_Long_Term_Forecast.train: casts and moves, the decoder
+    input, the forward, and the slices of output and target (f_dim), whatever the model reads."""
+    import torch
+
+    x, y, x_mark, y_mark = (t.float().to(device) for t in batch)
+    dec_inp = torch.zeros_like(y[:, -args.pred_len:, :]).float()
+    dec_inp = torch.cat([y[:, :args.label_len, :], dec_inp], dim=1).float().to(device)
+    outputs = model(x, x_mark, dec_inp, y_mark)
+    f_dim = -1 if args.features == "MS" else 0
+    return outputs[:, -args.pred_len:, f_dim:], y[:, -args.pred_len:, f_dim:].to(device)
 
 
 # ------------------------------------------------------------------ one measurement (own process)
@@ -173,10 +187,12 @@ def measure(kind, argv, epochs, max_batches=0):
                 sampler.set_epoch(epoch)
             started = time.perf_counter()
             losses = []
-            for x, y, x_mark, y_mark in itertools.islice(conv_loader, len(loader)):  # TSLib's loop, casts and all
-                x, y = x.float().to(device), y.float().to(device)
+            for batch in itertools.islice(conv_loader, len(loader)):  # TSLib's loop, casts and all
                 optimizer.zero_grad()
-                pred, true = exp._forward(model, (x, y, x_mark.float(), y_mark.float()), "train")
+                if args.autoregressive:  # OpenLTM's token loop is ours: only the data path differs
+                    pred, true = exp._forward(model, tuple(t.float().to(device) for t in batch), "train")
+                else:
+                    pred, true = tslib_forward(model, batch, args, device)
                 loss = torch.nn.functional.mse_loss(pred, true)
                 losses.append(loss.item())
                 loss.backward()
@@ -184,7 +200,7 @@ def measure(kind, argv, epochs, max_batches=0):
             _sync(device)
             times.append((time.perf_counter() - started) * scale)
     elif kind == "floor":
-        batches = [tuple(t.to(device) for t in batch) for batch in loader]
+        batches = [exp._on_device(batch) for batch in loader]
         model = exp.model
         for _ in range(epochs):
             started = time.perf_counter()
@@ -215,8 +231,11 @@ def measure(kind, argv, epochs, max_batches=0):
                               batch_size=args.batch_size, shuffle=False, num_workers=workers)
             model.eval()
             with torch.no_grad():
-                for x, y, x_mark, y_mark in conv:
-                    pred, true = exp._forward(model, (x.float(), y.float(), x_mark.float(), y_mark.float()), "val")
+                for batch in conv:
+                    if args.autoregressive:
+                        pred, true = exp._forward(model, tuple(t.float().to(device) for t in batch), "val")
+                    else:
+                        pred, true = tslib_forward(model, batch, args, device)
                     torch.nn.functional.mse_loss(pred, true).item()
             model.train()
     else:

@@ -78,7 +78,8 @@ def data_provider(args, flag, device=None):
         dataset = data.window_dataset(flag, window)  # says itself when no series holds a window
     else:
         start, stop = data.split_rows(flag, window.x_len)
-        dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag)
+        reads_marks = "x_mark_enc" in args.model_inputs or "x_mark_dec" in args.model_inputs
+        dataset = WindowDataset(data.values[start:stop], data.marks[start:stop], window, flag, with_marks=reads_marks)
     if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
         dataset = few_shot_subset(dataset, args.subset_rand_ratio, args.seed)
     if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:

@@ -192,9 +192,10 @@ def prepare(args):
 class WindowDataset(Dataset):
     """Every window of one split: item i is (x, y, x_mark, y_mark) starting at row i."""
 
-    def __init__(self, values, marks, window, split):
+    def __init__(self, values, marks, window, split, with_marks=True):
         self.window = window
         self.split = split
+        self.with_marks = with_marks  # False: batches carry None for the marks (a model that reads none)
         self.n_windows = len(values) - window.span + 1
         self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)))
 
@@ -207,8 +208,9 @@ class WindowDataset(Dataset):
         def windows(series, offset, length):
             return series[offset:].unfold(0, length, 1).transpose(1, 2)[:n] if n else None
 
-        self._parts = (windows(data, 0, w.x_len), windows(data, w.y_offset, w.y_len),
-                       windows(marks, 0, w.x_len), windows(marks, w.y_offset, w.y_len))
+        self._parts = (windows(data, 0, w.x_len), windows(data, w.y_offset, w.y_len))
+        self._parts += ((windows(marks, 0, w.x_len), windows(marks, w.y_offset, w.y_len)) if self.with_marks
+                        else (None, None))
 
     def __len__(self):
         return max(self.n_windows, 0)
@@ -221,9 +223,9 @@ class WindowDataset(Dataset):
     def __getitems__(self, indices):
         """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
         starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
-        return tuple(part[starts] for part in self._parts)
+        return tuple(None if part is None else part[starts] for part in self._parts)
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return tuple(t[0] for t in self.__getitems__([index]))
+        return tuple(None if t is None else t[0] for t in self.__getitems__([index]))

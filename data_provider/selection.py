@@ -36,7 +36,7 @@ class WindowSelection(Dataset):
     def __getitem__(self, index):
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return tuple(t[0] for t in self.__getitems__([index]))
+        return tuple(None if t is None else t[0] for t in self.__getitems__([index]))
 
 
 def subset_size(n_windows, ratio):

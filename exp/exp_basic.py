@@ -7,7 +7,7 @@ import torch
 
 from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
-from models import get_model_class
+from models import get_model_class, inputs_used
 from utils import distributed
 from utils.errors import require
 from utils.metrics import LOSSES
@@ -85,6 +85,7 @@ class Exp_Basic:
         """Fill what the data and the model family decide, and reject impossible settings."""
         args = self.args
         args.autoregressive = bool(getattr(self.model_class, "autoregressive", False))
+        args.model_inputs = inputs_used(self.model_class)  # the loader gathers only what the model reads
         data = prepared_data(args)
         n_channels = len(data.columns)
         args.mark_dim = data.marks.shape[1]  # time features per step (0 for undated data)

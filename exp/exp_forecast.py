@@ -51,14 +51,19 @@ class Exp_Forecast(Exp_Basic):
     def _on_device(self, batch):
         if batch[0].device == self.device:  # splits kept on the GPU, or CPU training
             return batch
-        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        return tuple(None if t is None else t.to(self.device, non_blocking=True) for t in batch)
+
+    def _used(self, name, tensor):
+        """`tensor` if the model reads forward argument `name`, else None (see models.inputs_used)."""
+        return tensor if name in self.args.model_inputs else None
 
     def _direct_forward(self, model, batch):
         x, y, x_mark, y_mark = self._on_device(batch)
         pred_len, label_len = self.args.pred_len, self.args.label_len
-        # TSLib decoder input: the last label_len known steps, then zeros for the horizon.
-        dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1)
-        out = model(x, x_mark, dec_inp, y_mark)
+        dec_inp = None
+        if "x_dec" in self.args.model_inputs:  # TSLib decoder input: the last label_len known steps, then zeros
+            dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1)
+        out = model(x, self._used("x_mark_enc", x_mark), dec_inp, self._used("x_mark_dec", y_mark))
         if out.shape[1] != pred_len:  # even a no-op slice costs a zero-fill and copy in backward
             out = out[:, -pred_len:]
         return self._target_channels(out), self._target_channels(y[:, -pred_len:])
@@ -68,7 +73,7 @@ class Exp_Forecast(Exp_Basic):
         or only the last token with --last_token (always) / --valid_last (validation)."""
         x, y, x_mark, _ = self._on_device(batch)
         token, out_len = self.args.input_token_len, self.args.output_token_len
-        out = model(x, x_mark, None, None)
+        out = model(x, self._used("x_mark_enc", x_mark), None, None)
         batch_size, n_tokens = x.shape[0], x.shape[1] // token
         pred = out.reshape(batch_size, n_tokens, out_len, -1)
         true = y.unfold(1, out_len, token).permute(0, 1, 3, 2)  # [B, N, out_len, C]
@@ -81,13 +86,15 @@ class Exp_Forecast(Exp_Basic):
         x, y, x_mark, y_mark = self._on_device(batch)
         out_len, horizon, history = self.args.output_token_len, self.args.test_pred_len, x.shape[1]
         steps = math.ceil(horizon / out_len)
-        marks = torch.cat([x_mark, y_mark], dim=1)
-        missing = history + steps * out_len - marks.shape[1]
-        if missing > 0:  # the last partial step reads calendar features past the target
-            marks = torch.cat([marks, marks[:, -1:].expand(-1, missing, -1)], dim=1)
+        marks = None
+        if "x_mark_enc" in self.args.model_inputs:
+            marks = torch.cat([x_mark, y_mark], dim=1)
+            missing = history + steps * out_len - marks.shape[1]
+            if missing > 0:  # the last partial step reads calendar features past the target
+                marks = torch.cat([marks, marks[:, -1:].expand(-1, missing, -1)], dim=1)
         preds = []
         for step in range(steps):
-            window_marks = marks[:, step * out_len: step * out_len + history]
+            window_marks = None if marks is None else marks[:, step * out_len: step * out_len + history]
             nxt = model(x, window_marks, None, None)[:, -out_len:]
             preds.append(nxt)
             x = torch.cat([x[:, out_len:], nxt], dim=1)
@@ -210,7 +217,7 @@ class Exp_Forecast(Exp_Basic):
                 with self.autocast():
                     pred, true = self._forward(self.model, batch, "train")
                     loss = batch_loss(pred.float(), true, self.args.loss)
-                self.backward(loss / len(micro_batches))
+                self.backward(loss / len(micro_batches) if len(micro_batches) > 1 else loss)
             loss_sum.add_(loss.detach(), alpha=pred.numel())
             n_scored += pred.numel()
         self.optimizer_step(optimizer)

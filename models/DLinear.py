@@ -17,6 +17,7 @@ def _time_linear(seq_len: int, pred_len: int) -> nn.Linear:
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc",)
 
     def __init__(self, configs):
         super().__init__()

@@ -8,6 +8,7 @@ from torch import nn
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc",)
 
     def __init__(self, configs):
         super().__init__()

@@ -29,6 +29,7 @@ class FlattenHead(nn.Module):
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc",)
 
     def __init__(self, configs):
         super().__init__()

@@ -30,6 +30,7 @@ class MixerBlock(nn.Module):
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc",)
 
     def __init__(self, configs):
         super().__init__()

@@ -44,6 +44,7 @@ class ResBlock(nn.Module):
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc", "x_mark_enc", "x_mark_dec")
 
     def __init__(self, configs):
         super().__init__()

@@ -140,6 +140,7 @@ class PastDecomposableMixing(nn.Module):
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc", "x_mark_enc")
 
     def __init__(self, configs):
         super().__init__()

@@ -12,6 +12,7 @@ from layers.transformer import TimerBlock, TimerLayer
 
 class Model(nn.Module):
     autoregressive = True
+    inputs_used = ("x_enc",)
 
     def __init__(self, configs):
         super().__init__()

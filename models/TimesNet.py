@@ -62,6 +62,7 @@ class TimesBlock(nn.Module):
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc", "x_mark_enc")
 
     def __init__(self, configs):
         super().__init__()

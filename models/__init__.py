@@ -9,6 +9,7 @@ from pathlib import Path
 from utils.errors import UserError
 
 _HERE = Path(__file__).parent
+FORWARD_INPUTS = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
 
 
 def available_models():
@@ -27,3 +28,15 @@ def get_model_class(name):
         raise UserError(f"unknown --model '{name}'; available: {', '.join(available_models())}")
     module = importlib.import_module(f"models.{name}")
     return module.Model
+
+
+def inputs_used(model_class):
+    """The forward arguments a model reads: its class attribute `inputs_used`, or all four when it
+    declares none (TSLib's models take whatever they are given). The experiment passes None for
+    the others, and the loader does not gather time features nobody reads."""
+    declared = tuple(getattr(model_class, "inputs_used", FORWARD_INPUTS))
+    unknown = [name for name in declared if name not in FORWARD_INPUTS]
+    if unknown or "x_enc" not in declared:
+        raise UserError(f"{model_class.__module__}.Model.inputs_used = {declared!r}: list forward arguments it reads, "
+                        f"x_enc first, from {', '.join(FORWARD_INPUTS)}")
+    return declared

@@ -11,6 +11,7 @@ from layers.normalization import InstanceNorm
 
 class Model(nn.Module):
     autoregressive = False
+    inputs_used = ("x_enc", "x_mark_enc")
 
     def __init__(self, configs):
         super().__init__()

@@ -110,11 +110,18 @@ def build_experiment(spec, *extra, seed=SEED):
         return Exp_Forecast(args)
 
 
-def first_windows(exp, split, batch_size):
-    """The first `batch_size` windows of a split, in the layout its loader gives."""
+def first_windows(exp, split, batch_size, model_inputs=None):
+    """The first `batch_size` windows of a split, in the layout its loader gives (with the
+    time features of `model_inputs`, default the model's own declaration)."""
+    import copy
+
     from data_provider.data_factory import data_provider
 
-    dataset, _ = data_provider(exp.args, split)
+    args = exp.args
+    if model_inputs is not None:
+        args = copy.copy(args)
+        args.model_inputs = model_inputs
+    dataset, _ = data_provider(args, split)
     return dataset.__getitems__(torch.arange(batch_size))
 
 
@@ -311,6 +318,41 @@ def check_state_dict_round_trip(spec, folder):
                         "from configs deterministically")
 
 
+def check_declared_inputs(spec):
+    """A model that declares `inputs_used` reads no other forward argument: its eval-mode output is
+    the same when the undeclared ones hold data as when they are None (what the experiment passes)."""
+    from models import FORWARD_INPUTS, inputs_used
+
+    title = "declared inputs"
+    with clause(spec, title, "the model file must import"):
+        cls = model_class(spec)
+    with clause(spec, title, "fix the declaration"):
+        declared = inputs_used(cls)
+    undeclared = [name for name in FORWARD_INPUTS if name not in declared]
+    if not undeclared:
+        return
+    with clause(spec, title, "the model must run with None for the arguments it does not declare"):
+        exp = build_experiment(spec, "--features", "M")
+        args, model = exp.args, exp.raw_model
+        x, y, x_mark, y_mark = first_windows(exp, "train", 4, model_inputs=FORWARD_INPUTS)
+        given = {"x_enc": x, "x_mark_enc": x_mark, "x_mark_dec": y_mark,
+                 "x_dec": None if args.autoregressive else torch.cat(
+                     [y[:, :args.label_len], torch.zeros_like(y[:, -args.pred_len:])], dim=1)}
+        generator = torch.Generator().manual_seed(0)
+        for name in undeclared:  # data nothing else would produce, so a read cannot go unnoticed
+            if given[name] is not None:
+                given[name] = torch.randn(given[name].shape, generator=generator) + 1
+        only_declared = {name: (given[name] if name in declared else None) for name in FORWARD_INPUTS}
+        model.eval()
+        with torch.no_grad():
+            with_all, with_declared = model(**given), model(**only_declared)
+    if not torch.equal(with_all, with_declared):
+        raise violation(spec, title, f"inputs_used = {declared!r}, but the output changes when "
+                        f"{', '.join(undeclared)} hold data ({max_difference(with_all, with_declared)}); add what "
+                        "forward reads to inputs_used (the experiment passes None for the rest and the loader "
+                        "does not gather it), or delete the declaration")
+
+
 def check_template(spec):
     """Module docstring, bool `autoregressive`, forward(x_enc, x_mark_enc, x_dec, x_mark_dec), runs on CPU."""
     title = "template and CPU"
@@ -398,6 +440,11 @@ def test_state_dict_round_trip(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_declared_inputs(name):
+    check_declared_inputs(ModelSpec(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_template_and_cpu(name):
     check_template(ModelSpec(name))
 
@@ -436,6 +483,9 @@ BROKEN_MODELS = {
     "Unsaved": dict(init="        self.scale = torch.rand(1) + 0.5  # a plain attribute: not in the state_dict\n",
                     forward="        out = out * self.scale\n"),
     "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
+    "Undeclared": dict(attributes='    autoregressive = False\n    inputs_used = ("x_enc",)\n',
+                       forward="        if x_mark_enc is not None:  # reads time features it does not declare\n"
+                               "            out = out + x_mark_enc.mean()\n"),
 }
 
 
@@ -459,6 +509,7 @@ BREAKAGE_CASES = {
     "Unsaved": (lambda spec: check_state_dict_round_trip(spec, Path(spec.path).parent), "state_dict round trip",
                 "output differs"),
     "NoTemplate": (check_template, "template and CPU", "no docstring"),
+    "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
 }
 
 

@@ -157,23 +157,25 @@ def read_records(files):
 
 # ------------------------------------------------------------------ table
 def summarise(records, published=None):
-    """One row per (data, features, input, model, horizon), sorted; and how many records a
-    later run of the same seed replaced."""
+    """One row per (data, features, input, model, horizon, learning rate), sorted; and how many
+    records a later run of the same seed replaced. Runs at different learning rates stay apart."""
     published = published or {}
     groups = {}
     for r in records:
-        key = (data_of(r), r.get("args", {}).get("features", "M"), input_of(r), r["model"], horizon_of(r))
+        args = r.get("args", {})
+        key = (data_of(r), args.get("features", "M"), input_of(r), r["model"], horizon_of(r),
+               args.get("learning_rate", 0.0))
         groups.setdefault(key, {})[r.get("seed")] = r  # the latest record of a seed wins
     replaced = len(records) - sum(len(g) for g in groups.values())
     protocol_of_input = {v: k for k, v in PROTOCOL_INPUT.items()}
     rows = []
-    for (data, features, input_len, model, horizon), by_seed in sorted(groups.items()):
+    for (data, features, input_len, model, horizon, lr), by_seed in sorted(groups.items()):
         runs = [by_seed[s] for s in sorted(by_seed, key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s)))]
         mse, mae = [r["mse"] for r in runs], [r["mae"] for r in runs]
         protocol = protocol_of_input.get(input_len) if features == "M" else None
         figure = _published_figure(published, protocol, data, model, horizon)
         rows.append({
-            "data": data, "features": features, "input": input_len, "model": model, "horizon": horizon,
+            "data": data, "features": features, "input": input_len, "model": model, "horizon": horizon, "lr": lr,
             "seeds": len(runs), "seed_list": [r.get("seed") for r in runs],
             "mse": statistics.fmean(mse), "mse_std": statistics.stdev(mse) if len(mse) > 1 else None,
             "mae": statistics.fmean(mae), "mae_std": statistics.stdev(mae) if len(mae) > 1 else None,
@@ -202,12 +204,12 @@ def _mean_std(mean, std):
 
 def render_markdown(rows, replaced, reference):
     has_reference = reference is not None
-    head = ["data", "features", "input", "model", "horizon", "MSE", "MAE", "seeds"]
+    head = ["data", "features", "input", "model", "horizon", "lr", "MSE", "MAE", "seeds"]
     if has_reference:
         head += ["published MSE / MAE", "MSE vs published"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["data"], r["features"], str(r["input"]), r["model"], str(r["horizon"]),
+        cells = [r["data"], r["features"], str(r["input"]), r["model"], str(r["horizon"]), f"{r['lr']:g}",
                  _mean_std(r["mse"], r["mse_std"]), _mean_std(r["mae"], r["mae_std"]), str(r["seeds"])]
         if has_reference:
             if r["reference_mse"] is None:
@@ -224,7 +226,7 @@ def render_markdown(rows, replaced, reference):
     return "\n".join(lines + [""] + notes) + "\n"
 
 
-CSV_FIELDS = ("data", "features", "input", "model", "horizon", "seeds", "mse", "mse_std", "mae", "mae_std",
+CSV_FIELDS = ("data", "features", "input", "model", "horizon", "lr", "seeds", "mse", "mse_std", "mae", "mae_std",
               "reference_protocol", "reference_mse", "reference_mae", "mse_vs_reference_pct")
 
 
