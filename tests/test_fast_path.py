@@ -63,3 +63,20 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
     for fast_batch, worker_batch in zip(batches, loader(2)[0]):
         for a, b in zip(fast_batch, worker_batch):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+def test_loader_skips_time_features_of_a_model_that_reads_none():
+    """inputs_used = ("x_enc",): batches carry None for both marks and the same x and y as otherwise."""
+    from exp.exp_forecast import Exp_Forecast
+
+    exp = Exp_Forecast(make_args("--model", "DLinear", "--batch_size", 8, "--synthetic_rows", 1200))
+    assert exp.args.model_inputs == ("x_enc",)
+    lean = next(iter(data_provider(exp.args, "val")[1]))
+    exp.args.model_inputs = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
+    full = next(iter(data_provider(exp.args, "val")[1]))
+    assert lean[2] is None and lean[3] is None and full[2].shape[-1] > 0
+    for a, b in zip(lean[:2], full[:2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    pred_lean, true_lean = exp._forward(exp.raw_model, lean, "val")
+    pred_full, true_full = exp._forward(exp.raw_model, full, "val")  # the marks are given, and not passed on
+    torch.testing.assert_close(pred_lean, pred_full, rtol=0, atol=0)
+    torch.testing.assert_close(true_lean, true_full, rtol=0, atol=0)
