@@ -45,3 +45,17 @@ class TimerBlock(nn.Module):
         for layer in self.layers:
             x = layer(x, n_vars, n_tokens)
         return self.norm(x)
+
+
+def series_to_patches(x: torch.Tensor, token_len: int) -> torch.Tensor:
+    """[B, L, C] -> [B, C, N, token_len]: each channel cut into N = L / token_len non-overlapping tokens."""
+    length = x.shape[1]
+    if length % token_len:
+        raise ValueError(f"input length {length} is not a multiple of input_token_len {token_len}")
+    return x.transpose(1, 2).unfold(-1, token_len, token_len)
+
+
+def token_forecasts_to_series(out: torch.Tensor, batch: int, n_vars: int) -> torch.Tensor:
+    """Per-token forecasts in channel-major order ([B * C, N, S] or [B, C * N, S]) -> [B, N * S, C]:
+    block n of the time axis is the forecast that follows token n."""
+    return out.reshape(batch, n_vars, -1).transpose(1, 2)

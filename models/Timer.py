@@ -8,7 +8,7 @@ from torch import nn
 from layers.causal_attention import CausalSelfAttention
 from layers.embed import PositionalEmbedding
 from layers.normalization import InstanceNorm
-from layers.transformer import TimerBlock, TimerLayer
+from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
 
 
 class Model(nn.Module):
@@ -38,22 +38,20 @@ class Model(nn.Module):
         self.head = nn.Linear(configs.d_model, self.output_token_len)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
-        batch, length, n_vars = x_enc.shape
-        if length % self.input_token_len:
-            raise ValueError(f"input length {length} is not a multiple of input_token_len {self.input_token_len}")
-        n_tokens = length // self.input_token_len
+        batch, _, n_vars = x_enc.shape
 
         if self.use_norm:
             # Whole-window statistics, as OpenLTM (early tokens thus see later inputs' mean/std).
             x_enc = self.norm.norm(x_enc)
 
         # Channel independence: each channel becomes its own sequence of tokens.
-        patches = x_enc.transpose(1, 2).unfold(-1, self.input_token_len, self.input_token_len)  # [B, C, N, P]
+        patches = series_to_patches(x_enc, self.input_token_len)  # [B, C, N, P]
+        n_tokens = patches.shape[2]
         tokens = self.embedding(patches).reshape(batch * n_vars, n_tokens, -1)  # [B * C, N, D]
         tokens = self.dropout(tokens + self.position(tokens))
         tokens = self.blocks(tokens, 1, n_tokens)
         out = self.head(tokens)  # [B * C, N, output_token_len]
-        out = out.reshape(batch, n_vars, n_tokens * self.output_token_len).transpose(1, 2)  # [B, N * out, C]
+        out = token_forecasts_to_series(out, batch, n_vars)  # [B, N * output_token_len, C]
 
         if self.use_norm:
             out = self.norm.denorm(out)

@@ -7,7 +7,7 @@ from torch import nn
 
 from layers.attention import TimeAttention
 from layers.normalization import InstanceNorm
-from layers.transformer import TimerBlock, TimerLayer
+from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
 
 
 class Model(nn.Module):
@@ -37,21 +37,19 @@ class Model(nn.Module):
         self.head = nn.Linear(configs.d_model, self.output_token_len)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
-        batch, length, n_vars = x_enc.shape
-        if length % self.input_token_len:
-            raise ValueError(f"input length {length} is not a multiple of input_token_len {self.input_token_len}")
-        n_tokens = length // self.input_token_len
+        batch, _, n_vars = x_enc.shape
 
         if self.use_norm:
             # Statistics over the whole window, as OpenLTM: note this lets early tokens see later
             # inputs through the mean/std; use use_norm=False for strictly causal outputs.
             x_enc = self.norm.norm(x_enc)
 
-        patches = x_enc.transpose(1, 2).unfold(-1, self.input_token_len, self.input_token_len)  # [B, C, N, P]
+        patches = series_to_patches(x_enc, self.input_token_len)  # [B, C, N, P]
+        n_tokens = patches.shape[2]
         tokens = self.embedding(patches).reshape(batch, n_vars * n_tokens, -1)  # variable-major: c * N + n
         tokens = self.blocks(tokens, n_vars, n_tokens)
         out = self.head(tokens)  # [B, C * N, output_token_len]
-        out = out.reshape(batch, n_vars, n_tokens * self.output_token_len).transpose(1, 2)  # [B, N * out, C]
+        out = token_forecasts_to_series(out, batch, n_vars)  # [B, N * output_token_len, C]
 
         if self.use_norm:
             out = self.norm.denorm(out)
