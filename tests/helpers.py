@@ -17,6 +17,18 @@ SMALL_TIMERXL = ["--model", "TimerXL", "--d_model", 32, "--d_ff", 64, "--n_heads
 ETTH1_ARGS = ["--data", "ETTh1", "--root_path", str(ETTH1.parent), "--data_path", ETTH1.name]
 
 
+def write_etth1_shaped(folder):
+    """An ETTh1-shaped file (20 months of hours, the ETT columns) at folder/ETTh1.csv: the real one may
+    be absent, and ETTh1's fixed split borders need exactly this length."""
+    from data_provider.synthetic import make_synthetic
+
+    frame = make_synthetic(rows=14400, channels=7, seed=1)
+    frame.columns = ["date", "HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
+    folder.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(folder / "ETTh1.csv", index=False)
+    return folder
+
+
 def subprocess_env():
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("RANK", None)

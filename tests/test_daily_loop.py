@@ -10,7 +10,7 @@ import torch
 
 from data_provider.synthetic import make_synthetic
 from data_provider.timefeatures import future_dates
-from helpers import assert_ok, make_args, records, run_cli
+from helpers import assert_ok, make_args, records, run_cli, write_etth1_shaped
 from utils.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -215,11 +215,7 @@ TSLIB_FOREIGN = ["--use_multi_gpu", "--devices", "0,1", "--p_hidden_dims", "128"
 
 
 def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
-    # An ETTh1-shaped file (20 months of hours, the ETT columns): the real one may be absent.
-    frame = make_synthetic(rows=14400, channels=7, seed=1)
-    frame.columns = ["date", "HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
-    (tmp_path / "ETT-small").mkdir()
-    frame.to_csv(tmp_path / "ETT-small" / "ETTh1.csv", index=False)
+    write_etth1_shaped(tmp_path / "ETT-small")
     command = TSLIB_DLINEAR_ETTH1.replace("$model_name", "DLinear").replace("./dataset/ETT-small/", f"{tmp_path}/ETT-small/")
     argv = shlex.split(command.replace("\\\n", " "))[3:]  # after `python -u run.py`
     proc = run_cli(tmp_path, *argv, "--train_epochs", 1, *TSLIB_FOREIGN, "--num_threads", 1)

@@ -1,7 +1,11 @@
 # Shared by the protocol-C scripts (sourced, not run): train ONE token model with the caller's
 # `common` arguments and --pred_len 96, then roll its best checkpoint out to each horizon in PRED_LENS.
-# The caller defines `common` (an array of run.py arguments) and `ID` (the model_id prefix, e.g.
-# ETTh1_672) and sources this file with its own "$@" (extra flags for every run); TRAIN=0 only evaluates.
+# The caller defines `common` (an array of run.py arguments) and `DATA_NAME` (the model_id prefix, e.g.
+# ETTh1) and sources this file with its own "$@" (extra flags for every run); TRAIN=0 only evaluates.
+
+# model_id names the input length really used: a --seq_len in "$@" (protocol A's 96) overrides common's 672.
+seq_len=$(python -c 'import sys, run; print(run.parse_args(sys.argv[1:]).seq_len)' "${common[@]}" "$@")
+ID="${DATA_NAME}_${seq_len}"
 train=(--model_id "${ID}_96" --pred_len 96)
 
 if [ "${TRAIN:-1}" = 1 ]; then

@@ -44,5 +44,5 @@ common=(
   --des Exp
   --itr 1
 )
-ID=ETTh1_672
+DATA_NAME=ETTh1
 source scripts/long_term_forecast/train_once_roll_out.sh "$@"

@@ -43,5 +43,5 @@ common=(
   --des Exp
   --itr 1
 )
-ID=Exchange_672
+DATA_NAME=Exchange
 source scripts/long_term_forecast/train_once_roll_out.sh "$@"
