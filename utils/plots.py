@@ -116,11 +116,21 @@ def plot_training(path, history, title):
 def plot_report(path, rows, per_row=3):
     """Bar chart of test MSE per model and horizon, one panel per (data set, features, input).
 
-    rows: dicts with data, features, input, model, horizon, mse, mse_std (None for one
+    rows: dicts with data, features, input, model, lr, batch, lradj, horizon, mse, mse_std (None for one
     seed) and reference_mse (None when there is no published figure). Error bars are the
     std over seeds; a black line over a bar is the published figure.
     """
     plt = _pyplot()
+    recipes = {}
+    for r in rows:
+        recipes.setdefault(r["model"], set()).add((r.get("lr"), r.get("batch"), r.get("lradj")))
+
+    def series(r):  # a model trained with several recipes gets one bar per recipe
+        if len(recipes[r["model"]]) == 1:
+            return r["model"]
+        return f"{r['model']} (lr {r['lr']:g}, batch {r['batch'] or '-'}, {r['lradj'] or '-'})"
+
+    rows = [dict(r, series=series(r)) for r in rows]
     panels = {}
     for r in rows:
         panels.setdefault((r["data"], r["features"], r["input"]), []).append(r)
@@ -128,15 +138,16 @@ def plot_report(path, rows, per_row=3):
     cols = max(1, min(len(panels), per_row, int(16 // panel_width)))  # at most about 16 inches wide
     n_rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(cols * panel_width, 3.7 * n_rows + 0.5), squeeze=False)
-    models = sorted({r["model"] for r in rows})
-    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
+    models = sorted({r["series"] for r in rows})
+    palette = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
+    colors = {m: palette(i % palette.N) for i, m in enumerate(models)}
     for ax, ((data, features, input_len), panel) in zip(axes.flat, panels.items()):
         horizons = sorted({r["horizon"] for r in panel})
-        here = [m for m in models if any(r["model"] == m for r in panel)]
+        here = [m for m in models if any(r["series"] == m for r in panel)]
         width = min(0.8 / len(here), 0.3)
         top = 1.3 * max(max(r["mse"] + (r["mse_std"] or 0), r["reference_mse"] or 0) for r in panel)  # room for labels
         for i, model in enumerate(here):
-            for r in (r for r in panel if r["model"] == model):
+            for r in (r for r in panel if r["series"] == model):
                 x = horizons.index(r["horizon"]) + (i - (len(here) - 1) / 2) * width
                 std = r["mse_std"] or 0
                 ax.bar(x, r["mse"], width * 0.9, color=colors[model], yerr=std or None, capsize=2,
@@ -167,7 +178,11 @@ def plot_report(path, rows, per_row=3):
         for handle, label in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(label, handle)
     labels = [m for m in models if m in by_label] + [x for x in ("published",) if x in by_label]
-    fig.legend([by_label[x] for x in labels], labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
+    # as many legend columns as fit the figure's width (about 4.5 pt per character at size 8)
+    entry_points = 30 + 4.5 * max(len(x) for x in labels)
+    ncol = max(1, min(len(labels), int(fig.get_figwidth() * 72 // entry_points)))
+    legend_rows = math.ceil(len(labels) / ncol)
+    fig.set_figheight(fig.get_figheight() + 0.2 * (legend_rows - 1))
+    fig.legend([by_label[x] for x in labels], labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.2 * legend_rows) / fig.get_figheight()))
     return _save(fig, path)
