@@ -47,6 +47,8 @@ def normalise_freq(freq):
 def time_features(dates, freq, embed="timeF"):
     """[T, F] float32 array of calendar features for a datetime Series."""
     dates = pd.Series(pd.to_datetime(dates)).reset_index(drop=True)
+    if embed == "none":
+        return np.zeros((len(dates), 0), dtype=np.float32)
     if embed == "timeF":
         names = _BY_FREQ[normalise_freq(freq)]
         if not names:

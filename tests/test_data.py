@@ -144,6 +144,10 @@ def test_dated_custom_csv_gets_time_features(tmp_path):
     data = prepared_data(args)
     assert data.marks.shape == (500, 5) and data.columns == ["load", "OT"]
     assert data.marks.min() >= -0.5 and data.marks.max() <= 0.5
+    # --embed none: no calendar at all, as for undated data (models then build no time-feature embedding)
+    data_factory._prepared_cache.clear()
+    data = prepared_data(make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "d.csv", "--embed", "none"))
+    assert data.marks.shape == (500, 0)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -9,7 +9,8 @@ beside the published figures.
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
 token models the rolled-out test_pred_len and test_seq_len) and training recipe (learning
-rate, global batch, --lradj), so runs trained differently never share a row. A seed counts once: when a
+rate, global batch, --lradj, --des), so runs trained differently, or tagged as a variant with
+--des, never share a row. A seed counts once: when a
 seed was run again, its latest record (in file order) replaces the earlier one. std is the
 sample standard deviation over seeds (blank for a single seed).
 
@@ -158,11 +159,11 @@ def read_records(files):
 
 # ------------------------------------------------------------------ table
 def recipe_of(record):
-    """(learning rate, global batch, lr schedule): runs trained differently are rows of their own.
-    0 / "" where an older record lacks the field."""
+    """(learning rate, global batch, lr schedule, --des): runs trained differently, or tagged as a
+    variant with --des, are rows of their own. 0 / "" where an older record lacks the field."""
     args = record.get("args", {})
     return (args.get("learning_rate", 0.0), args.get("global_batch_size", args.get("batch_size", 0)),
-            args.get("lradj", ""))
+            args.get("lradj", ""), args.get("des", ""))
 
 
 def summarise(records, published=None):
@@ -178,14 +179,14 @@ def summarise(records, published=None):
     replaced = len(records) - sum(len(g) for g in groups.values())
     protocol_of_input = {v: k for k, v in PROTOCOL_INPUT.items()}
     rows = []
-    for (data, features, input_len, model, horizon, lr, batch, lradj), by_seed in sorted(groups.items()):
+    for (data, features, input_len, model, horizon, lr, batch, lradj, des), by_seed in sorted(groups.items()):
         runs = [by_seed[s] for s in sorted(by_seed, key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s)))]
         mse, mae = [r["mse"] for r in runs], [r["mae"] for r in runs]
         protocol = protocol_of_input.get(input_len) if features == "M" else None
         figure = _published_figure(published, protocol, data, model, horizon)
         rows.append({
             "data": data, "features": features, "input": input_len, "model": model, "horizon": horizon, "lr": lr,
-            "batch": batch or None, "lradj": lradj or None,
+            "batch": batch or None, "lradj": lradj or None, "des": des or None,
             "seeds": len(runs), "seed_list": [r.get("seed") for r in runs],
             "mse": statistics.fmean(mse), "mse_std": statistics.stdev(mse) if len(mse) > 1 else None,
             "mae": statistics.fmean(mae), "mae_std": statistics.stdev(mae) if len(mae) > 1 else None,
@@ -214,13 +215,13 @@ def _mean_std(mean, std):
 
 def render_markdown(rows, replaced, reference):
     has_reference = reference is not None
-    head = ["data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "MSE", "MAE", "seeds"]
+    head = ["data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "MSE", "MAE", "seeds"]
     if has_reference:
         head += ["published MSE / MAE", "MSE vs published"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["data"], r["features"], str(r["input"]), r["model"], str(r["horizon"]), f"{r['lr']:g}",
-                 str(r["batch"] or "-"), r["lradj"] or "-",
+                 str(r["batch"] or "-"), r["lradj"] or "-", r["des"] or "-",
                  _mean_std(r["mse"], r["mse_std"]), _mean_std(r["mae"], r["mae_std"]), str(r["seeds"])]
         if has_reference:
             if r["reference_mse"] is None:
@@ -237,7 +238,7 @@ def render_markdown(rows, replaced, reference):
     return "\n".join(lines + [""] + notes) + "\n"
 
 
-CSV_FIELDS = ("data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "seeds", "mse", "mse_std", "mae", "mae_std",
+CSV_FIELDS = ("data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "seeds", "mse", "mse_std", "mae", "mae_std",
               "reference_protocol", "reference_mse", "reference_mae", "mse_vs_reference_pct")
 
 
