@@ -212,6 +212,8 @@ class Model(nn.Module):
         if self.channel_independence:
             # every channel becomes its own univariate sample: [B, T, C] -> [B * C, T, 1]
             xs = [x.transpose(1, 2).reshape(batch * channels, -1, 1) for x in xs]
+            # series b*C + c keeps window b's calendar; the official code tiles the marks with
+            # .repeat(C, 1, 1), which gives it window (b*C + c) mod B's (see reproduce_summary.md)
             marks = [None if m is None else m.repeat_interleave(channels, dim=0) for m in marks]
         else:
             parts = [decomposition(x) for decomposition, x in zip(self.preprocess, xs)]

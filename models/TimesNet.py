@@ -63,6 +63,9 @@ class TimesBlock(nn.Module):
 class Model(nn.Module):
     autoregressive = False
     inputs_used = ("x_enc", "x_mark_enc")
+    batch_dependent = ("the top_k periods are chosen from the batch's mean spectrum (TSLib's FFT_for_Period), so a "
+                       "window's forecast depends on its batch-mates: test metrics vary with --batch_size and, "
+                       "under DDP, with the world size")
 
     def __init__(self, configs):
         super().__init__()

@@ -353,6 +353,33 @@ def check_declared_inputs(spec):
                         "does not gather it), or delete the declaration")
 
 
+def check_windows_independent(spec):
+    """In eval mode each window's forecast depends on that window only: a batch of 4 gives, row by row,
+    what each window gives alone. Otherwise test metrics change with --batch_size and the world size.
+    A model whose method needs its batch-mates declares `batch_dependent = "why"` instead."""
+    title = "windows are independent"
+    with clause(spec, title, "the model file must import"):
+        cls = model_class(spec)
+    reason = getattr(cls, "batch_dependent", None)
+    if reason is not None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise violation(spec, title, f"batch_dependent = {reason!r}; it must be a non-empty reason "
+                            "(why the forecast of one window reads the others in its batch)")
+        return
+    with clause(spec, title, "the model must run in eval mode on batches of 4 and of 1"):
+        exp = build_experiment(spec, "--features", "M")
+        batch = first_windows(exp, "test", 4)
+        together = eval_output(exp, exp.raw_model, batch)
+        alone = torch.cat([eval_output(exp, exp.raw_model, tuple(None if t is None else t[i:i + 1] for t in batch))
+                           for i in range(4)])
+    if not torch.allclose(together, alone, rtol=1e-4, atol=1e-5):
+        raise violation(spec, title, f"a window's forecast changes with the other windows of its batch "
+                        f"({max_difference(together, alone)} between batch 4 and one by one); keep every "
+                        "reduction and index within a sample (no statistics over dim 0, and reshape/repeat "
+                        "so that row b of the batch only meets row b), or declare the class attribute "
+                        "batch_dependent = 'why' if the method needs it")
+
+
 def check_template(spec):
     """Module docstring, bool `autoregressive`, forward(x_enc, x_mark_enc, x_dec, x_mark_dec), runs on CPU."""
     title = "template and CPU"
@@ -445,6 +472,11 @@ def test_declared_inputs(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_windows_independent(name):
+    check_windows_independent(ModelSpec(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_template_and_cpu(name):
     check_template(ModelSpec(name))
 
@@ -483,6 +515,8 @@ BROKEN_MODELS = {
     "Unsaved": dict(init="        self.scale = torch.rand(1) + 0.5  # a plain attribute: not in the state_dict\n",
                     forward="        out = out * self.scale\n"),
     "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
+    "BatchMixing": dict(forward="        out = out - out.mean(0, keepdim=True)  # statistics over the batch\n"),
+    "EmptyBatchReason": dict(attributes='    autoregressive = False\n    batch_dependent = ""\n'),
     "Undeclared": dict(attributes='    autoregressive = False\n    inputs_used = ("x_enc",)\n',
                        forward="        if x_mark_enc is not None:  # reads time features it does not declare\n"
                                "            out = out + x_mark_enc.mean()\n"),
@@ -510,6 +544,8 @@ BREAKAGE_CASES = {
                 "output differs"),
     "NoTemplate": (check_template, "template and CPU", "no docstring"),
     "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
+    "BatchMixing": (check_windows_independent, "windows are independent", "changes with the other windows"),
+    "EmptyBatchReason": (check_windows_independent, "windows are independent", "non-empty reason"),
 }
 
 
