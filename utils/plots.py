@@ -138,12 +138,12 @@ def plot_report(path, rows, per_row=3):
     cols = max(1, min(len(panels), per_row, int(16 // panel_width)))  # at most about 16 inches wide
     n_rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(cols * panel_width, 3.7 * n_rows + 0.5), squeeze=False)
-    models = sorted({r["series"] for r in rows})
-    palette = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
-    colors = {m: palette(i % palette.N) for i, m in enumerate(models)}
+    names = sorted({r["series"] for r in rows})  # a bar colour each
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colors = {m: palette(i % palette.N) for i, m in enumerate(names)}
     for ax, ((data, features, input_len), panel) in zip(axes.flat, panels.items()):
         horizons = sorted({r["horizon"] for r in panel})
-        here = [m for m in models if any(r["series"] == m for r in panel)]
+        here = [m for m in names if any(r["series"] == m for r in panel)]
         width = min(0.8 / len(here), 0.3)
         top = 1.3 * max(max(r["mse"] + (r["mse_std"] or 0), r["reference_mse"] or 0) for r in panel)  # room for labels
         for i, model in enumerate(here):
@@ -177,7 +177,7 @@ def plot_report(path, rows, per_row=3):
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(label, handle)
-    labels = [m for m in models if m in by_label] + [x for x in ("published",) if x in by_label]
+    labels = [m for m in names if m in by_label] + [x for x in ("published",) if x in by_label]
     # as many legend columns as fit the figure's width (about 4.5 pt per character at size 8)
     entry_points = 30 + 4.5 * max(len(x) for x in labels)
     ncol = max(1, min(len(labels), int(fig.get_figwidth() * 72 // entry_points)))
