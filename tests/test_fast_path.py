@@ -64,6 +64,7 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
         for a, b in zip(fast_batch, worker_batch):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
+
 def test_loader_skips_time_features_of_a_model_that_reads_none():
     """inputs_used = ("x_enc",): batches carry None for both marks and the same x and y as otherwise."""
     from exp.exp_forecast import Exp_Forecast

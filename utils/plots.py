@@ -116,19 +116,19 @@ def plot_training(path, history, title):
 def plot_report(path, rows, per_row=3):
     """Bar chart of test MSE per model and horizon, one panel per (data set, features, input).
 
-    rows: dicts with data, features, input, model, lr, batch, lradj, des, horizon, mse, mse_std (None for one
-    seed) and reference_mse (None when there is no published figure). Error bars are the
-    std over seeds; a black line over a bar is the published figure.
+    rows: utils.report.summarise's dicts (data, features, input, model, recipe, horizon, mse,
+    mse_std: None for one seed, reference_mse: None without a published figure). Error bars are
+    the std over seeds; a black line over a bar is the published figure.
     """
+    from utils.report import recipe_label
+
     plt = _pyplot()
     recipes = {}
     for r in rows:
-        recipes.setdefault(r["model"], set()).add((r.get("lr"), r.get("batch"), r.get("lradj"), r.get("des")))
+        recipes.setdefault(r["model"], set()).add(r["recipe"])
 
     def series(r):  # a model trained with several recipes gets one bar per recipe
-        if len(recipes[r["model"]]) == 1:
-            return r["model"]
-        return f"{r['model']} (lr {r['lr']:g}, batch {r['batch'] or '-'}, {r['lradj'] or '-'}, {r['des'] or '-'})"
+        return r["model"] if len(recipes[r["model"]]) == 1 else f"{r['model']} ({recipe_label(r)})"
 
     rows = [dict(r, series=series(r)) for r in rows]
     panels = {}

@@ -166,10 +166,14 @@ def recipe_of(record):
             args.get("lradj", ""), args.get("des", ""))
 
 
+def recipe_label(row):
+    """'lr 0.005, batch 32, type1, Exp': a row's recipe as the table shows it ('-' for a missing field)."""
+    return f"lr {row['lr']:g}, batch {row['batch'] or '-'}, {row['lradj'] or '-'}, {row['des'] or '-'}"
+
+
 def summarise(records, published=None):
     """One row per (data, features, input, model, horizon, training recipe), sorted; and how many
-    records a later run of the same seed replaced. Runs at different learning rates, batch sizes
-    or schedules stay apart."""
+    records a later run of the same seed replaced. Runs with different recipes stay apart."""
     published = published or {}
     groups = {}
     for r in records:
@@ -186,7 +190,7 @@ def summarise(records, published=None):
         figure = _published_figure(published, protocol, data, model, horizon)
         rows.append({
             "data": data, "features": features, "input": input_len, "model": model, "horizon": horizon, "lr": lr,
-            "batch": batch or None, "lradj": lradj or None, "des": des or None,
+            "batch": batch or None, "lradj": lradj or None, "des": des or None, "recipe": (lr, batch, lradj, des),
             "seeds": len(runs), "seed_list": [r.get("seed") for r in runs],
             "mse": statistics.fmean(mse), "mse_std": statistics.stdev(mse) if len(mse) > 1 else None,
             "mae": statistics.fmean(mae), "mae_std": statistics.stdev(mae) if len(mae) > 1 else None,
