@@ -111,13 +111,14 @@ class Exp_Forecast(Exp_Basic):
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, loader, stage, original=None):
+    def evaluate(self, loader, stage, original=None, keep_windows=False):
         """Global ErrorSums over every window of the loader's split, on every rank; `original`
-        (an ErrorSums), if given, also sums the errors on the data's original scale."""
+        (an ErrorSums), if given, also sums the errors on the data's original scale;
+        `keep_windows` keeps each window's errors too (ErrorSums.window_errors)."""
         model = self.raw_model  # no DDP wrapper: no collective can run inside this loop
         was_training = model.training
         model.eval()
-        sums = ErrorSums()
+        sums = ErrorSums(keep_windows)
         for batch in loader:
             with self.autocast():
                 pred, true = self._forward(model, batch, stage)
@@ -333,7 +334,8 @@ class Exp_Forecast(Exp_Basic):
         vali_loss = self.vali(vali_loader, "val")
         # --inverse on data without one scaler fails here, on every rank alike (before any collective)
         original = ErrorSums() if self.args.inverse and self._require_one_scaler() else None
-        sums = self.evaluate(test_loader, "test", original)
+        sums = self.evaluate(test_loader, "test", original, keep_windows=True)
+        self._save_window_errors(setting, sums.window_errors())
         metrics = sums.metrics()
         orig_line = ""
         if original is not None:
@@ -369,6 +371,17 @@ class Exp_Forecast(Exp_Basic):
         with open(os.path.join(self.args.results_dir, "results.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
         return record
+
+    def _save_window_errors(self, setting, errors):
+        """<results_dir>/<setting>/window_errors.csv (rank 0): each test window's MSE and MAE, in
+        test order, so metrics over any subset of windows (e.g. what a loader with drop_last=True
+        would have scored: benchmarks/drop_last_effect.py) need no second evaluation."""
+        if not distributed.is_main():
+            return
+        path = self._output_path(setting, "window_errors.csv")
+        rows = np.column_stack([np.arange(len(errors)), errors.numpy()])
+        np.savetxt(path + ".tmp", rows, fmt=["%d", "%.9g", "%.9g"], delimiter=",", header="window,mse,mae", comments="")
+        os.replace(path + ".tmp", path)
 
     # ------------------------------------------------------------ original scale, pictures, real forecasts
     def _require_one_scaler(self):

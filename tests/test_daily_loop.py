@@ -11,6 +11,7 @@ import torch
 from data_provider.synthetic import make_synthetic
 from data_provider.timefeatures import future_dates
 from helpers import assert_ok, make_args, records, run_cli, write_etth1_shaped
+from benchmarks.drop_last_effect import main as drop_last_main
 from utils.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -105,6 +106,29 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
     assert "| ETTh1 | M | 96 | DLinear | 96 | 0.0001 | 32 | type1 | Exp | 0.3850 ± 0.0071 | 0.4050 ± 0.0071 | 2 | 0.386 / 0.400 (A) | -0.3% |" in markdown
     assert "1 record(s) replaced by a later run of the same seed" in markdown
     assert report_main([str(tmp_path / "nothing_here")]) == 2
+
+
+def test_drop_last_effect_scores_the_windows_such_a_loader_keeps(tmp_path, capsys):
+    # 10 windows with MSE 0..9: a drop_last loader of batch 4 scores windows 0-7 only.
+    run = tmp_path / "results" / "setting"
+    run.mkdir(parents=True)
+    errors = np.column_stack([np.arange(10), np.arange(10.0), np.arange(10.0) / 10])
+    np.savetxt(run / "window_errors.csv", errors, fmt="%g", delimiter=",", header="window,mse,mae", comments="")
+    (run / "metrics.json").write_text(json.dumps(_record("TimeMixer", "ETTh1", 96, 2021, 4.5, 0.45)))
+    drop_last_main([str(tmp_path / "results"), "--batch_size", "4", "10"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ("| TimeMixer ETTh1 96 seed 2021 | 10 | 4.5000 | 0.4500 | 4 | 8 | 3.5000 | 0.3500 "
+                        "| 8.5000 | -22.2% |")
+    assert lines[3].startswith("| TimeMixer ETTh1 96 seed 2021 | 10 | 4.5000 | 0.4500 | 10 | 10 | 4.5000 | 0.4500 | nan |")
+
+    (run / "window_errors.csv").write_text("mse\n1\n")
+    with pytest.raises(SystemExit, match="not a window_errors.csv from run.py"):
+        drop_last_main([str(run / "window_errors.csv"), "--batch_size", "4"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no window_errors.csv under"):
+        drop_last_main([str(tmp_path / "empty"), "--batch_size", "4"])
+    with pytest.raises(SystemExit, match="neither a window_errors.csv file nor a folder"):
+        drop_last_main([str(tmp_path / "missing"), "--batch_size", "4"])
 
 
 # ------------------------------------------------------------------ forecasts past the data, original scale

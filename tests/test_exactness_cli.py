@@ -1,5 +1,7 @@
 """End to end: one checkpoint, evaluated with --is_training 0 under 1, 2 and 3 processes,
-reports the same validation loss and test metrics (relative difference below 1e-6)."""
+reports the same validation loss and test metrics (relative difference below 1e-6) and the
+same per-window errors, window by window, in test order."""
+import numpy as np
 import pytest
 
 from helpers import ETTH1, ETTH1_ARGS, SMALL_TIMERXL, assert_ok, records, run_cli
@@ -26,12 +28,13 @@ def test_checkpoint_evaluates_identically_on_1_2_3_processes(trained):
     tmp, argv, train_record = trained
     checkpoint = tmp / "checkpoints" / train_record["setting"] / "checkpoint.pth"
     assert checkpoint.exists()
-    evaluations = []
+    evaluations, window_errors = [], []
     for nproc in (1, 2, 3):
         proc = run_cli(tmp, *argv, "--is_training", 0, "--checkpoint", checkpoint, "--ddp", nproc=nproc)
         assert_ok(proc)
         evaluations.append(records(tmp)[-1])
         assert evaluations[-1]["world_size"] == nproc
+        window_errors.append(read_window_errors(tmp, evaluations[-1]))
     # the training run's own final test (same weights, 1 process) agrees too
     evaluations.append(train_record)
     reference = evaluations[0]
@@ -40,3 +43,19 @@ def test_checkpoint_evaluates_identically_on_1_2_3_processes(trained):
             assert other[key] == pytest.approx(reference[key], rel=1e-6), (key, other["world_size"])
         assert other["test_windows"] == reference["test_windows"]
     assert f"{reference['mse']:.6g}" == f"{evaluations[2]['mse']:.6g}"
+
+    # Each window once, in test order, with the same errors whichever rank scored it; their
+    # mean is the reported metric (every window has the same number of elements).
+    single = window_errors[0]
+    assert single.shape == (reference["test_windows"], 3)
+    np.testing.assert_array_equal(single[:, 0], np.arange(reference["test_windows"]))
+    for other in window_errors[1:]:
+        np.testing.assert_allclose(other, single, rtol=1e-6, atol=0)
+    assert single[:, 1].mean() == pytest.approx(reference["mse"], rel=1e-6)
+    assert single[:, 2].mean() == pytest.approx(reference["mae"], rel=1e-6)
+
+
+def read_window_errors(tmp, record):
+    path = tmp / "results" / record["setting"] / "window_errors.csv"
+    assert path.read_text().splitlines()[0] == "window,mse,mae"
+    return np.loadtxt(path, delimiter=",", skiprows=1)

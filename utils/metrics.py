@@ -13,11 +13,17 @@ _FIELDS = ("count", "sq", "abs", "ape", "spe")
 
 
 class ErrorSums:
-    """Running float64 sums of squared, absolute and percentage errors."""
+    """Running float64 sums of squared, absolute and percentage errors.
 
-    def __init__(self):
+    With `keep_windows` it also keeps each window's own MSE and MAE, in loader order, so
+    metrics over any subset of windows can be computed afterwards (`window_errors`).
+    """
+
+    def __init__(self, keep_windows=False):
         self.sums = dict.fromkeys(_FIELDS, 0.0)
         self._pending = []  # per-batch sums kept as tensors: no host sync inside the loop
+        self._windows = [] if keep_windows else None  # per batch: [B, 2] (mse, mae) of each window
+        self._all_windows = None  # every rank's windows, in order, after all_reduce
 
     def update(self, pred, true):
         err = pred.float() - true
@@ -29,6 +35,8 @@ class ErrorSums:
                                   rel.abs().sum(window_dims), rel.square().sum(window_dims)])  # [4, B]
         self.sums["count"] += err.numel()
         self._pending.append(per_window.sum(1, dtype=torch.float64))
+        if self._windows is not None:
+            self._windows.append(per_window[:2].T.double() / err[0].numel())
 
     def _flush(self):
         if self._pending:
@@ -38,11 +46,23 @@ class ErrorSums:
                 self.sums[key] += value
 
     def all_reduce(self):
-        """Sum over all ranks (every rank gets the global sums)."""
+        """Sum over all ranks (every rank gets the global sums, and with `keep_windows` every
+        rank's windows, concatenated in rank order: the loader order of a ShardSampler)."""
         self._flush()
         totals = distributed.all_reduce_sum([self.sums[k] for k in _FIELDS])
         self.sums = dict(zip(_FIELDS, totals))
+        if self._windows is not None:
+            self._all_windows = torch.cat(distributed.gather_objects(self._local_windows()))
         return self
+
+    def _local_windows(self):
+        return torch.cat(self._windows).cpu() if self._windows else torch.zeros(0, 2, dtype=torch.float64)
+
+    def window_errors(self):
+        """[windows, 2] float64 tensor: each window's (mse, mae), over every rank after all_reduce."""
+        if self._windows is None:
+            raise RuntimeError("ErrorSums(keep_windows=True) is needed for window_errors()")
+        return self._all_windows if self._all_windows is not None else self._local_windows()
 
     def metrics(self):
         self._flush()

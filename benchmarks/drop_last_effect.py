@@ -1,0 +1,103 @@
+"""What a test loader with drop_last=True would have reported, from our per-window errors.
+
+Several published tables were scored by test loaders built with `drop_last=True` (TSLib before
+2024 and the code bases forked from it, e.g. TimeMixer's, batch 128 there): the last
+`windows % batch_size` test windows, the most recent stretch of the series, were never
+scored. Our test scores every window and writes each one's errors to
+`<results_dir>/<setting>/window_errors.csv`; this script recomputes MSE / MAE over the windows
+such a loader keeps (the first `windows // B * B`) and over the ones it drops, so a gap to a
+published figure can be split into "different model" and "different test set".
+
+    python benchmarks/drop_last_effect.py results/ --batch_size 128
+    python benchmarks/drop_last_effect.py results/*TimeMixer*/window_errors.csv --batch_size 32 128 --out table.md
+
+Arguments are window_errors.csv files or folders searched for them; the metrics.json beside
+each file (if any) names the run (model, data, horizon, seed).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = "window,mse,mae"
+
+
+def find_files(paths):
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(path.rglob("window_errors.csv"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            sys.exit(f"error: {path} is neither a window_errors.csv file nor a folder; pass the files "
+                     "run.py wrote under <results_dir>/<setting>/")
+    if not files:
+        sys.exit(f"error: no window_errors.csv under {', '.join(map(str, paths))}; run.py writes one per test "
+                 "(<results_dir>/<setting>/window_errors.csv)")
+    return files
+
+
+def read_errors(path):
+    """[windows, 2] array of (mse, mae), in test order."""
+    with open(path) as f:
+        header = f.readline().strip()
+    if header != COLUMNS:
+        sys.exit(f"error: {path} starts with {header!r}, not {COLUMNS!r}: not a window_errors.csv from run.py")
+    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    if len(table) == 0 or not np.array_equal(table[:, 0], np.arange(len(table))):
+        sys.exit(f"error: {path} has no rows or its windows are not 0, 1, 2, ... in order")
+    return table[:, 1:]
+
+
+def run_label(path):
+    metrics = path.parent / "metrics.json"
+    if not metrics.exists():
+        return str(path.parent)
+    record = json.loads(metrics.read_text())
+    des = record.get("args", {}).get("des", "")
+    processes = record.get("world_size", 1)
+    return (f"{record['model']} {record['data']} {record['pred_len']} seed {record['seed']}"
+            + (f" ({des})" if des and des != "Exp" else "") + (f", {processes} processes" if processes > 1 else ""))
+
+
+def effect(errors, batch_size):
+    """(kept windows, mse kept, mae kept, mse of the dropped windows or nan)."""
+    kept = len(errors) // batch_size * batch_size
+    dropped = errors[kept:, 0]
+    return kept, errors[:kept, 0].mean(), errors[:kept, 1].mean(), dropped.mean() if len(dropped) else float("nan")
+
+
+def table(files, batch_sizes):
+    lines = ["| run | windows | MSE | MAE | drop_last batch | windows kept | MSE kept | MAE kept "
+             "| MSE of the dropped | MSE kept vs all |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for path in files:
+        errors = read_errors(path)
+        mse, mae = errors.mean(0)
+        for batch_size in batch_sizes:
+            kept, mse_kept, mae_kept, mse_dropped = effect(errors, batch_size)
+            lines.append(f"| {run_label(path)} | {len(errors)} | {mse:.4f} | {mae:.4f} | {batch_size} | {kept} "
+                         f"| {mse_kept:.4f} | {mae_kept:.4f} | {mse_dropped:.4f} | {100 * (mse_kept / mse - 1):+.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="window_errors.csv files or folders holding them")
+    parser.add_argument("--batch_size", type=int, nargs="+", required=True,
+                        help="test batch size(s) of the drop_last=True loader to emulate")
+    parser.add_argument("--out", default=None, help="also write the markdown table here")
+    args = parser.parse_args(argv)
+    if any(b < 1 for b in args.batch_size):
+        parser.error(f"--batch_size must be positive, got {args.batch_size}")
+    text = table(find_files(args.paths), args.batch_size)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
