@@ -53,14 +53,16 @@ def read_errors(path):
 
 
 def run_label(path):
+    """(sort key, label) of the run that wrote `path`, from the metrics.json beside it if any."""
     metrics = path.parent / "metrics.json"
     if not metrics.exists():
-        return str(path.parent)
+        return (str(path.parent),), str(path.parent)
     record = json.loads(metrics.read_text())
     des = record.get("args", {}).get("des", "")
     processes = record.get("world_size", 1)
-    return (f"{record['model']} {record['data']} {record['pred_len']} seed {record['seed']}"
-            + (f" ({des})" if des and des != "Exp" else "") + (f", {processes} processes" if processes > 1 else ""))
+    label = (f"{record['model']} {record['data']} {record['pred_len']} seed {record['seed']}"
+             + (f" ({des})" if des and des != "Exp" else "") + (f", {processes} processes" if processes > 1 else ""))
+    return (record["model"], record["data"], des, record["pred_len"], record["seed"], processes), label
 
 
 def effect(errors, batch_size):
@@ -74,12 +76,12 @@ def table(files, batch_sizes):
     lines = ["| run | windows | MSE | MAE | drop_last batch | windows kept | MSE kept | MAE kept "
              "| MSE of the dropped | MSE kept vs all |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for path in files:
+    for _, label, path in sorted((*run_label(path), path) for path in files):
         errors = read_errors(path)
         mse, mae = errors.mean(0)
         for batch_size in batch_sizes:
             kept, mse_kept, mae_kept, mse_dropped = effect(errors, batch_size)
-            lines.append(f"| {run_label(path)} | {len(errors)} | {mse:.4f} | {mae:.4f} | {batch_size} | {kept} "
+            lines.append(f"| {label} | {len(errors)} | {mse:.4f} | {mae:.4f} | {batch_size} | {kept} "
                          f"| {mse_kept:.4f} | {mae_kept:.4f} | {mse_dropped:.4f} | {100 * (mse_kept / mse - 1):+.1f}% |")
     return "\n".join(lines)
 
