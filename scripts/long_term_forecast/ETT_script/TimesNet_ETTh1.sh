@@ -3,8 +3,10 @@
 # TSLib's ETT_script/TimesNet_ETTh1.sh, same for every horizon: 2 TimesBlocks, d_model 16, d_ff 32,
 # top_k 5 periods, 6 Inception kernels (default), batch 32, lr 1e-4, 10 epochs, patience 3.
 # --d_layers 1 and --factor 3 are carried over from TSLib; TimesNet ignores them.
-# TimesNet picks its periods from the whole batch's spectrum, so evaluation batches change the numbers:
-# --eval_batch_size 32 evaluates in batches of 32 as TSLib does (our default would be 4 x batch_size).
+# TimesNet picks its periods from the whole batch's spectrum, so evaluation batches change the numbers.
+# --eval_batch_size 1 scores each window alone, as TSLib's test loader did when TimesNet was published
+# ("batch size 1 avoids future leakage", thuml/Time-Series-Library#87, #269): no window's periods come
+# from later windows, and the metrics no longer depend on the batch size or the number of processes.
 #   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/TimesNet_ETTh1.sh
 #   PRED_LENS="96 336" bash ...TimesNet_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
 #   ... TimesNet_ETTh1.sh --ddp         # same runs on 2 local DDP workers (use --batch_size 16 to keep 32 globally)
@@ -33,7 +35,7 @@ for pred_len in ${PRED_LENS:-96 192 336 720}; do
     --top_k 5 \
     --num_kernels 6 \
     --batch_size 32 \
-    --eval_batch_size 32 \
+    --eval_batch_size 1 \
     --learning_rate 0.0001 \
     --des Exp \
     --itr 1 \
