@@ -34,8 +34,10 @@ class InceptionBlock(nn.Module):
         bias = torch.stack([conv.bias for conv in self.kernels]).mean(0)
         return weight, bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.merged_kernel()
+    def forward(self, x: torch.Tensor, merged=None) -> torch.Tensor:
+        """`merged`: this block's merged_kernel(), when the caller applies the block to several inputs
+        and builds it once (TimesNet, once per period)."""
+        weight, bias = merged if merged is not None else self.merged_kernel()
         widest = self.num_kernels - 1
         # Kernel taps further than (size - 1) from the centre only ever meet zero padding: crop them.
         reach_h, reach_w = min(widest, x.shape[-2] - 1), min(widest, x.shape[-1] - 1)

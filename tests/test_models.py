@@ -1,4 +1,4 @@
-"""Fast CPU tests for DLinear, TimerXL and their layers."""
+"""Fast CPU tests for DLinear, TimerXL, TimesNet's block and their layers."""
 import types
 
 import pytest
@@ -252,3 +252,47 @@ def test_same_seed_same_output_and_state_dict_round_trip(module, overrides):
         fresh.load_state_dict(first.state_dict(), strict=True)
         torch.testing.assert_close(fresh(*inputs), perturbed, atol=0, rtol=0)
 
+
+
+# ---------------------------------------------------------------- TimesNet
+
+def reference_times_block(block, x):
+    """TSLib's TimesBlock.forward written plainly: each of the top_k periods on its own (repeated
+    periods included), each inception block as the mean of its separate convolutions."""
+    def inception(module, grid):
+        return torch.stack([conv(grid) for conv in module.kernels], dim=-1).mean(-1)
+
+    batch, length, channels = x.shape
+    spectrum = torch.fft.rfft(x, dim=1).abs()
+    frequencies = spectrum.mean(0).mean(-1)
+    frequencies[0] = 0
+    _, top = torch.topk(frequencies, block.top_k)
+    weights = torch.softmax(spectrum.mean(-1)[:, top], dim=1)
+    results = []
+    for period in (length // top).tolist():
+        rows = -(-length // period)
+        padded = torch.cat([x, x.new_zeros(batch, rows * period - length, channels)], dim=1)
+        grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)
+        grid = inception(block.conv[2], nn.functional.gelu(inception(block.conv[0], grid)))
+        results.append(grid.permute(0, 2, 3, 1).reshape(batch, -1, channels)[:, :length])
+    return (torch.stack(results, dim=-1) * weights[:, None, None]).sum(-1) + x, (length // top).tolist()
+
+
+def test_times_block_equals_tslib_written_plainly():
+    """Our TimesBlock merges each inception block's kernels into one convolution, builds them once
+    for every period, crops kernels wider than a grid and runs a repeated period once: the output
+    and every gradient are TSLib's."""
+    from models.TimesNet import TimesBlock
+
+    torch.manual_seed(1)  # a seed whose periods are [6, 41, 3, 3, 2]
+    block = TimesBlock(d_model=6, d_ff=8, top_k=5, num_kernels=4)
+    x = torch.randn(3, 41, 6, requires_grad=True)
+    ours = block(x)
+    ours_grads = torch.autograd.grad(ours.square().sum(), [x, *block.parameters()])
+    reference, periods = reference_times_block(block, x)
+    reference_grads = torch.autograd.grad(reference.square().sum(), [x, *block.parameters()])
+    # the paths this test is for: a period repeated, and a grid narrower than the widest kernel (7)
+    assert len(set(periods)) < len(periods) and min(periods) < 7, periods
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(ours_grads, reference_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
