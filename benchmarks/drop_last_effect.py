@@ -1,7 +1,7 @@
 """What a test loader with drop_last=True would have reported, from our per-window errors.
 
-Several published tables were scored by test loaders built with `drop_last=True` (TSLib before
-2024 and the code bases forked from it, e.g. TimeMixer's, batch 128 there): the last
+Several published tables were scored by test loaders built with `drop_last=True` (TSLib until
+its 2024 fix and the code bases forked from it, e.g. TimeMixer's, batch 128 there): the last
 `windows % batch_size` test windows, the most recent stretch of the series, were never
 scored. Our test scores every window and writes each one's errors to
 `<results_dir>/<setting>/window_errors.csv`; this script recomputes MSE / MAE over the windows
