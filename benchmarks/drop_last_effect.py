@@ -1,7 +1,8 @@
 """What a test loader with drop_last=True would have reported, from our per-window errors.
 
-Several published tables were scored by test loaders built with `drop_last=True` (TSLib until
-its 2024 fix and the code bases forked from it, e.g. TimeMixer's, batch 128 there): the last
+Several published tables were scored by test loaders built with `drop_last=True` at the training
+batch size (LTSF-Linear's, PatchTST's and TimeMixer's code: cure-lab/LTSF-Linear#58,
+yuqinie98/PatchTST#25, kwuking/TimeMixer#100; batch 128 for TimeMixer on ETTh1): the last
 `windows % batch_size` test windows, the most recent stretch of the series, were never
 scored. Our test scores every window and writes each one's errors to
 `<results_dir>/<setting>/window_errors.csv`; this script recomputes MSE / MAE over the windows
