@@ -22,34 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repository's packages importable
+from utils.errors import UserError, require  # noqa: E402
+from utils.report import result_files  # noqa: E402
+
 COLUMNS = "window,mse,mae"
-
-
-def find_files(paths):
-    files = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files += sorted(path.rglob("window_errors.csv"))
-        elif path.is_file():
-            files.append(path)
-        else:
-            sys.exit(f"error: {path} is neither a window_errors.csv file nor a folder; pass the files "
-                     "run.py wrote under <results_dir>/<setting>/")
-    if not files:
-        sys.exit(f"error: no window_errors.csv under {', '.join(map(str, paths))}; run.py writes one per test "
-                 "(<results_dir>/<setting>/window_errors.csv)")
-    return files
 
 
 def read_errors(path):
     """[windows, 2] array of (mse, mae), in test order."""
     with open(path) as f:
         header = f.readline().strip()
-    if header != COLUMNS:
-        sys.exit(f"error: {path} starts with {header!r}, not {COLUMNS!r}: not a window_errors.csv from run.py")
+    require(header == COLUMNS, f"{path} starts with {header!r}, not {COLUMNS!r}: not a window_errors.csv from run.py")
     table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-    if len(table) == 0 or not np.array_equal(table[:, 0], np.arange(len(table))):
-        sys.exit(f"error: {path} has no rows or its windows are not 0, 1, 2, ... in order")
+    require(len(table) and np.array_equal(table[:, 0], np.arange(len(table))),
+            f"{path} has no rows or its windows are not 0, 1, 2, ... in order")
     return table[:, 1:]
 
 
@@ -96,7 +83,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if any(b < 1 for b in args.batch_size):
         parser.error(f"--batch_size must be positive, got {args.batch_size}")
-    text = table(find_files(args.paths), args.batch_size)
+    try:
+        text = table(result_files(args.paths, "window_errors.csv"), args.batch_size)
+    except UserError as exc:
+        sys.exit(f"error: {exc}")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -127,9 +127,9 @@ def test_drop_last_effect_scores_the_windows_such_a_loader_keeps(tmp_path, capsy
     with pytest.raises(SystemExit, match="not a window_errors.csv from run.py"):
         drop_last_main([str(run / "window_errors.csv"), "--batch_size", "4"])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="no window_errors.csv under"):
+    with pytest.raises(SystemExit, match="holds no window_errors.csv"):
         drop_last_main([str(tmp_path / "empty"), "--batch_size", "4"])
-    with pytest.raises(SystemExit, match="neither a window_errors.csv file nor a folder"):
+    with pytest.raises(SystemExit, match="not found; give window_errors.csv files"):
         drop_last_main([str(tmp_path / "missing"), "--batch_size", "4"])
 
 

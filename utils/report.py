@@ -117,16 +117,16 @@ def data_of(record):
     return data
 
 
-def result_files(paths):
-    """The results.jsonl files named, or found under the folders named, in order."""
+def result_files(paths, name="results.jsonl"):
+    """The `name` files named, or found under the folders named, in order."""
     files = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(path.rglob("results.jsonl"))
-            require(found, f"{path} holds no results.jsonl; point at a --results_dir or a results.jsonl file")
+            found = sorted(path.rglob(name))
+            require(found, f"{path} holds no {name}; point at a --results_dir or a {name} file")
             files += found
         else:
-            require(path.is_file(), f"{path} not found; give results.jsonl files or folders that hold them")
+            require(path.is_file(), f"{path} not found; give {name} files or folders that hold them")
             files.append(path)
     return files
 
