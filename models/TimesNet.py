@@ -50,7 +50,7 @@ class TimesBlock(nn.Module):
 
         # Every period runs the same two inception blocks: merge their kernels once, not once per
         # period (a third of a one-window forward's time).
-        first, activation, second = self.conv
+        first, activation, second = self.conv  # kept as one Sequential: checkpoints keep conv.0 / conv.2 keys
         first_kernel, second_kernel = first.merged_kernel(), second.merged_kernel()
         out = x
         for period, slots in slots_of_period.items():
