@@ -98,6 +98,11 @@ def build_parser():
     g.add_argument("--down_sampling_layers", type=int, default=0, help="TimeMixer: number of coarser scales")
     g.add_argument("--down_sampling_window", type=int, default=1, help="TimeMixer: down-sampling factor per scale")
     g.add_argument("--down_sampling_method", default=None, help="TimeMixer: avg, max or conv")
+    g.add_argument("--mark_pairing", default="window", choices=("window", "tiled"),
+                   help="TimeMixer with channel independence: the calendar each channel's series is given. "
+                        "window: its own window's; tiled: the official code's x_mark.repeat(C, 1, 1), "
+                        "which gives series b*C+c window (b*C+c) mod B's, so a forecast depends on the "
+                        "rest of its batch (only to reproduce the published figures)")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--train_epochs", type=int, default=10)

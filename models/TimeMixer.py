@@ -150,6 +150,9 @@ class Model(nn.Module):
         if self.down_sampling_method not in (None, "avg", "max", "conv"):
             raise ValueError(f"down_sampling_method must be avg, max, conv or None, got {self.down_sampling_method!r}")
         self.down_sampling_window = getattr(configs, "down_sampling_window", 1)
+        self.mark_pairing = getattr(configs, "mark_pairing", "window")
+        if self.mark_pairing not in ("window", "tiled"):
+            raise ValueError(f"mark_pairing must be window or tiled, got {self.mark_pairing!r}")
         self.lengths = scale_lengths(configs)
         n_scales = len(self.lengths)
         mark_dim = getattr(configs, "mark_dim", 0)
@@ -213,8 +216,11 @@ class Model(nn.Module):
             # every channel becomes its own univariate sample: [B, T, C] -> [B * C, T, 1]
             xs = [x.transpose(1, 2).reshape(batch * channels, -1, 1) for x in xs]
             # series b*C + c keeps window b's calendar; the official code tiles the marks with
-            # .repeat(C, 1, 1), which gives it window (b*C + c) mod B's (see reproduce_summary.md)
-            marks = [None if m is None else m.repeat_interleave(channels, dim=0) for m in marks]
+            # .repeat(C, 1, 1), which gives it window (b*C + c) mod B's (see reproduce_summary.md),
+            # kept as --mark_pairing tiled to reproduce the published figures
+            pair = (lambda m: m.repeat(channels, 1, 1)) if self.mark_pairing == "tiled" else \
+                (lambda m: m.repeat_interleave(channels, dim=0))
+            marks = [None if m is None else pair(m) for m in marks]
         else:
             parts = [decomposition(x) for decomposition, x in zip(self.preprocess, xs)]
             xs, trends = [season for season, _ in parts], [trend for _, trend in parts]

@@ -1,4 +1,4 @@
-"""Fast CPU tests for DLinear, TimerXL, TimesNet's block and their layers."""
+"""Fast CPU tests for DLinear, TimerXL, TimesNet's block, TimeMixer's calendar pairing and their layers."""
 import types
 
 import pytest
@@ -296,3 +296,34 @@ def test_times_block_equals_tslib_written_plainly():
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
     for mine, theirs in zip(ours_grads, reference_grads):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("pairing", ["window", "tiled"])
+def test_timemixer_mark_pairing(pairing):
+    """Channel-independent TimeMixer embeds series b*C + c with window b's calendar (window), or, as the
+    official code's x_mark.repeat(C, 1, 1) does, with window (b*C + c) mod B's (tiled), at every scale."""
+    from models import TimeMixer
+
+    configs = make_configs(d_model=8, d_ff=16, down_sampling_layers=2, down_sampling_window=2,
+                           down_sampling_method="avg", channel_independence=1, mark_dim=4,
+                           mark_pairing=pairing)
+    model = build(TimeMixer, configs).eval()
+    x_enc, x_mark_enc, _, _ = make_inputs(configs)
+    seen = []
+    model.enc_embedding.register_forward_pre_hook(lambda module, args: seen.append(args[1]))
+    model(x_enc, x_mark_enc)
+    assert len(seen) == 3
+    rows = torch.arange(B * C)
+    windows = rows // C if pairing == "window" else rows % B
+    for scale, marks in enumerate(seen):
+        step = 2 ** scale
+        expected = x_mark_enc[windows][:, ::step][:, :L // step]
+        torch.testing.assert_close(marks, expected, rtol=0, atol=0)
+
+
+def test_timemixer_rejects_unknown_mark_pairing():
+    from models import TimeMixer
+
+    with pytest.raises(ValueError, match="mark_pairing must be window or tiled"):
+        build(TimeMixer, make_configs(down_sampling_layers=1, down_sampling_window=2,
+                                      down_sampling_method="avg", mark_pairing="shuffled"))
