@@ -16,9 +16,12 @@ class TimesBlock(nn.Module):
     """[B, T, d_model] -> [B, T, d_model]: amplitude-weighted sum of 2-D variation models over top_k periods,
     plus the input (residual)."""
 
-    def __init__(self, d_model: int, d_ff: int, top_k: int, num_kernels: int):
+    def __init__(self, d_model: int, d_ff: int, top_k: int, num_kernels: int, padding: str = "zeros"):
         super().__init__()
+        if padding not in ("zeros", "tail"):
+            raise ValueError(f"TimesNet padding must be zeros or tail, got {padding!r}")
         self.top_k = top_k
+        self.padding = padding
         # Shared by every period (the paper's parameter-efficient design).
         self.conv = nn.Sequential(
             InceptionBlock(d_model, d_ff, num_kernels),
@@ -55,7 +58,11 @@ class TimesBlock(nn.Module):
         out = x
         for period, slots in slots_of_period.items():
             rows = -(-length // period)
-            padded = F.pad(x, (0, 0, 0, rows * period - length))  # zeros at the end of the series
+            missing = rows * period - length
+            if self.padding == "tail" and missing:  # TSLib's current code: repeat the last steps
+                padded = torch.cat([x, x[:, length - missing:]], dim=1)
+            else:  # the published code: zeros at the end of the series
+                padded = F.pad(x, (0, 0, 0, missing))
             # [B, C, rows, period]; left in channels-last layout, which the convolution accepts as is.
             grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)
             grid = second(activation(first(grid, first_kernel)), second_kernel)
@@ -82,7 +89,8 @@ class Model(nn.Module):
                                            configs.dropout)
         self.predict_linear = nn.Linear(self.seq_len, self.seq_len + self.pred_len)
         self.blocks = nn.ModuleList(
-            TimesBlock(configs.d_model, configs.d_ff, configs.top_k, configs.num_kernels)
+            TimesBlock(configs.d_model, configs.d_ff, configs.top_k, configs.num_kernels,
+                       getattr(configs, "times_padding", "zeros"))
             for _ in range(configs.e_layers)
         )
         self.layer_norm = nn.LayerNorm(configs.d_model)  # one norm shared after every block, as TSLib

@@ -256,9 +256,10 @@ def test_same_seed_same_output_and_state_dict_round_trip(module, overrides):
 
 # ---------------------------------------------------------------- TimesNet
 
-def reference_times_block(block, x):
+def reference_times_block(block, x, padding="zeros"):
     """TSLib's TimesBlock.forward written plainly: each of the top_k periods on its own (repeated
-    periods included), each inception block as the mean of its separate convolutions."""
+    periods included), each inception block as the mean of its separate convolutions; the last
+    grid row completed with zeros (the published code) or with the series' last steps (TSLib now)."""
     def inception(module, grid):
         return torch.stack([conv(grid) for conv in module.kernels], dim=-1).mean(-1)
 
@@ -271,25 +272,28 @@ def reference_times_block(block, x):
     results = []
     for period in (length // top).tolist():
         rows = -(-length // period)
-        padded = torch.cat([x, x.new_zeros(batch, rows * period - length, channels)], dim=1)
+        missing = rows * period - length
+        fill = x[:, length - missing:] if padding == "tail" else x.new_zeros(batch, missing, channels)
+        padded = torch.cat([x, fill], dim=1)
         grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)
         grid = inception(block.conv[2], nn.functional.gelu(inception(block.conv[0], grid)))
         results.append(grid.permute(0, 2, 3, 1).reshape(batch, -1, channels)[:, :length])
     return (torch.stack(results, dim=-1) * weights[:, None, None]).sum(-1) + x, (length // top).tolist()
 
 
-def test_times_block_equals_tslib_written_plainly():
+@pytest.mark.parametrize("padding", ["zeros", "tail"])
+def test_times_block_equals_tslib_written_plainly(padding):
     """Our TimesBlock merges each inception block's kernels into one convolution, builds them once
     for every period, crops kernels wider than a grid and runs a repeated period once: the output
-    and every gradient are TSLib's."""
+    and every gradient are TSLib's, with either way of completing the last grid row."""
     from models.TimesNet import TimesBlock
 
     torch.manual_seed(1)  # a seed whose periods are [6, 41, 3, 3, 2]
-    block = TimesBlock(d_model=6, d_ff=8, top_k=5, num_kernels=4)
+    block = TimesBlock(d_model=6, d_ff=8, top_k=5, num_kernels=4, padding=padding)
     x = torch.randn(3, 41, 6, requires_grad=True)
     ours = block(x)
     ours_grads = torch.autograd.grad(ours.square().sum(), [x, *block.parameters()])
-    reference, periods = reference_times_block(block, x)
+    reference, periods = reference_times_block(block, x, padding)
     reference_grads = torch.autograd.grad(reference.square().sum(), [x, *block.parameters()])
     # the paths this test is for: a period repeated, and a grid narrower than the widest kernel (7)
     assert len(set(periods)) < len(periods) and min(periods) < 7, periods
