@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repository's packages importable
 from utils.errors import UserError, require  # noqa: E402
-from utils.report import result_files  # noqa: E402
+from utils.report import recipe_of, result_files  # noqa: E402
 
 COLUMNS = "window,mse,mae"
 
@@ -46,7 +46,7 @@ def run_label(path):
     if not metrics.exists():
         return (str(path.parent),), str(path.parent)
     record = json.loads(metrics.read_text())
-    des = record.get("args", {}).get("des", "")
+    des = recipe_of(record)[3]  # --des, and an explicit --eval_batch_size
     processes = record.get("world_size", 1)
     label = (f"{record['model']} {record['data']} {record['pred_len']} seed {record['seed']}"
              + (f" ({des})" if des and des != "Exp" else "") + (f", {processes} processes" if processes > 1 else ""))

@@ -123,6 +123,16 @@ def test_drop_last_effect_scores_the_windows_such_a_loader_keeps(tmp_path, capsy
                         "| 8.5000 | -22.2% |")
     assert lines[3].startswith("| TimeMixer ETTh1 96 seed 2021 | 10 | 4.5000 | 0.4500 | 10 | 10 | 4.5000 | 0.4500 | nan |")
 
+    # a variant's label names its --des and an explicit evaluation batch
+    variant = tmp_path / "variant" / "setting"
+    variant.mkdir(parents=True)
+    np.savetxt(variant / "window_errors.csv", errors, fmt="%g", delimiter=",", header="window,mse,mae", comments="")
+    (variant / "metrics.json").write_text(json.dumps(
+        _record("TimeMixer", "ETTh1", 96, 2021, 4.5, 0.45, des="tiled_marks", eval_batch_size=128)))
+    drop_last_main([str(tmp_path / "variant"), "--batch_size", "4"])
+    assert capsys.readouterr().out.splitlines()[2].startswith(
+        "| TimeMixer ETTh1 96 seed 2021 (tiled_marks, eval batch 128) | 10 |")
+
     (run / "window_errors.csv").write_text("mse\n1\n")
     with pytest.raises(SystemExit, match="not a window_errors.csv from run.py"):
         drop_last_main([str(run / "window_errors.csv"), "--batch_size", "4"])
