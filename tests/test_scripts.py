@@ -41,3 +41,26 @@ def test_protocol_c_script_trains_once_and_rolls_out_each_horizon(tmp_path, mode
     again = records(tmp_path)[3:]
     assert len(again) == 1 and again[0]["args"]["is_training"] == 0
     assert again[0]["mse"] == pytest.approx(trained["mse"], rel=1e-6)
+
+
+@pytest.mark.parametrize("folder,data,data_file", [("ETT_script", "ETTh1", "ETTh1.csv"),
+                                                    ("Exchange_script", "Exchange", "exchange_rate.txt.gz")])
+def test_every_registered_model_has_a_script_per_data_set(folder, data, data_file):
+    """benchmarks/reproduce.py runs <folder>/<Model>_<data>.sh: each model the registry finds has one, which
+    trains that model on that file and passes the caller's flags on last (so they override)."""
+    import re
+
+    from models import available_models
+
+    problems = []
+    for model in available_models():
+        script = SCRIPTS / folder / f"{model}_{data}.sh"
+        if not script.exists():
+            problems.append(f"{script.relative_to(REPO)} is missing")
+            continue
+        text = script.read_text()
+        for what, pattern in [(f"--model {model}", rf"--model {model}\b"), (f"--data_path {data_file}",
+                              rf"--data_path {re.escape(data_file)}\b"), ('"$@"', r'"\$@"')]:
+            if not re.search(pattern, text):
+                problems.append(f"{script.relative_to(REPO)} does not pass {what}")
+    assert not problems, "; ".join(problems)
