@@ -201,6 +201,14 @@ class Model(nn.Module):
             marks.append(None if x_mark is None else x_mark[:, :length])
         return xs, marks
 
+    def _pair_marks(self, marks: torch.Tensor, channels: int) -> torch.Tensor:
+        """[B, T, M] -> [B * C, T, M], the calendar of each channel-independent series b*C + c."""
+        if self.mark_pairing == "tiled":
+            # the official code's .repeat(C, 1, 1): window (b*C + c) mod B's calendar, so a forecast
+            # depends on its batch-mates (see reproduce_summary.md); only to reproduce its figures
+            return marks.repeat(channels, 1, 1)
+        return marks.repeat_interleave(channels, dim=0)  # window b's own calendar
+
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
         batch, length, channels = x_enc.shape
         if length != self.lengths[0]:
@@ -215,12 +223,7 @@ class Model(nn.Module):
         if self.channel_independence:
             # every channel becomes its own univariate sample: [B, T, C] -> [B * C, T, 1]
             xs = [x.transpose(1, 2).reshape(batch * channels, -1, 1) for x in xs]
-            # series b*C + c keeps window b's calendar; the official code tiles the marks with
-            # .repeat(C, 1, 1), which gives it window (b*C + c) mod B's (see reproduce_summary.md),
-            # kept as --mark_pairing tiled to reproduce the published figures
-            pair = (lambda m: m.repeat(channels, 1, 1)) if self.mark_pairing == "tiled" else \
-                (lambda m: m.repeat_interleave(channels, dim=0))
-            marks = [None if m is None else pair(m) for m in marks]
+            marks = [None if m is None else self._pair_marks(m, channels) for m in marks]
         else:
             parts = [decomposition(x) for decomposition, x in zip(self.preprocess, xs)]
             xs, trends = [season for season, _ in parts], [trend for _, trend in parts]
