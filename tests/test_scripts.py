@@ -1,6 +1,7 @@
-"""The per-model scripts under scripts/long_term_forecast/, run as a researcher runs them (bash, extra
-flags last), with tiny models on an ETTh1-shaped file."""
+"""The per-model scripts under scripts/long_term_forecast/: every registered model has one per data set,
+and they run as a researcher runs them (bash, extra flags last), with tiny models on an ETTh1-shaped file."""
 import math
+import re
 
 import pytest
 
@@ -48,8 +49,6 @@ def test_protocol_c_script_trains_once_and_rolls_out_each_horizon(tmp_path, mode
 def test_every_registered_model_has_a_script_per_data_set(folder, data, data_file):
     """benchmarks/reproduce.py runs <folder>/<Model>_<data>.sh: each model the registry finds has one, which
     trains that model on that file and passes the caller's flags on last (so they override)."""
-    import re
-
     from models import available_models
 
     problems = []
