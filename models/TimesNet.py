@@ -61,7 +61,7 @@ class TimesBlock(nn.Module):
             missing = rows * period - length
             if self.padding == "tail" and missing:  # TSLib's current code: repeat the last steps
                 padded = torch.cat([x, x[:, length - missing:]], dim=1)
-            else:  # the published code: zeros at the end of the series
+            else:  # TSLib's earlier code: zeros at the end of the series
                 padded = F.pad(x, (0, 0, 0, missing))
             # [B, C, rows, period]; left in channels-last layout, which the convolution accepts as is.
             grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)
