@@ -37,7 +37,8 @@ MODEL_SHAPING_ARGS = ("model", "features", "seq_len", "label_len", "pred_len", "
                       "d_model", "n_heads", "e_layers", "d_layers", "d_ff", "moving_avg", "activation", "use_norm",
                       "individual", "input_token_len", "output_token_len", "covariate", "mark_dim", "factor",
                       "patch_len", "stride", "top_k", "num_kernels", "channel_independence", "decomp_method",
-                      "down_sampling_layers", "down_sampling_window", "down_sampling_method")
+                      "down_sampling_layers", "down_sampling_window", "down_sampling_method", "times_padding",
+                      "mark_pairing")
 
 
 class Exp_Forecast(Exp_Basic):

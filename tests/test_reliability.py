@@ -84,9 +84,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
 def test_resume_refuses_other_model_arguments(tmp_path):
     assert_ok(run_cli(tmp_path, "--train_epochs", 1))
     last = tmp_path / "checkpoints" / records(tmp_path)[-1]["setting"] / "last.pth"
-    proc = run_cli(tmp_path, "--train_epochs", 2, "--resume", last, "--moving_avg", 13, "--individual")
+    proc = run_cli(tmp_path, "--train_epochs", 2, "--resume", last, "--moving_avg", 13, "--individual",
+                   "--times_padding", "tail")
     assert proc.returncode == 2
     assert "moving_avg (saved 25, now 13); individual (saved False, now True)" in proc.stderr
+    assert "times_padding (saved 'zeros', now 'tail')" in proc.stderr
 
 
 def test_resume_of_a_finished_run_trains_no_more(tmp_path):
