@@ -94,13 +94,18 @@ def data_provider(args, flag, device=None):
     if flag != "train":
         batch_size = args.eval_batch_size or 4 * args.batch_size
         require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
+    drop_last = flag == "train" and args.train_drop_last
     if flag == "train":
         sampler = DistributedSampler(
             dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
             shuffle=True, seed=args.seed, drop_last=False)
+        # DistributedSampler gives every rank the same count, so every rank drops alike
+        require(not drop_last or len(sampler) >= batch_size,
+                f"--train_drop_last leaves no training batch: each process holds {len(sampler)} training windows, "
+                f"fewer than --batch_size {batch_size}; lower --batch_size or drop --train_drop_last")
     else:
         sampler = ShardSampler(len(dataset))
-    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers)
+    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, drop_last)
 
 
 class WindowLoader:
@@ -111,10 +116,10 @@ class WindowLoader:
     batches come from a torch DataLoader (workers gather them).
     """
 
-    def __init__(self, dataset, sampler, batch_size, num_workers):
-        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
+    def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False):
+        self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
         self._worker_loader = DataLoader(
-            dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=False), collate_fn=_identity,
+            dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last), collate_fn=_identity,
             num_workers=num_workers, persistent_workers=True) if num_workers > 0 else None
 
     def set_epoch(self, epoch):
@@ -123,8 +128,10 @@ class WindowLoader:
             self.sampler.set_epoch(epoch)
 
     def batch_indices(self):
-        """The epoch's batches as index tensors (the last one may be short; none is dropped)."""
+        """The epoch's batches as index tensors (the last one may be short, unless drop_last)."""
         order = torch.tensor(list(self.sampler), dtype=torch.long)
+        if self.drop_last:
+            order = order[:len(self) * self.batch_size]
         return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch
 
     def __iter__(self):
@@ -133,4 +140,6 @@ class WindowLoader:
         return (self.dataset.__getitems__(indices) for indices in self.batch_indices())
 
     def __len__(self):
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
         return -(-len(self.sampler) // self.batch_size)

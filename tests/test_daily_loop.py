@@ -65,6 +65,7 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
         _record("DLinear", "ETTh1", 96, 1, 0.47, 0.48, batch_size=16, lradj="TST"),  # another recipe: the same
         _record("DLinear", "ETTh1", 96, 1, 0.42, 0.43, des="no_marks"),  # a variant tagged with --des: the same
         _record("DLinear", "ETTh1", 96, 1, 0.43, 0.44, eval_batch_size=1),  # scored in batches of 1: the same
+        _record("DLinear", "ETTh1", 96, 1, 0.44, 0.45, train_drop_last=True),  # other training steps: the same
         _record("DLinear", "ETTh1", 96, 1, 0.30, 0.35, features="S"),  # S: no published figure
         _record("DLinear", "custom", 96, 1, 0.09, 0.21, data_path="exchange_rate.txt.gz"),
         # token model: trained on 96, rolled out to test_pred_len 192 from test_seq_len 672 (table C)
@@ -82,13 +83,14 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "t.csv")  # blank cells (no std, no published figure) read as NaN
     rows = {(r.data, r.features, r.input, r.model, r.horizon): r for r in table.itertuples()
             if (r.lr, r.batch, r.lradj, r.des) == (0.0001, 32, "type1", "Exp")}
-    assert len(rows) == 5 and len(table) == 9
+    assert len(rows) == 5 and len(table) == 10
     other_lr = table[table.lr == 0.005]
     assert len(other_lr) == 1 and other_lr.mse.item() == pytest.approx(0.45) and other_lr.seeds.item() == 1
     other_recipe = table[table.lradj == "TST"]
     assert len(other_recipe) == 1 and other_recipe.batch.item() == 16 and other_recipe.mse.item() == pytest.approx(0.47)
     assert table[table.des == "no_marks"].mse.item() == pytest.approx(0.42)
     assert table[table.des == "Exp, eval batch 1"].mse.item() == pytest.approx(0.43)
+    assert table[table.des == "Exp, train drop_last"].mse.item() == pytest.approx(0.44)
     dl96 = rows[("ETTh1", "M", 96, "DLinear", 96)]
     assert dl96.seeds == 2 and dl96.mse == pytest.approx(0.385) and dl96.mae == pytest.approx(0.405)
     assert dl96.mse_std == pytest.approx(np.std([0.38, 0.39], ddof=1))

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from data_provider.data_factory import data_provider
-from helpers import assert_ok, make_args, records, run_cli
+from helpers import assert_ok, make_args, records, run_cli, run_on_ranks
 from utils.errors import UserError
 
 
@@ -32,10 +32,11 @@ def test_fp16_is_refused_on_cpu():
         Exp_Forecast(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("rank, world", [(0, 1), (1, 3)])
-def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
+def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world, drop_last):
     """Index-tensor batches: DistributedSampler's order and shard, equal to stacked per-window items,
-    and the same batches when workers build them."""
+    and the same batches when workers build them; with drop_last, BatchSampler's drop_last batches."""
     from torch.utils.data import BatchSampler, DistributedSampler
 
     from data_provider.data_factory import WindowLoader
@@ -46,13 +47,15 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
 
     def loader(workers):
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=False)
-        made = WindowLoader(dataset, sampler, 16, workers)
+        made = WindowLoader(dataset, sampler, 16, workers, drop_last)
         made.set_epoch(3)
         return made, sampler
 
     fast, sampler = loader(0)
-    expected_order = list(BatchSampler(sampler, 16, drop_last=False))
+    assert len(sampler) % 16, "the shard must end on a short batch for drop_last to matter"
+    expected_order = list(BatchSampler(sampler, 16, drop_last=drop_last))
     assert [i.tolist() for i in fast.batch_indices()] == expected_order
+    assert (len(expected_order[-1]) == 16) == drop_last
     batches = list(fast)
     assert len(batches) == len(fast) == len(expected_order)
     for order, batch in zip(expected_order, batches):
@@ -60,9 +63,39 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world):
         for part, stacked in enumerate(batch):
             torch.testing.assert_close(stacked, torch.stack([s[part] for s in singles]), rtol=0, atol=0)
             assert stacked.is_contiguous()
-    for fast_batch, worker_batch in zip(batches, loader(2)[0]):
+    worker_batches = list(loader(2)[0])
+    assert len(worker_batches) == len(batches)
+    for fast_batch, worker_batch in zip(batches, worker_batches):
         for a, b in zip(fast_batch, worker_batch):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _train_batch_sizes(rank, world, argv):
+    from data_provider.data_factory import data_provider
+
+    args = make_args(*argv, "--ddp")
+    args.autoregressive = False
+    _, loader = data_provider(args, "train")
+    return [batch[0].shape[0] for batch in loader]
+
+
+def test_train_drop_last_gives_every_rank_the_same_full_batches():
+    """Uneven shards (3 ranks): DistributedSampler pads every rank to one count, so every rank
+    drops the same short batch and runs the same number of DDP steps."""
+    argv = ["--batch_size", 64, "--synthetic_rows", 1200]
+    kept = run_on_ranks(_train_batch_sizes, 3, argv)
+    dropped = run_on_ranks(_train_batch_sizes, 3, [*argv, "--train_drop_last"])
+    assert kept[0][-1] < 64, "the shards must end on a short batch for the test to mean anything"
+    for rank in range(3):
+        assert kept[rank] == kept[0] and dropped[rank] == kept[0][:-1]
+
+
+def test_train_drop_last_refuses_a_batch_larger_than_the_shard():
+    args = make_args("--batch_size", 5000, "--synthetic_rows", 1200, "--train_drop_last")
+    args.autoregressive = False
+    with pytest.raises(UserError, match="--train_drop_last leaves no training batch: each process holds .* "
+                                        "fewer than --batch_size 5000"):
+        data_provider(args, "train")
 
 
 def test_loader_skips_time_features_of_a_model_that_reads_none():
