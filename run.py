@@ -117,8 +117,9 @@ def build_parser():
                    help="scale --learning_rate by global batch / --base_batch_size: none, linear or sqrt")
     g.add_argument("--base_batch_size", type=int, default=32, help="the global batch --learning_rate was tuned for")
     g.add_argument("--train_drop_last", action="store_true",
-                   help="skip each epoch's last, short training batch, as TSLib's and the papers' loaders do "
-                        "(ETTh1 at horizon 96 and batch 32 or 128 ends every epoch on a one-window step); "
+                   help="skip each epoch's last, short training batch, as Informer's loader and its copies "
+                        "(LTSF-Linear, PatchTST, official TimeMixer, earlier TSLib) do; ETTh1 at horizon 96 "
+                        "and batch 32 or 128 ends every epoch on a one-window step; "
                         "validation and test always score every window")
     g.add_argument("--eval_batch_size", type=int, default=None,
                    help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
