@@ -94,17 +94,17 @@ def data_provider(args, flag, device=None):
     if flag != "train":
         batch_size = args.eval_batch_size or 4 * args.batch_size
         require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
-    drop_last = flag == "train" and args.train_drop_last
     if flag == "train":
         sampler = DistributedSampler(
             dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
             shuffle=True, seed=args.seed, drop_last=False)
         # DistributedSampler gives every rank the same count, so every rank drops alike
+        drop_last = args.train_drop_last
         require(not drop_last or len(sampler) >= batch_size,
                 f"--train_drop_last leaves no training batch: each process holds {len(sampler)} training windows, "
                 f"fewer than --batch_size {batch_size}; lower --batch_size or drop --train_drop_last")
     else:
-        sampler = ShardSampler(len(dataset))
+        sampler, drop_last = ShardSampler(len(dataset)), False  # every window is scored
     return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, drop_last)
 
 

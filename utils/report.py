@@ -10,9 +10,9 @@ Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows grou
 data set (a `custom` file by its name), features, input length, model, horizon (for
 token models the rolled-out test_pred_len and test_seq_len) and training recipe (learning
 rate, global batch, --lradj, --des, and --eval_batch_size and --train_drop_last when set),
-so runs trained or scored differently, or tagged as a variant with --des, never share a row. A seed counts once: when a
-seed was run again, its latest record (in file order) replaces the earlier one. std is the
-sample standard deviation over seeds (blank for a single seed).
+so runs trained or scored differently, or tagged as a variant with --des, never share a row.
+A seed counts once: when a seed was run again, its latest record (in file order) replaces
+the earlier one. std is the sample standard deviation over seeds (blank for a single seed).
 
 The published figures come from a targets.md-style markdown file: `## A.` / `## C.`
 sections (protocol letter; A has input 96, C input 672), a data set named in the heading
