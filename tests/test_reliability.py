@@ -254,6 +254,8 @@ CATALOGUE = {
                          "the val split of synthetic has 196 rows, fewer than the 296"),
     "unparsable date": (_bad_date, "the 'date' column cannot be parsed as timestamps"),
     "batch size": (lambda t: ["--batch_size", 0], "--batch_size must be positive, got 0"),
+    "no batch left to train": (lambda t: ["--train_drop_last", "--batch_size", 100000],
+                               "--train_drop_last leaves no training batch: each process holds"),
     "token multiple": (lambda t: ["--model", "TimerXL", "--seq_len", 100],
                        "--seq_len (100) must be a multiple of --input_token_len (24)"),
     "MS on univariate": (_univariate, "--features MS needs covariates"),
