@@ -90,14 +90,6 @@ def test_train_drop_last_gives_every_rank_the_same_full_batches():
         assert kept[rank] == kept[0] and dropped[rank] == kept[0][:-1]
 
 
-def test_train_drop_last_refuses_a_batch_larger_than_the_shard():
-    args = make_args("--batch_size", 5000, "--synthetic_rows", 1200, "--train_drop_last")
-    args.autoregressive = False
-    with pytest.raises(UserError, match="--train_drop_last leaves no training batch: each process holds .* "
-                                        "fewer than --batch_size 5000"):
-        data_provider(args, "train")
-
-
 def test_loader_skips_time_features_of_a_model_that_reads_none():
     """inputs_used = ("x_enc",): batches carry None for both marks and the same x and y as otherwise."""
     from exp.exp_forecast import Exp_Forecast

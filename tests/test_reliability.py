@@ -255,7 +255,8 @@ CATALOGUE = {
     "unparsable date": (_bad_date, "the 'date' column cannot be parsed as timestamps"),
     "batch size": (lambda t: ["--batch_size", 0], "--batch_size must be positive, got 0"),
     "no batch left to train": (lambda t: ["--train_drop_last", "--batch_size", 100000],
-                               "--train_drop_last leaves no training batch: each process holds"),
+                               "--train_drop_last leaves no training batch: each process holds 1655 training "
+                               "windows, fewer than --batch_size 100000"),
     "token multiple": (lambda t: ["--model", "TimerXL", "--seq_len", 100],
                        "--seq_len (100) must be a multiple of --input_token_len (24)"),
     "MS on univariate": (_univariate, "--features MS needs covariates"),
