@@ -58,7 +58,7 @@ def _record(model, data, pred_len, seed, mse, mae, **args):
 def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
     lines = [
         _record("DLinear", "ETTh1", 96, 1, 0.50, 0.50),  # replaced by the rerun of seed 1 below
-        _record("DLinear", "ETTh1", 96, 2, 0.39, 0.41),
+        _record("DLinear", "ETTh1", 96, 2, 0.39, 0.41, embed="timeF"),  # run.py's default --embed: the Exp row
         _record("DLinear", "ETTh1", 96, 1, 0.38, 0.40),
         _record("DLinear", "ETTh1", 192, 1, 0.44, 0.43),
         _record("DLinear", "ETTh1", 96, 1, 0.45, 0.46, learning_rate=0.005),  # another lr: a row of its own
@@ -66,6 +66,7 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
         _record("DLinear", "ETTh1", 96, 1, 0.42, 0.43, des="no_marks"),  # a variant tagged with --des: the same
         _record("DLinear", "ETTh1", 96, 1, 0.43, 0.44, eval_batch_size=1),  # scored in batches of 1: the same
         _record("DLinear", "ETTh1", 96, 1, 0.44, 0.45, train_drop_last=True),  # other training steps: the same
+        _record("DLinear", "ETTh1", 96, 1, 0.46, 0.47, embed="none"),  # no calendar inputs: the same
         _record("DLinear", "ETTh1", 96, 1, 0.30, 0.35, features="S"),  # S: no published figure
         _record("DLinear", "custom", 96, 1, 0.09, 0.21, data_path="exchange_rate.txt.gz"),
         # token model: trained on 96, rolled out to test_pred_len 192 from test_seq_len 672 (table C)
@@ -83,7 +84,7 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "t.csv")  # blank cells (no std, no published figure) read as NaN
     rows = {(r.data, r.features, r.input, r.model, r.horizon): r for r in table.itertuples()
             if (r.lr, r.batch, r.lradj, r.des) == (0.0001, 32, "type1", "Exp")}
-    assert len(rows) == 5 and len(table) == 10
+    assert len(rows) == 5 and len(table) == 11
     other_lr = table[table.lr == 0.005]
     assert len(other_lr) == 1 and other_lr.mse.item() == pytest.approx(0.45) and other_lr.seeds.item() == 1
     other_recipe = table[table.lradj == "TST"]
@@ -91,6 +92,7 @@ def test_report_means_over_seeds_beside_published_figures(tmp_path, capsys):
     assert table[table.des == "no_marks"].mse.item() == pytest.approx(0.42)
     assert table[table.des == "Exp, eval batch 1"].mse.item() == pytest.approx(0.43)
     assert table[table.des == "Exp, train drop_last"].mse.item() == pytest.approx(0.44)
+    assert table[table.des == "Exp, embed none"].mse.item() == pytest.approx(0.46)
     dl96 = rows[("ETTh1", "M", 96, "DLinear", 96)]
     assert dl96.seeds == 2 and dl96.mse == pytest.approx(0.385) and dl96.mae == pytest.approx(0.405)
     assert dl96.mse_std == pytest.approx(np.std([0.38, 0.39], ddof=1))

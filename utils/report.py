@@ -9,7 +9,7 @@ beside the published figures.
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
 token models the rolled-out test_pred_len and test_seq_len) and training recipe (learning
-rate, global batch, --lradj, --des, and --eval_batch_size and --train_drop_last when set),
+rate, global batch, --lradj, --des, and --eval_batch_size, --train_drop_last and --embed when set),
 so runs trained or scored differently, or tagged as a variant with --des, never share a row.
 A seed counts once: when a seed was run again, its latest record (in file order) replaces
 the earlier one. std is the sample standard deviation over seeds (blank for a single seed).
@@ -162,15 +162,22 @@ def recipe_of(record):
     """(learning rate, global batch, lr schedule, --des): runs trained differently, or tagged as a
     variant with --des, are rows of their own. 0 / "" where an older record lacks the field.
 
-    An explicit --eval_batch_size joins the --des tag ("Exp, eval batch 1"): it leaves most models'
-    figures alone, but not those of a model whose forecasts depend on the batch (TimesNet).
-    So does --train_drop_last ("Exp, train drop_last"), which changes the training steps."""
+    Settings that change the figures without changing the tag join it: an explicit --eval_batch_size
+    ("Exp, eval batch 1": it leaves most models' figures alone, but not those of a model whose
+    forecasts depend on the batch, TimesNet), --train_drop_last ("Exp, train drop_last": other
+    training steps) and an --embed other than the default timeF ("Exp, embed none": other inputs).
+    They join even when the tag already says so, so a row never mixes runs with and without them."""
     args = record.get("args", {})
     des = args.get("des", "")
+    notes = []
     if args.get("eval_batch_size"):
-        des = f"{des}, eval batch {args['eval_batch_size']}"
+        notes.append(f"eval batch {args['eval_batch_size']}")
     if args.get("train_drop_last"):
-        des = f"{des}, train drop_last"
+        notes.append("train drop_last")
+    if args.get("embed", "timeF") != "timeF":
+        notes.append(f"embed {args['embed']}")
+    for note in notes:
+        des = f"{des}, {note}"
     return (args.get("learning_rate", 0.0), args.get("global_batch_size", args.get("batch_size", 0)),
             args.get("lradj", ""), des)
 
