@@ -16,6 +16,7 @@ def _collectives(rank, world):
         "any_last": distributed.any_rank(rank == world - 1),
         "any_none": distributed.any_rank(False),
         "gathered": distributed.gather_objects(rank * 10),
+        "gathered_on_main": distributed.gather_on_main(f"rank {rank}"),
         "broadcast": distributed.broadcast_object(f"from {rank}"),
         "is_main": distributed.is_main(),
     }
@@ -27,6 +28,7 @@ def test_collective_helpers_on_three_ranks():
         assert result["sum"] == [6.0, 1.5]
         assert result["any_last"] is True and result["any_none"] is False
         assert result["gathered"] == [0, 10, 20]
+        assert result["gathered_on_main"] == (["rank 0", "rank 1", "rank 2"] if rank == 0 else None)
         assert result["broadcast"] == "from 0"
         assert result["is_main"] == (rank == 0)
 

@@ -142,6 +142,16 @@ def gather_objects(obj):
     return out
 
 
+def gather_on_main(obj):
+    """List of every rank's object, in rank order, on rank 0; None on the other ranks (which
+    then hold no copy of what only rank 0 needs)."""
+    if not is_dist():
+        return [obj]
+    out = [None] * world_size() if is_main() else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def require_same(value, message):
     """Raise UserError(message) on every rank unless every rank holds an equal `value`.
 

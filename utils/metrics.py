@@ -23,7 +23,8 @@ class ErrorSums:
         self.sums = dict.fromkeys(_FIELDS, 0.0)
         self._pending = []  # per-batch sums kept as tensors: no host sync inside the loop
         self._windows = [] if keep_windows else None  # per batch: [B, 2] (mse, mae) of each window
-        self._all_windows = None  # every rank's windows, in order, after all_reduce
+        self._all_windows = None  # on rank 0 after all_reduce: every rank's windows, in order
+        self._reduced = False
 
     def update(self, pred, true):
         err = pred.float() - true
@@ -46,23 +47,26 @@ class ErrorSums:
                 self.sums[key] += value
 
     def all_reduce(self):
-        """Sum over all ranks (every rank gets the global sums, and with `keep_windows` every
+        """Sum over all ranks (every rank gets the global sums; with `keep_windows` rank 0 gets every
         rank's windows, concatenated in rank order: the loader order of a ShardSampler)."""
         self._flush()
         totals = distributed.all_reduce_sum([self.sums[k] for k in _FIELDS])
         self.sums = dict(zip(_FIELDS, totals))
         if self._windows is not None:
-            self._all_windows = torch.cat(distributed.gather_objects(self._local_windows()))
+            gathered = distributed.gather_on_main(self._local_windows())
+            self._all_windows = torch.cat(gathered) if gathered is not None else None
+            self._reduced = True
         return self
 
     def _local_windows(self):
         return torch.cat(self._windows).cpu() if self._windows else torch.zeros(0, 2, dtype=torch.float64)
 
     def window_errors(self):
-        """[windows, 2] float64 tensor: each window's (mse, mae), over every rank after all_reduce."""
+        """[windows, 2] float64 tensor: each window's (mse, mae); after all_reduce, every rank's
+        windows on rank 0 and None on the others."""
         if self._windows is None:
             raise RuntimeError("ErrorSums(keep_windows=True) is needed for window_errors()")
-        return self._all_windows if self._all_windows is not None else self._local_windows()
+        return self._all_windows if self._reduced else self._local_windows()
 
     def metrics(self):
         self._flush()
