@@ -283,3 +283,35 @@ def test_our_own_arguments_keep_their_checks_and_typos_get_a_hint():
     assert args.use_gpu is True and args.learning_rate == 1e-4
     assert describe_ignored(args.ignored_args) == "--lerning_rate 0.1 --seg_len 24 (--lerning_rate: did you mean --learning_rate?)"
     assert parse_args(["--no_use_gpu"]).use_gpu is False
+
+
+def test_tf32_emulation_rounds_operands_and_incoming_gradients():
+    """benchmarks/tf32: a convolution's operands are rounded to TF32 (10 mantissa bits, ties away
+    from zero) and so is the gradient it receives, so its input and weight gradients are TF32
+    products too; the rounding is visible against plain fp32."""
+    import importlib.util
+    from pathlib import Path
+    from torch.nn import functional as F
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tf32" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("tf32_emulation", path)
+    tf32 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tf32)  # under its own name: nothing in torch is patched
+    assert F.conv2d.__name__ == "conv2d"
+
+    values = torch.tensor([1 + 2**-11, 1 + 2**-12, -(1 + 2**-11), 1 + 3 * 2**-11, 0.0])
+    assert tf32.to_tf32(values).tolist() == [1 + 2**-10, 1.0, -(1 + 2**-10), 1 + 2**-9, 0.0]
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    out = tf32.in_tf32(F.conv2d)(x, w, None, padding=1)
+    x_tf32, w_tf32 = (tf32.to_tf32(t.detach()).requires_grad_() for t in (x, w))
+    expected = F.conv2d(x_tf32, w_tf32, None, padding=1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not torch.equal(out, F.conv2d(x, w, None, padding=1))
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(tf32.to_tf32(grad))
+    torch.testing.assert_close(x.grad, x_tf32.grad, rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, w_tf32.grad, rtol=0, atol=0)
