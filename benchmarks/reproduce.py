@@ -165,10 +165,17 @@ def _wall(row):
     return f"{row['wall_seconds']:.1f} (+{row['shared_training_seconds']:.1f} training, shared)"
 
 
+def shown_command():
+    """This run's command line, after PYTHONPATH when set: a folder there can change what every
+    run computes (benchmarks/tf32 emulates TF32 products)."""
+    path = os.environ.get("PYTHONPATH")
+    return (f"PYTHONPATH={shlex.quote(path)} " if path else "") + " ".join(shlex.quote(a) for a in sys.argv)
+
+
 def render(rows, skipped, opts, environment):
     extra = f" Extra flags: `{opts.extra}`." if opts.extra else ""
     lines = [f"# Accuracy reproduction, protocol {opts.protocol}: {opts.models} on {opts.data}", "",
-             f"{environment}. Command: `{' '.join(shlex.quote(a) for a in sys.argv)}`.{extra}", "",
+             f"{environment}. Command: `{shown_command()}`.{extra}", "",
              f"Test MSE / MAE on the z-scored data, features M. Ours is the mean over seeds (per-seed values "
              f"beside it); published figures from ../shared/reference/targets.md table {opts.protocol}. "
              f"diff = (ours - published) / published MSE; `within +2%` when ours <= published x 1.02. "
@@ -310,7 +317,8 @@ def main():
     os.makedirs(opts.out, exist_ok=True)
     stem = Path(opts.out, output_name(opts))
     stem.with_suffix(".md").write_text(table)
-    stem.with_suffix(".json").write_text(json.dumps({"argv": sys.argv, "protocol": opts.protocol, "rows": rows,
+    stem.with_suffix(".json").write_text(json.dumps({"argv": sys.argv, "pythonpath": os.environ.get("PYTHONPATH"),
+                                                     "protocol": opts.protocol, "rows": rows,
                                                      "skipped": skipped, "records": records}, indent=1))
     print(f"wrote {stem.with_suffix('.md')} and {stem.with_suffix('.json')}")
     return 0

@@ -2,6 +2,7 @@
 metrics on the original scale (exact under DDP), and TSLib's own command lines."""
 import json
 import shlex
+import sys
 
 import numpy as np
 import pandas as pd
@@ -315,3 +316,15 @@ def test_tf32_emulation_rounds_operands_and_incoming_gradients():
     expected.backward(tf32.to_tf32(grad))
     torch.testing.assert_close(x.grad, x_tf32.grad, rtol=0, atol=0)
     torch.testing.assert_close(w.grad, w_tf32.grad, rtol=0, atol=0)
+
+
+def test_reproduce_shows_the_pythonpath_its_runs_saw(monkeypatch):
+    """A folder on PYTHONPATH changes what every run computes (benchmarks/tf32), so reproduce.py's
+    table shows it before the command."""
+    from benchmarks.reproduce import shown_command
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/reproduce.py", "--models", "TimesNet", "--extra", "--des tf32"])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert shown_command() == "benchmarks/reproduce.py --models TimesNet --extra '--des tf32'"
+    monkeypatch.setenv("PYTHONPATH", "benchmarks/tf32")
+    assert shown_command() == "PYTHONPATH=benchmarks/tf32 benchmarks/reproduce.py --models TimesNet --extra '--des tf32'"
