@@ -7,8 +7,8 @@
 # No calendar features (`--embed none`): the official code (and TSLib's port) pairs each channel's
 # series with another window's calendar (`x_mark.repeat(N, 1, 1)` against values reshaped b*N + n),
 # and its loader shuffles, so the published model never saw its own window's calendar. We reproduce
-# that model without the pairing, which makes a forecast depend on its batch-mates
-# (`--mark_pairing tiled --eval_batch_size 128` rebuilds it exactly for comparison).
+# that model without copying the pairing, which makes a forecast depend on its batch-mates
+# (`--mark_pairing tiled --eval_batch_size 128` rebuilds it exactly, for comparison only).
 # Measured over 5 seeds (benchmarks/results/reproduce_summary.md): this script 0.381 at 96 and
 # 0.483 at 336 (published 0.375 / 0.484); the official pairing 0.382 / 0.487; each series with its
 # own calendar (`--embed timeF`) 0.401 / 0.506: it fits the training set further and tests worse,
