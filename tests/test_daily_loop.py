@@ -328,3 +328,28 @@ def test_reproduce_shows_the_pythonpath_its_runs_saw(monkeypatch):
     assert shown_command() == "benchmarks/reproduce.py --models TimesNet --extra '--des tf32'"
     monkeypatch.setenv("PYTHONPATH", "benchmarks/tf32")
     assert shown_command() == "PYTHONPATH=benchmarks/tf32 benchmarks/reproduce.py --models TimesNet --extra '--des tf32'"
+
+
+def test_report_into_replaces_the_table_and_keeps_the_prose(tmp_path, capsys):
+    """--into rewrites a results document's table and the notes under it, and nothing else;
+    run twice it changes nothing; a document without exactly one table is refused."""
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(_record("DLinear", "ETTh1", 96, seed, mse, 0.4)) + "\n"
+                                                    for seed, mse in ((1, 0.38), (2, 0.39))))
+    reference = tmp_path / "targets.md"
+    reference.write_text(REFERENCE)
+    doc = tmp_path / "summary.md"
+    before, after = "# Summary\n\nProse before the table.\n\n", "\n\n- a note after the table\n"
+    doc.write_text(before + "| data | features | input | model | stale |\n|---|\n| stale row |\n\n"
+                   "MSE / MAE: mean of old runs\nPublished: somewhere\n3 record(s) replaced by a later run of the same seed."
+                   + after)
+    argv = [str(tmp_path / "results.jsonl"), "--reference", str(reference), "--into", str(doc)]
+    assert report_main(argv) == 0
+    text = doc.read_text()
+    assert text.startswith(before + "| data | features | input | model | horizon |") and text.endswith(after)
+    assert "stale" not in text and "old runs" not in text and "record(s) replaced" not in text
+    assert "| ETTh1 | M | 96 | DLinear | 96 | 0.0001 | 32 | type1 | Exp | 0.3850 ± 0.0071 |" in text
+    assert report_main(argv) == 0 and doc.read_text() == text
+
+    doc.write_text("# no table here\n")
+    assert report_main(argv) == 2
+    assert "holds 0 results tables" in capsys.readouterr().err

@@ -5,6 +5,7 @@ beside the published figures.
     python -m utils.report a/results.jsonl b/ --format csv --out table.csv
     python -m utils.report results/ --reference ../shared/reference/targets.md --plot mse.png
     python -m utils.report benchmarks/results/reproduce/reproduce_ETTh1-Exchange_DLinear.json   # a reproduce.py run
+    python -m utils.report benchmarks/results/reproduce/*.json --into benchmarks/results/reproduce_summary.md
 
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
@@ -258,6 +259,27 @@ def render_markdown(rows, replaced, reference):
     return "\n".join(lines + [""] + notes) + "\n"
 
 
+TABLE_HEAD = "| data | features | input | model |"
+NOTE = re.compile(r"(MSE / MAE: mean|Published: |\d+ record\(s\) replaced)")  # render_markdown's notes
+
+
+def splice_into(path, table):
+    """Text of markdown file `path` with its results table (and the notes under it) replaced by
+    `table`, the prose around it kept: a results document stays current with one command."""
+    lines = Path(path).read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(TABLE_HEAD)]
+    require(len(starts) == 1, f"--into {path} holds {len(starts)} results tables (lines starting "
+                              f"'{TABLE_HEAD}'), not one; write a first table with --out and paste it in")
+    end = starts[0]
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    if end + 1 < len(lines) and not lines[end] and NOTE.match(lines[end + 1]):  # notes follow a blank line
+        end += 1
+        while end < len(lines) and NOTE.match(lines[end]):
+            end += 1
+    return "\n".join(lines[:starts[0]] + table.rstrip("\n").split("\n") + lines[end:]) + "\n"
+
+
 CSV_FIELDS = ("data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "seeds", "mse", "mse_std", "mae", "mae_std",
               "reference_protocol", "reference_mse", "reference_mae", "mse_vs_reference_pct")
 
@@ -281,6 +303,8 @@ def main(argv=None):
                              "when it exists; '' for none)")
     parser.add_argument("--plot", default=None, help="also draw a bar chart of MSE per model and horizon (PNG)")
     parser.add_argument("--out", default=None, help="write the table here instead of printing it")
+    parser.add_argument("--into", default=None,
+                        help="markdown file whose results table (and its notes) is replaced, the prose around it kept")
     opts = parser.parse_args(argv)
     try:
         records = read_records(result_files(opts.results))
@@ -291,7 +315,11 @@ def main(argv=None):
             reference = opts.reference
         rows, replaced = summarise(records, read_published(reference) if reference else {})
         table = render_csv(rows) if opts.format == "csv" else render_markdown(rows, replaced, reference)
-        if opts.out:
+        if opts.into:
+            require(opts.format == "md", "--into replaces a markdown table; leave out --format csv")
+            Path(opts.into).write_text(splice_into(opts.into, table))
+            print(f"updated the table in {opts.into} ({len(rows)} rows from {len(records)} records)")
+        elif opts.out:
             Path(opts.out).write_text(table)
             print(f"wrote {opts.out} ({len(rows)} rows from {len(records)} records)")
         else:
