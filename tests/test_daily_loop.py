@@ -353,3 +353,5 @@ def test_report_into_replaces_the_table_and_keeps_the_prose(tmp_path, capsys):
     doc.write_text("# no table here\n")
     assert report_main(argv) == 2
     assert "holds 0 results tables" in capsys.readouterr().err
+    assert report_main(argv[:-1] + [str(tmp_path / "missing.md")]) == 2
+    assert "missing.md not found" in capsys.readouterr().err

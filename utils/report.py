@@ -234,9 +234,12 @@ def _mean_std(mean, std):
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
+MD_COLUMNS = ("data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "MSE", "MAE", "seeds")
+
+
 def render_markdown(rows, replaced, reference):
     has_reference = reference is not None
-    head = ["data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "MSE", "MAE", "seeds"]
+    head = list(MD_COLUMNS)
     if has_reference:
         head += ["published MSE / MAE", "MSE vs published"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -259,13 +262,14 @@ def render_markdown(rows, replaced, reference):
     return "\n".join(lines + [""] + notes) + "\n"
 
 
-TABLE_HEAD = "| data | features | input | model |"
+TABLE_HEAD = "| " + " | ".join(MD_COLUMNS[:4]) + " |"  # how render_markdown's table starts
 NOTE = re.compile(r"(MSE / MAE: mean|Published: |\d+ record\(s\) replaced)")  # render_markdown's notes
 
 
 def splice_into(path, table):
     """Text of markdown file `path` with its results table (and the notes under it) replaced by
     `table`, the prose around it kept: a results document stays current with one command."""
+    require(Path(path).is_file(), f"--into {path} not found; write a first table with --out and add your prose to it")
     lines = Path(path).read_text().splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(TABLE_HEAD)]
     require(len(starts) == 1, f"--into {path} holds {len(starts)} results tables (lines starting "
@@ -316,7 +320,8 @@ def main(argv=None):
         rows, replaced = summarise(records, read_published(reference) if reference else {})
         table = render_csv(rows) if opts.format == "csv" else render_markdown(rows, replaced, reference)
         if opts.into:
-            require(opts.format == "md", "--into replaces a markdown table; leave out --format csv")
+            require(opts.format == "md" and not opts.out, "--into replaces the table in a markdown file: "
+                                                          "give it without --format csv and without --out")
             Path(opts.into).write_text(splice_into(opts.into, table))
             print(f"updated the table in {opts.into} ({len(rows)} rows from {len(records)} records)")
         elif opts.out:
