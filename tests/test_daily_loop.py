@@ -355,3 +355,24 @@ def test_report_into_replaces_the_table_and_keeps_the_prose(tmp_path, capsys):
     assert "holds 0 results tables" in capsys.readouterr().err
     assert report_main(argv[:-1] + [str(tmp_path / "missing.md")]) == 2
     assert "missing.md not found" in capsys.readouterr().err
+
+
+def test_tslib_crosscheck_imports_the_checkout_then_gives_our_packages_back(tmp_path):
+    """TSLib's packages are called models/ and layers/ like ours: the cross-check imports its
+    TimesNet from the checkout, refuses a folder our package would shadow (it would compare our
+    model with itself), and leaves our own modules in place afterwards."""
+    from benchmarks.tslib_crosscheck import tslib_timesnet
+    from utils.errors import UserError
+    import models.TimesNet as ours
+
+    checkout = tmp_path / "Time-Series-Library"
+    (checkout / "models").mkdir(parents=True)
+    (checkout / "models" / "TimesNet.py").write_text("WHOSE = 'theirs'\n")
+    with pytest.raises(UserError, match="__init__.py"):  # a namespace folder loses to our package
+        tslib_timesnet(checkout)
+    (checkout / "models" / "__init__.py").write_text("")
+    assert tslib_timesnet(checkout).WHOSE == "theirs"
+    import models.TimesNet
+    assert models.TimesNet is ours and sys.modules["models.TimesNet"] is ours
+    with pytest.raises(UserError, match="no models/TimesNet.py"):
+        tslib_timesnet(tmp_path)
