@@ -92,6 +92,7 @@ def settings(args):
 
 
 def renamed(state):
+    """TSLib's state_dict under our parameter names."""
     out = {}
     for key, value in state.items():
         for theirs, ours in RENAMES:
@@ -111,7 +112,7 @@ def etth1_windows(args):
                            "--seq_len", "96", "--label_len", "48", "--pred_len", str(args.pred_len)])
     data = prepare(run_args)
     splits = []
-    for index, split in enumerate(("train", "val", "test")):
+    for split in ("train", "val", "test"):
         start, stop = data.split_rows(split, 96)
         values = torch.from_numpy(data.values[start:stop])
         marks = torch.from_numpy(data.marks[start:stop])
