@@ -104,23 +104,21 @@ def renamed(state):
 
 
 def etth1_windows(args):
-    """(train, val, test) as (x, y, x_mark) tensors over every window, prepared by our data path."""
+    """(train, val, test) as (x, y, x_mark) tensors over every window, from our data path."""
     from run import parse_args
-    from data_provider.data_loader import prepare
+    from data_provider.data_factory import window_for
+    from data_provider.data_loader import SPLITS, WindowDataset, prepare
 
     run_args = parse_args(["--data", "ETTh1", "--root_path", args.root_path, "--data_path", "ETTh1.csv",
                            "--seq_len", "96", "--label_len", "48", "--pred_len", str(args.pred_len)])
     data = prepare(run_args)
     splits = []
-    for split in ("train", "val", "test"):
-        start, stop = data.split_rows(split, 96)
-        values = torch.from_numpy(data.values[start:stop])
-        marks = torch.from_numpy(data.marks[start:stop])
-        n = stop - start - 96 - args.pred_len + 1
-        x = values.unfold(0, 96, 1)[:n].transpose(1, 2)
-        y = values[96:].unfold(0, args.pred_len, 1)[:n].transpose(1, 2)
-        x_mark = marks.unfold(0, 96, 1)[:n].transpose(1, 2)
-        splits.append((x.contiguous(), y.contiguous(), x_mark.contiguous()))
+    for split in SPLITS:
+        window = window_for(run_args, split)
+        start, stop = data.split_rows(split, window.x_len)
+        windows = WindowDataset(data.values[start:stop], data.marks[start:stop], window, split)
+        x, y, x_mark, _ = windows.__getitems__(range(len(windows)))
+        splits.append((x, y[:, -args.pred_len:].contiguous(), x_mark))  # y also holds label_len rows
     return splits
 
 
@@ -209,6 +207,7 @@ def tslib_run(args, theirs, ours, splits):
 
     use_theirs = args.forward == "tslib"
     model = theirs if use_theirs else ours
+
     def loader(split, shuffle):  # each shuffled loader draws its order from the global generator, as TSLib's
         return DataLoader(TensorDataset(*split), batch_size=32, shuffle=shuffle)
 
