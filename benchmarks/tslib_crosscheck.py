@@ -51,8 +51,8 @@ RENAMES = (("enc_embedding.value_embedding.tokenConv.", "enc_embedding.value.con
 
 @contextlib.contextmanager
 def packages_from(root):
-    """Import `models` / `layers` from `root` for the duration, then restore ours: TSLib's packages
-    have the same names as this repository's."""
+    """Import from `root` for the duration, then restore ours: TSLib's `models`, `layers` and
+    `utils` packages have the same names as this repository's."""
     clashing = ("models", "layers", "utils")
 
     def ours():
