@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from helpers import assert_ok, free_port, records, run_cli, run_command
+from helpers import SMALL_TIMERXL, assert_ok, free_port, records, run_cli, run_command
 from utils.checkpoint import load_weights, save_atomic
 from utils.errors import UserError
 
@@ -24,12 +24,14 @@ def test_ddp_without_torchrun_starts_local_workers(tmp_path):
 
 
 def test_ddp_forecast_script_runs_as_is(tmp_path):
-    proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1",
+    # MODEL picks the model, extra flags pass through (here: a TimerXL small enough for 2 CPU cores)
+    small = [str(a) for a in SMALL_TIMERXL if a not in ("--model", "TimerXL")]
+    proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1", *small,
                         "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
                        extra_env={"MASTER_PORT": str(free_port()), "MODEL": "TimerXL"})
     assert_ok(proc)
     record = records(tmp_path)[-1]
-    assert record["world_size"] == 2 and record["model"] == "TimerXL"
+    assert record["world_size"] == 2 and record["model"] == "TimerXL" and record["args"]["d_model"] == 32
 
 
 def test_legacy_local_rank_argument_is_accepted(tmp_path):
