@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.preprocessing import StandardScaler
 from torch.utils.data import Dataset
 
+from data_provider.scaler import StandardScaler
 from data_provider.synthetic import make_synthetic
 from data_provider.timefeatures import time_features
 from utils.errors import UserError, require

@@ -13,9 +13,9 @@ import glob
 import os
 
 import numpy as np
-from sklearn.preprocessing import StandardScaler
 
 from data_provider.data_loader import SPLITS, WindowDataset, _read_file, split_ends
+from data_provider.scaler import StandardScaler
 from data_provider.selection import WindowSelection
 from utils.errors import UserError, require
 

@@ -36,6 +36,57 @@ def test_scaler_uses_training_rows_only():
     assert data.marks.shape == (len(raw), 4)  # hourly: hour, weekday, day of month, day of year
 
 
+SCALER_CASES = {
+    "synthetic": [],
+    "ETTh1": ETTH1_ARGS,
+    "exchange": ["--data", "custom", "--root_path", str(EXCHANGE.parent), "--data_path", EXCHANGE.name],
+}
+
+
+@pytest.mark.parametrize("case", SCALER_CASES)
+def test_scaler_equals_scikit_learns_bit_for_bit(case):
+    """data_provider.scaler replaces sklearn.preprocessing.StandardScaler (a second of import per
+    process): the same statistics and scaled values to the last bit, so results do not move."""
+    from sklearn.preprocessing import StandardScaler as Reference
+
+    from data_provider.data_loader import read_table, select_columns, split_ends
+    from data_provider.scaler import StandardScaler
+
+    argv = SCALER_CASES[case]
+    if case != "synthetic" and not (ETTH1 if case == "ETTh1" else EXCHANGE).exists():
+        pytest.skip(f"{case} not present")
+    args = make_args(*argv)
+    values, _ = select_columns(read_table(args), "M", None)
+    train_rows = split_ends(args.data, len(values))[0]
+    rng = np.random.default_rng(0)
+    arrays = {"data": values,  # then: a constant column, a nearly constant one far from 0, float32 input
+              "constant columns": np.column_stack([values[:, 0], np.full(len(values), 7.25),
+                                                   1e8 + 1e-9 * rng.normal(size=len(values))]),
+              "float32": values.astype(np.float32)}
+    for name, array in arrays.items():
+        ours, reference = StandardScaler().fit(array[:train_rows]), Reference().fit(array[:train_rows])
+        for attribute in ("mean_", "var_", "scale_"):
+            np.testing.assert_array_equal(getattr(ours, attribute), getattr(reference, attribute), err_msg=name)
+        as_float64 = array.astype(np.float64)  # what the data path holds
+        np.testing.assert_array_equal(ours.transform(array), reference.transform(as_float64), err_msg=name)
+        np.testing.assert_array_equal(ours.inverse_transform(array), reference.inverse_transform(as_float64),
+                                      err_msg=name)
+    assert list(StandardScaler().fit(arrays["constant columns"]).scale_[1:]) == [1.0, 1.0]
+
+
+def test_starting_a_run_does_not_import_scikit_learn():
+    """What a worker imports before training; scikit-learn (scipy.stats) would add about a second."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = "import sys, run, exp.exp_forecast, models; print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_target_goes_last_and_features_select_columns():
     args = make_args("--target", "x2")
     data = prepared_data(args)
