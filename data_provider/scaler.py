@@ -16,17 +16,15 @@ class StandardScaler:
     def fit(self, values):
         x = np.asarray(values, dtype=np.float64)
         n = x.shape[0]
-        column_sum = x.sum(axis=0)
-        self.mean_ = column_sum / n
+        self.mean_ = x.sum(axis=0) / n
         # scikit-learn's corrected two-pass variance (Chan, Golub and LeVeque), step for step
-        centred = x - column_sum / n
+        centred = x - self.mean_
         correction = centred.sum(axis=0)
         centred **= 2
         self.var_ = (centred.sum(axis=0) - correction ** 2 / n) / n
         eps = np.finfo(np.float64).eps
         constant = self.var_ <= n * eps * self.var_ + (n * self.mean_ * eps) ** 2
         self.scale_ = np.where(constant, 1.0, np.sqrt(self.var_))
-        self.n_samples_seen_ = n
         return self
 
     def transform(self, values):
