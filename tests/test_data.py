@@ -1,4 +1,7 @@
 """Data provider: splits, scaling, windows, file formats, sharding."""
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -6,8 +9,9 @@ import torch
 
 from data_provider import data_factory
 from data_provider.data_factory import data_provider, prepared_data
-from data_provider.data_loader import WindowDataset, Window
-from helpers import ETTH1, ETTH1_ARGS, EXCHANGE, make_args
+from data_provider.data_loader import Window, WindowDataset, read_table, select_columns, split_ends
+from data_provider.scaler import StandardScaler
+from helpers import ETTH1, ETTH1_ARGS, EXCHANGE, REPO, make_args
 from utils import distributed
 from utils.errors import UserError
 
@@ -49,9 +53,6 @@ def test_scaler_equals_scikit_learns_bit_for_bit(case):
     process): the same statistics and scaled values to the last bit, so results do not move."""
     from sklearn.preprocessing import StandardScaler as Reference
 
-    from data_provider.data_loader import read_table, select_columns, split_ends
-    from data_provider.scaler import StandardScaler
-
     argv = SCALER_CASES[case]
     if case != "synthetic" and not (ETTH1 if case == "ETTh1" else EXCHANGE).exists():
         pytest.skip(f"{case} not present")
@@ -59,7 +60,7 @@ def test_scaler_equals_scikit_learns_bit_for_bit(case):
     values, _ = select_columns(read_table(args), "M", None)
     train_rows = split_ends(args.data, len(values))[0]
     rng = np.random.default_rng(0)
-    arrays = {"data": values,  # then: a constant column, a nearly constant one far from 0, float32 input
+    arrays = {"data": values,  # then: columns constant exactly and up to rounding, float32 input
               "constant columns": np.column_stack([values[:, 0], np.full(len(values), 7.25),
                                                    1e8 + 1e-9 * rng.normal(size=len(values))]),
               "float32": values.astype(np.float32)}
@@ -76,11 +77,6 @@ def test_scaler_equals_scikit_learns_bit_for_bit(case):
 
 def test_starting_a_run_does_not_import_scikit_learn():
     """What a worker imports before training; scikit-learn (scipy.stats) would add about a second."""
-    import subprocess
-    import sys
-
-    from helpers import REPO
-
     code = "import sys, run, exp.exp_forecast, models; print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
