@@ -149,7 +149,7 @@ def measure(kind, argv, epochs, max_batches=0):
 
     from data_provider.data_factory import data_provider
     from exp.exp_forecast import Exp_Forecast
-    from run import parse_args
+    from utils.arguments import parse_args
     from utils import distributed
 
     args = parse_args(argv + (["--ddp"] if distributed.launched_by_torchrun() else []))

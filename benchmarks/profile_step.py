@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_train import DATA_ARGS, MODEL_ARGS  # noqa: E402
 from data_provider.data_factory import data_provider  # noqa: E402
 from exp.exp_forecast import Exp_Forecast  # noqa: E402
-from run import parse_args  # noqa: E402
+from utils.arguments import parse_args  # noqa: E402
 from utils import distributed  # noqa: E402
 from utils.metrics import batch_loss  # noqa: E402
 

@@ -105,7 +105,7 @@ def renamed(state):
 
 def etth1_windows(args):
     """(train, val, test) as (x, y, x_mark) tensors over every window, from our data path."""
-    from run import parse_args
+    from utils.arguments import parse_args
     from data_provider.data_factory import window_for
     from data_provider.data_loader import SPLITS, WindowDataset, prepare
 

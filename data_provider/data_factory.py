@@ -13,15 +13,14 @@ from data_provider.data_loader import DATASETS, SPLITS, Window, WindowDataset, p
 from data_provider.selection import few_shot_subset
 from data_provider.univariate import UNIVARIATE, prepare_univariate
 from utils import distributed
+from utils.arguments import DATA_ARGS
 from utils.errors import UserError, require
 
 _prepared_cache = {}
 
 
 def _cache_key(args):
-    return tuple(getattr(args, k, None) for k in (
-        "data", "root_path", "data_path", "features", "target", "freq", "embed", "scale",
-        "synthetic_seed", "synthetic_rows", "synthetic_channels"))
+    return tuple(getattr(args, k, None) for k in DATA_ARGS)
 
 
 def prepared_data(args):

@@ -23,6 +23,7 @@ from data_provider.timefeatures import freq_offset, future_dates, time_features
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from utils import distributed, plots
+from utils.arguments import MODEL_SHAPING_ARGS
 from utils.checkpoint import load_weights, read_training_state, save_atomic, writable_dir_problem
 from utils.errors import require
 from utils.metrics import ErrorSums, batch_loss
@@ -32,13 +33,6 @@ from utils.tools import (PER_STEP_SCHEDULES, EarlyStopping, learning_rate_for_ep
 
 logger = logging.getLogger("tsl")
 
-# Arguments that decide the model's shape and meaning: a resumed run must match them.
-MODEL_SHAPING_ARGS = ("model", "features", "seq_len", "label_len", "pred_len", "enc_in", "dec_in", "c_out",
-                      "d_model", "n_heads", "e_layers", "d_layers", "d_ff", "moving_avg", "activation", "use_norm",
-                      "individual", "input_token_len", "output_token_len", "covariate", "mark_dim", "factor",
-                      "patch_len", "stride", "top_k", "num_kernels", "channel_independence", "decomp_method",
-                      "down_sampling_layers", "down_sampling_window", "down_sampling_method", "times_padding",
-                      "mark_pairing")
 
 
 class Exp_Forecast(Exp_Basic):

@@ -116,6 +116,6 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
 def make_args(*argv):
     """Parsed run.py arguments, as a worker would see them."""
     sys.path.insert(0, str(REPO))
-    from run import parse_args
+    from utils.arguments import parse_args
 
     return parse_args(list(map(str, argv)))

@@ -276,7 +276,7 @@ def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
 
 
 def test_our_own_arguments_keep_their_checks_and_typos_get_a_hint():
-    from run import build_parser, describe_ignored, parse_args
+    from utils.arguments import build_parser, describe_ignored, parse_args
 
     with pytest.raises(SystemExit):
         build_parser().parse_known_args(["--seq_len", "abc"])
