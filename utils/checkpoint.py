@@ -5,29 +5,15 @@ import tempfile
 import torch
 
 from utils.errors import UserError
+from utils.files import atomic_write
 
 # Prefixes that wrappers add to parameter names: DistributedDataParallel and torch.compile.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 def save_atomic(obj, path):
-    """torch.save to a temp file in the same folder, fsync, then rename over `path`.
-
-    A crash mid-write leaves the previous file intact, never a truncated one.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".pth")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """torch.save, atomically: a crash mid-write leaves the previous file intact."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def strip_wrapper_prefixes(state_dict):
