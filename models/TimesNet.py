@@ -59,9 +59,9 @@ class TimesBlock(nn.Module):
         for period, slots in slots_of_period.items():
             rows = -(-length // period)
             missing = rows * period - length
-            if self.padding == "tail" and missing:  # TSLib's current code: repeat the last steps
+            if self.padding == "tail" and missing:  # TSLib's 2023-02-18 code (230805f): repeat the last steps
                 padded = torch.cat([x, x[:, length - missing:]], dim=1)
-            else:  # TSLib's earlier code: zeros at the end of the series
+            else:  # TSLib's code since fd74cbc (2023-02-22): zeros at the end of the series
                 padded = F.pad(x, (0, 0, 0, missing))
             # [B, C, rows, period]; left in channels-last layout, which the convolution accepts as is.
             grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)

@@ -86,8 +86,8 @@ def build_parser():
     g.add_argument("--top_k", type=int, default=5, help="TimesNet: number of FFT periods")
     g.add_argument("--num_kernels", type=int, default=6, help="TimesNet: inception kernels")
     g.add_argument("--times_padding", default="zeros", choices=("zeros", "tail"),
-                   help="TimesNet: what completes a period grid's last row: zeros (TSLib's earlier code, "
-                        "which most ports copy) or the series' last steps repeated (TSLib's current code)")
+                   help="TimesNet: what completes a period grid's last row: zeros (TSLib's code since fd74cbc, "
+                        "2023-02-22) or the series' last steps repeated (its 2023-02-18 code, 230805f)")
     g.add_argument("--channel_independence", type=int, default=1, help="TimeMixer: 1 mixes each channel alone")
     g.add_argument("--decomp_method", default="moving_avg", help="TimeMixer: moving_avg or dft_decomp")
     g.add_argument("--down_sampling_layers", type=int, default=0, help="TimeMixer: number of coarser scales")
