@@ -6,7 +6,9 @@
 
 TSLib's `models/TimesNet.py` is imported from the given checkout (nothing of it is copied here) and
 built with the ETTh1 script's settings right after seeding, as TSLib's run.py does; its initial weights
-are loaded, strictly, into ours.
+are loaded, strictly, into ours. Our TimesBlock pads a period grid's last row with `--padding`: zeros,
+as TSLib's code has since fd74cbc (2023-02-22), or the series' last steps (tail), its 2023-02-18 code
+(230805f). The checkout's own padding is read off its TimesBlock, and a different `--padding` refused.
 
 --mode check:
   1. forward: both models in eval mode on `--batches` test batches; the largest difference of the
@@ -81,6 +83,37 @@ def tslib_timesnet(tslib_root):
     require(Path(module.__file__).resolve().is_relative_to(root.resolve()),
             f"imported {module.__file__}, not {root}/models/TimesNet.py: does {root}/models hold an __init__.py?")
     return module
+
+
+def checkout_padding(module):
+    """"zeros" or "tail": what the checkout's TimesBlock appends to complete a period grid, seen by running
+    it on a 10-step series whose one period (3) needs two more steps; None when that cannot be seen."""
+    steps, period = 10, 3
+    grids = []
+
+    class Capture(nn.Module):
+        def forward(self, grid):
+            grids.append(grid)
+            return grid
+
+    t = torch.arange(steps, dtype=torch.float32)
+    series = (5 + torch.cos(2 * np.pi * (steps // period) * t / steps)).reshape(1, steps, 1)  # no zero value
+    try:  # external code of any age: an error here only means the padding cannot be read this way
+        block = module.TimesBlock(argparse.Namespace(seq_len=steps - 3, pred_len=3, top_k=1, d_model=1, d_ff=1,
+                                                     num_kernels=1))
+        block.conv = Capture()
+        with torch.no_grad():
+            block(series)
+        appended = grids[0].permute(0, 2, 3, 1).reshape(1, -1, 1)[:, steps:]
+    except Exception:
+        return None
+    if appended.shape[1] != period - steps % period:
+        return None
+    if torch.all(appended == 0):
+        return "zeros"
+    if torch.equal(appended, series[:, -appended.shape[1]:]):
+        return "tail"
+    return None
 
 
 def settings(args):
@@ -268,8 +301,9 @@ def main(argv=None):
     p.add_argument("--root_path", default=str(REPO.parent / "shared" / "datasets" / "ETT-small"))
     p.add_argument("--pred_len", type=int, default=96)
     p.add_argument("--seed", type=int, default=2021)
-    p.add_argument("--padding", choices=("tail", "zeros"), default="tail",
-                   help="our TimesBlock padding; TSLib's current code pads with the tail (match your checkout)")
+    p.add_argument("--padding", choices=("zeros", "tail"), default="zeros",
+                   help="our TimesBlock padding: zeros (TSLib's code since fd74cbc, 2023-02-22) or tail (its "
+                        "2023-02-18 code, 230805f); a checkout whose padding differs is refused")
     p.add_argument("--batches", type=int, default=20, help="check: test batches (of 32) for the forward check")
     p.add_argument("--steps", type=int, default=264, help="check: training steps (264: an epoch at batch 32)")
     p.add_argument("--report_every", type=int, default=44)
@@ -281,12 +315,19 @@ def main(argv=None):
         torch.set_num_threads(args.num_threads)
 
     theirs_module = tslib_timesnet(args.tslib)
+    detected = checkout_padding(theirs_module)
+    require(detected in (None, args.padding),
+            f"{args.tslib}'s TimesNet pads period grids with {detected}, not {args.padding}: "
+            f"pass --padding {detected}, or the comparison measures the padding, not the code")
+    if detected is None:
+        print(f"warning: could not read {args.tslib}'s padding; trusting --padding {args.padding}", flush=True)
     started = time.time()
     theirs, ours = build_models(args, theirs_module)
     splits = etth1_windows(args)
     lines, record = (check if args.mode == "check" else tslib_run)(args, theirs, ours, splits)
     head = [f"# TimesNet, ETTh1 96 -> {args.pred_len}: ours against TSLib's ({args.tslib})", "",
-            f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {time.time() - started:.0f} s", ""]
+            f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {time.time() - started:.0f} s; "
+            f"the checkout's padding: {detected or 'not detected'}", ""]
     report = "\n".join(head + lines) + "\n"
     print(report)
     if args.out:

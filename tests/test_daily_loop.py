@@ -376,3 +376,32 @@ def test_tslib_crosscheck_imports_the_checkout_then_gives_our_packages_back(tmp_
     assert models.TimesNet is ours and sys.modules["models.TimesNet"] is ours
     with pytest.raises(UserError, match="no models/TimesNet.py"):
         tslib_timesnet(tmp_path)
+
+
+def test_tslib_crosscheck_reads_the_checkouts_padding_and_refuses_another(tmp_path):
+    """TSLib pads a period grid with zeros since fd74cbc and with the series' last steps before it: the
+    cross-check reads which one a checkout does instead of trusting --padding."""
+    from benchmarks.tslib_crosscheck import checkout_padding, main, tslib_timesnet
+    from utils.errors import UserError
+
+    block = """import torch
+from torch import nn
+class TimesBlock(nn.Module):
+    def __init__(self, configs):
+        super().__init__()
+        self.length = configs.seq_len + configs.pred_len
+        self.conv = nn.Identity()
+    def forward(self, x):
+        missing = -self.length % 3
+        extra = torch.zeros_like(x[:, :missing]) if PADDING == "zeros" else x[:, self.length - missing:]
+        return self.conv(torch.cat([x, extra], 1).reshape(len(x), -1, 3, x.shape[2]).permute(0, 3, 1, 2))
+"""
+    for padding in ("zeros", "tail"):
+        (tmp_path / padding / "models").mkdir(parents=True)
+        (tmp_path / padding / "models" / "__init__.py").write_text("")
+        (tmp_path / padding / "models" / "TimesNet.py").write_text(f"PADDING = {padding!r}\n" + block)
+        assert checkout_padding(tslib_timesnet(tmp_path / padding)) == padding
+    with pytest.raises(UserError, match="pads period grids with tail, not zeros: pass --padding tail"):
+        main(["--tslib", str(tmp_path / "tail")])  # zeros by default
+    with pytest.raises(UserError, match="with zeros, not tail"):
+        main(["--tslib", str(tmp_path / "zeros"), "--padding", "tail"])
