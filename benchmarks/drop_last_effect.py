@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repository's packages importable
 from utils.errors import UserError, require  # noqa: E402
-from utils.report import recipe_of, result_files  # noqa: E402
+from benchmarks.report import recipe_of, result_files  # noqa: E402
 
 COLUMNS = "window,mse,mae"
 

@@ -36,10 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make the repository's packages importable
-from utils.report import PROTOCOL_INPUT, horizon_of, input_of, normalise, read_published  # noqa: E402
+from benchmarks.report import PROTOCOL_INPUT, TARGETS, horizon_of, input_of, normalise, read_published  # noqa: E402
 
 SHARED = REPO.parent / "shared"
-TARGETS = SHARED / "reference" / "targets.md"
 SCRIPTS = REPO / "scripts" / "long_term_forecast"
 
 # data set -> (script folder, script suffix, data folder, the file the script reads)
@@ -236,7 +235,9 @@ def main():
     parser.add_argument("--extra", default="", help='flags appended last to every run, e.g. "--train_epochs 3"')
     parser.add_argument("--ddp", type=int, default=0, metavar="N", help="run each training on N local DDP workers")
     parser.add_argument("--num_threads", type=int, default=0, help="torch threads per process (0: run.py decides)")
-    parser.add_argument("--targets", default=str(TARGETS), help="markdown file with the published tables")
+    parser.add_argument("--targets", default=str(TARGETS),
+                        help="markdown file with the published tables (default: shared/reference/targets.md "
+                             "beside this repository checkout)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--keep", action="store_true", help="keep each run's results and checkpoints folder")
     parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")

@@ -1,18 +1,20 @@
-"""Pictures of a run and of a results table, as PNG files (matplotlib, Agg backend).
+"""Pictures of a run, as PNG files (matplotlib, Agg backend).
 
 Pure drawing: callers hand over numbers, these functions know nothing of models, DDP or
 files other than the one they write. matplotlib is imported on first use, so runs with
---no_plots (and every import of this module) do not pay for it.
+--no_plots (and every import of this module) do not pay for it. `pyplot` and `save_png` also
+serve the results-table picture of benchmarks/report.py.
 """
 import math
-import os
 import textwrap
+
+from utils.files import atomic_write
 
 COLORS = {"history": "0.55", "truth": "black", "forecast": "tab:red", "train": "tab:blue", "vali": "tab:orange",
           "test": "tab:green", "lr": "0.45"}
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed; safe on headless nodes and in worker processes
@@ -21,14 +23,12 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path):
-    """Write atomically (temp file, rename): a reader never sees half a PNG."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    os.replace(tmp, path)
-    _pyplot().close(fig)
+def save_png(fig, path):
+    """Write the figure through atomic_write (a reader never sees half a PNG), then free it."""
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    finally:
+        pyplot().close(fig)
     return path
 
 
@@ -38,7 +38,7 @@ def plot_forecasts(path, windows, title, ylabel):
     windows: list of dicts with `history` (the input, L values), `truth` and `forecast`
     (H values each) and a `label`. The x axis counts steps from the first forecast step.
     """
-    plt = _pyplot()
+    plt = pyplot()
     cols = 2 if len(windows) > 1 else 1
     rows = math.ceil(len(windows) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 2.9 * rows + 0.8), squeeze=False)
@@ -66,14 +66,14 @@ def plot_forecasts(path, windows, title, ylabel):
     fig.legend(handles, labels, loc="upper right", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97 - 0.03 / rows))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_training(path, history, title):
     """Train / validation / test loss per epoch (left axis) and the learning rate (right axis).
 
     title: a heading, optionally a newline and a small-print line (e.g. the setting)."""
-    plt = _pyplot()
+    plt = pyplot()
     epochs = [h["epoch"] for h in history]
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for key, name in (("train_loss", "train"), ("vali_loss", "vali"), ("test_loss", "test")):
@@ -110,79 +110,5 @@ def plot_training(path, history, title):
     if detail:
         fig.text(0.01, 0.985, "\n".join(textwrap.wrap(detail, 110)), fontsize=7, color="0.35", va="top")
     fig.tight_layout(rect=(0, 0.07, 1, 0.94 if detail else 1))
-    return _save(fig, path)
+    return save_png(fig, path)
 
-
-def plot_report(path, rows, per_row=3):
-    """Bar chart of test MSE per model and horizon, one panel per (data set, features, input).
-
-    rows: utils.report.summarise's dicts (data, features, input, model, recipe, horizon, mse,
-    mse_std: None for one seed, reference_mse: None without a published figure). Error bars are
-    the std over seeds; a black line over a bar is the published figure.
-    """
-    from utils.report import recipe_label
-
-    plt = _pyplot()
-    recipes = {}
-    for r in rows:
-        recipes.setdefault(r["model"], set()).add(r["recipe"])
-
-    def series(r):  # a model trained with several recipes gets one bar per recipe
-        return r["model"] if len(recipes[r["model"]]) == 1 else f"{r['model']} ({recipe_label(r)})"
-
-    rows = [dict(r, series=series(r)) for r in rows]
-    panels = {}
-    for r in rows:
-        panels.setdefault((r["data"], r["features"], r["input"]), []).append(r)
-    panel_width = min(max(4.4, 1.6 + 0.42 * max(len(p) for p in panels.values())), 10.0)  # inches, ~0.4 per bar
-    cols = max(1, min(len(panels), per_row, int(16 // panel_width)))  # at most about 16 inches wide
-    n_rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(cols * panel_width, 3.7 * n_rows + 0.5), squeeze=False)
-    names = sorted({r["series"] for r in rows})  # a bar colour each
-    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    colors = {m: palette(i % palette.N) for i, m in enumerate(names)}
-    for ax, ((data, features, input_len), panel) in zip(axes.flat, panels.items()):
-        horizons = sorted({r["horizon"] for r in panel})
-        here = [m for m in names if any(r["series"] == m for r in panel)]
-        width = min(0.8 / len(here), 0.3)
-        top = 1.3 * max(max(r["mse"] + (r["mse_std"] or 0), r["reference_mse"] or 0) for r in panel)  # room for labels
-        for i, model in enumerate(here):
-            for r in (r for r in panel if r["series"] == model):
-                x = horizons.index(r["horizon"]) + (i - (len(here) - 1) / 2) * width
-                std = r["mse_std"] or 0
-                ax.bar(x, r["mse"], width * 0.9, color=colors[model], yerr=std or None, capsize=2,
-                       error_kw={"lw": 0.8}, label=model)
-                if r["reference_mse"] is not None:
-                    ax.hlines(r["reference_mse"], x - width / 2, x + width / 2, color="black", lw=2.2, zorder=3,
-                              label="published")
-                # the value above the bar and its error bar, or above a published line just over them
-                anchor = r["mse"] + std
-                if r["reference_mse"] is not None and 0 <= r["reference_mse"] - anchor < 0.06 * top:
-                    anchor = r["reference_mse"]
-                ax.annotate(f"{r['mse']:.3f}", (x, anchor), xytext=(0, 4),
-                            textcoords="offset points", ha="center", va="bottom", fontsize=7,
-                            rotation=90 if len(here) > 2 else 0)
-        ax.set_xticks(range(len(horizons)), [str(h) for h in horizons])
-        ax.set_xlim(-0.6, len(horizons) - 0.4)
-        ax.set_xlabel("horizon", fontsize=9)
-        ax.set_ylabel("test MSE", fontsize=9)
-        ax.tick_params(labelsize=8)
-        ax.set_title(f"{data} (features {features}, input {input_len})", fontsize=9)
-        ax.grid(axis="y", alpha=0.25)
-        ax.set_axisbelow(True)
-        ax.set_ylim(0, top)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    by_label = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            by_label.setdefault(label, handle)
-    labels = [m for m in names if m in by_label] + [x for x in ("published",) if x in by_label]
-    # as many legend columns as fit the figure's width (about 4.5 pt per character at size 8)
-    entry_points = 30 + 4.5 * max(len(x) for x in labels)
-    ncol = max(1, min(len(labels), int(fig.get_figwidth() * 72 // entry_points)))
-    legend_rows = math.ceil(len(labels) / ncol)
-    fig.set_figheight(fig.get_figheight() + 0.2 * (legend_rows - 1))
-    fig.legend([by_label[x] for x in labels], labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.2 * legend_rows) / fig.get_figheight()))
-    return _save(fig, path)

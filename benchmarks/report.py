@@ -1,11 +1,11 @@
 """Results table: test MSE / MAE per data set, model and horizon, mean and std over seeds,
 beside the published figures.
 
-    python -m utils.report results/                                  # every results.jsonl under results/
-    python -m utils.report a/results.jsonl b/ --format csv --out table.csv
-    python -m utils.report results/ --reference ../shared/reference/targets.md --plot mse.png
-    python -m utils.report benchmarks/results/reproduce/reproduce_ETTh1-Exchange_DLinear.json   # a reproduce.py run
-    python -m utils.report benchmarks/results/reproduce/*.json --into benchmarks/results/reproduce_summary.md
+    python -m benchmarks.report results/                                  # every results.jsonl under results/
+    python -m benchmarks.report a/results.jsonl b/ --format csv --out table.csv
+    python -m benchmarks.report results/ --reference ../shared/reference/targets.md --plot mse.png
+    python -m benchmarks.report benchmarks/results/reproduce/reproduce_ETTh1-Exchange_DLinear.json   # a reproduce.py run
+    python -m benchmarks.report benchmarks/results/reproduce/*.json --into benchmarks/results/reproduce_summary.md --overwrite
 
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
@@ -18,20 +18,31 @@ the earlier one. std is the sample standard deviation over seeds (blank for a si
 The published figures come from a targets.md-style markdown file: `## A.` / `## C.`
 sections (protocol letter; A has input 96, C input 672), a data set named in the heading
 or in a caption line above each table, one row per model and one `MSE / MAE` cell per
-horizon. They are shown for features M at the matching input length only.
+horizon. They are shown for features M at the matching input length only. By default they are
+read from shared/reference/targets.md beside this repository checkout (../shared/reference/targets.md
+from the repository root), when that file exists.
+
+Research tooling, not part of the installed package: run it from a repository checkout.
 """
 import argparse
 import csv
 import io
 import json
+import math
 import re
 import statistics
 import sys
 from pathlib import Path
 
-from utils.errors import UserError, require
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: make the repository's packages importable
+from utils.errors import UserError, require  # noqa: E402
+from utils.files import atomic_write  # noqa: E402
+from utils.plots import pyplot, save_png  # noqa: E402
 
-TARGETS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "targets.md"
+# benchmarks/ is never installed, so this file always sits in a checkout: the published tables are
+# looked for beside the checkout, where the project's shared folder lives.
+TARGETS = REPO.parent / "shared" / "reference" / "targets.md"
 # Protocol letter = table letter in targets.md; the value is the input length the table assumes.
 PROTOCOL_INPUT = {"A": 96, "C": 672}
 # Table C's heading names no data set; Timer-XL's Table 12 block it quotes is ETTh1.
@@ -297,48 +308,141 @@ def render_csv(rows):
     return out.getvalue()
 
 
+# ------------------------------------------------------------------ picture
+def plot_report(path, rows, per_row=3):
+    """Bar chart of test MSE per model and horizon, one panel per (data set, features, input).
+
+    rows: summarise's dicts (data, features, input, model, recipe, horizon, mse,
+    mse_std: None for one seed, reference_mse: None without a published figure). Error bars are
+    the std over seeds; a black line over a bar is the published figure.
+    """
+    plt = pyplot()
+    recipes = {}
+    for r in rows:
+        recipes.setdefault(r["model"], set()).add(r["recipe"])
+
+    def series(r):  # a model trained with several recipes gets one bar per recipe
+        return r["model"] if len(recipes[r["model"]]) == 1 else f"{r['model']} ({recipe_label(r)})"
+
+    rows = [dict(r, series=series(r)) for r in rows]
+    panels = {}
+    for r in rows:
+        panels.setdefault((r["data"], r["features"], r["input"]), []).append(r)
+    panel_width = min(max(4.4, 1.6 + 0.42 * max(len(p) for p in panels.values())), 10.0)  # inches, ~0.4 per bar
+    cols = max(1, min(len(panels), per_row, int(16 // panel_width)))  # at most about 16 inches wide
+    n_rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(cols * panel_width, 3.7 * n_rows + 0.5), squeeze=False)
+    names = sorted({r["series"] for r in rows})  # a bar colour each
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colors = {m: palette(i % palette.N) for i, m in enumerate(names)}
+    for ax, ((data, features, input_len), panel) in zip(axes.flat, panels.items()):
+        horizons = sorted({r["horizon"] for r in panel})
+        here = [m for m in names if any(r["series"] == m for r in panel)]
+        width = min(0.8 / len(here), 0.3)
+        top = 1.3 * max(max(r["mse"] + (r["mse_std"] or 0), r["reference_mse"] or 0) for r in panel)  # room for labels
+        for i, model in enumerate(here):
+            for r in (r for r in panel if r["series"] == model):
+                x = horizons.index(r["horizon"]) + (i - (len(here) - 1) / 2) * width
+                std = r["mse_std"] or 0
+                ax.bar(x, r["mse"], width * 0.9, color=colors[model], yerr=std or None, capsize=2,
+                       error_kw={"lw": 0.8}, label=model)
+                if r["reference_mse"] is not None:
+                    ax.hlines(r["reference_mse"], x - width / 2, x + width / 2, color="black", lw=2.2, zorder=3,
+                              label="published")
+                # the value above the bar and its error bar, or above a published line just over them
+                anchor = r["mse"] + std
+                if r["reference_mse"] is not None and 0 <= r["reference_mse"] - anchor < 0.06 * top:
+                    anchor = r["reference_mse"]
+                ax.annotate(f"{r['mse']:.3f}", (x, anchor), xytext=(0, 4),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                            rotation=90 if len(here) > 2 else 0)
+        ax.set_xticks(range(len(horizons)), [str(h) for h in horizons])
+        ax.set_xlim(-0.6, len(horizons) - 0.4)
+        ax.set_xlabel("horizon", fontsize=9)
+        ax.set_ylabel("test MSE", fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.set_title(f"{data} (features {features}, input {input_len})", fontsize=9)
+        ax.grid(axis="y", alpha=0.25)
+        ax.set_axisbelow(True)
+        ax.set_ylim(0, top)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    by_label = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            by_label.setdefault(label, handle)
+    labels = [m for m in names if m in by_label] + [x for x in ("published",) if x in by_label]
+    # as many legend columns as fit the figure's width (about 4.5 pt per character at size 8)
+    entry_points = 30 + 4.5 * max(len(x) for x in labels)
+    ncol = max(1, min(len(labels), int(fig.get_figwidth() * 72 // entry_points)))
+    legend_rows = math.ceil(len(labels) / ncol)
+    fig.set_figheight(fig.get_figheight() + 0.2 * (legend_rows - 1))
+    fig.legend([by_label[x] for x in labels], labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.2 * legend_rows) / fig.get_figheight()))
+    return save_png(fig, path)
+
+
+def _refuse_to_replace(opts):
+    """None, or the one line saying which existing file this command would replace without --overwrite."""
+    if opts.overwrite:
+        return None
+    if opts.into and Path(opts.into).is_file():
+        return f"--into {opts.into} would rewrite that file in place; add --overwrite to do so, or --out a new file"
+    for flag, path in (("--out", opts.out), ("--plot", opts.plot)):
+        if path and Path(path).exists():
+            return f"{flag} {path} exists; add --overwrite to replace it, or name a new file"
+    return None
+
+
+def _write_text(path, text):
+    atomic_write(path, lambda f: f.write(text), binary=False)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m utils.report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="results.jsonl files, or folders searched for them")
     parser.add_argument("--format", choices=("md", "csv"), default="md")
     parser.add_argument("--reference", default=str(TARGETS) if TARGETS.exists() else "",
-                        help="markdown file with the published tables (default: ../shared/reference/targets.md "
-                             "when it exists; '' for none)")
+                        help="markdown file with the published tables (default: shared/reference/targets.md beside "
+                             f"this repository checkout, {TARGETS}, when it exists; '' for none)")
     parser.add_argument("--plot", default=None, help="also draw a bar chart of MSE per model and horizon (PNG)")
     parser.add_argument("--out", default=None, help="write the table here instead of printing it")
     parser.add_argument("--into", default=None,
-                        help="markdown file whose results table (and its notes) is replaced, the prose around it kept")
+                        help="markdown file whose results table (and its notes) is replaced, the prose around it kept "
+                             "(needs --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let --into rewrite its file in place and --out / --plot replace an existing file")
     opts = parser.parse_args(argv)
     try:
+        refusal = _refuse_to_replace(opts)
+        require(refusal is None, refusal)
         records = read_records(result_files(opts.results))
         require(records, "no records in " + ", ".join(opts.results))
         reference = None
         if opts.reference:
-            require(Path(opts.reference).is_file(), f"--reference {opts.reference} not found")
+            require(Path(opts.reference).is_file(), f"--reference {opts.reference} not found; give the markdown "
+                                                    "file with the published tables, or --reference '' for none")
             reference = opts.reference
         rows, replaced = summarise(records, read_published(reference) if reference else {})
         table = render_csv(rows) if opts.format == "csv" else render_markdown(rows, replaced, reference)
         if opts.into:
             require(opts.format == "md" and not opts.out, "--into replaces the table in a markdown file: "
                                                           "give it without --format csv and without --out")
-            Path(opts.into).write_text(splice_into(opts.into, table))
+            _write_text(opts.into, splice_into(opts.into, table))
             print(f"updated the table in {opts.into} ({len(rows)} rows from {len(records)} records)")
         elif opts.out:
-            Path(opts.out).write_text(table)
+            _write_text(opts.out, table)
             print(f"wrote {opts.out} ({len(rows)} rows from {len(records)} records)")
         else:
             sys.stdout.write(table)
         if opts.plot:
-            from utils.plots import plot_report
-
             plot_report(opts.plot, rows)
             print(f"wrote {opts.plot}")
     except UserError as problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
