@@ -12,7 +12,8 @@ Every configuration runs in its own process (clean peak memory, no warm caches s
   (c) floor: our model's forward, backward and optimizer step on batches already in memory;
   and (a)/(b) again as 2-process DDP under torchrun.
 Seconds per epoch are medians over the epochs after the first (warm-up). Writes
-benchmarks/results/bench_train_<device>_<models>.md and prints the same table.
+benchmarks/results/bench_train_<device>_<models>.md (an existing one only with --overwrite, checked
+before anything runs) and prints the same table.
 """
 import argparse
 import itertools
@@ -26,7 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # run as a script: make the repository's packages importable
+from utils.files import atomic_write  # noqa: E402
+
 ETTH1 = REPO.parent / "shared" / "datasets" / "ETT-small"
 DATA_ARGS = {
     "ETTh1": ["--data", "ETTh1", "--root_path", str(ETTH1), "--data_path", "ETTh1.csv"],
@@ -263,7 +266,7 @@ def run_one(kind, argv, epochs, nproc, max_batches=0):
     return json.loads(lines[0][len("RESULT "):])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="DLinear,TimerXL")
     parser.add_argument("--data", default="ETTh1,synthetic")
@@ -273,11 +276,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=2,
                         help="run the whole plan this many times, interleaved, and pool the epochs: "
                              "slow spells of a shared machine then hit every configuration alike")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"),
+                        help="folder for bench_train_<device>_<models>.md")
+    parser.add_argument("--overwrite", action="store_true", help="replace that file when it exists (it is committed)")
     parser.add_argument("--max_batches", type=int, default=0,
                         help="time only this many batches per epoch and scale to the full epoch (slow models)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
 
     if opts.one:  # a worker: measure one configuration and print it
         job = json.loads(opts.one)
@@ -289,6 +294,9 @@ def main():
         distributed.cleanup()
         return
 
+    out = output_path(opts.out, opts.models)
+    if out.exists() and not opts.overwrite:  # before the benchmark runs, not after
+        raise SystemExit(f"error: {out} exists; add --overwrite to replace it, or --out another folder")
     rows = []
     for data in opts.data.split(","):
         if data == "ETTh1" and not (ETTH1 / "ETTh1.csv").exists():
@@ -318,9 +326,16 @@ def main():
         table = table.replace("; eval = ", f"; only the first {opts.max_batches} batches of each epoch are timed and "
                               "scaled to the full epoch (eval not timed); eval = ", 1)
     print(table)
-    os.makedirs(opts.out, exist_ok=True)
-    name = f"bench_train_{'cuda' if device.startswith('cuda') else 'cpu'}_{opts.models.replace(',', '_')}.md"
-    Path(opts.out, name).write_text(table)
+    atomic_write(out, lambda f: f.write(table), binary=False)
+    print(f"wrote {out}")
+
+
+def output_path(folder, models):
+    """bench_train_<cuda|cpu>_<models>.md: the device every configuration trains on (a GPU when one is seen)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Path(folder, f"bench_train_{device}_{models.replace(',', '_')}.md")
 
 
 def render(rows, epochs, rounds, device):

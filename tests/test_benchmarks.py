@@ -2,6 +2,7 @@
 (benchmarks/report.py), drop_last_effect.py, reproduce.py's command line, the TF32 emulation
 and bench_train.py's output file."""
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -250,3 +251,23 @@ def test_report_default_reference_is_found_beside_the_checkout():
 
     repo = Path(__file__).resolve().parents[1]
     assert report.TARGETS == repo.parent / "shared" / "reference" / "targets.md"
+
+
+def test_bench_train_refuses_to_replace_its_committed_table_before_running(tmp_path, monkeypatch):
+    """bench_train.py writes bench_train_<device>_<models>.md, a committed file in its default folder: an
+    existing one is refused with one line before any configuration runs, unless --overwrite."""
+    from benchmarks import bench_train
+
+    existing = bench_train.output_path(tmp_path, "DLinear")
+    existing.write_text("committed table\n")
+    monkeypatch.setattr(bench_train, "run_one", lambda *args: pytest.fail("ran a configuration"))
+    argv = ["--models", "DLinear", "--data", "synthetic", "--out", str(tmp_path), "--rounds", "1"]
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(str(existing))} exists; add --overwrite to replace it"):
+        bench_train.main(argv)
+    assert existing.read_text() == "committed table\n"
+    measured = {"epoch_seconds": [2.0, 1.0], "eval_seconds": 0.5, "peak_mb": 1.0, "device": "cpu", "train_windows": 100}
+    monkeypatch.setattr(bench_train, "run_one", lambda *args: dict(measured))
+    bench_train.main(argv + ["--overwrite"])
+    assert existing.read_text().startswith("# Training speed:")
+    default = bench_train.output_path(bench_train.REPO / "benchmarks" / "results", "DLinear")
+    assert default.name == existing.name and default.parent.name == "results"
