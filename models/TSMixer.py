@@ -36,7 +36,7 @@ class Model(nn.Module):
         super().__init__()
         self.seq_len = configs.seq_len
         self.pred_len = configs.pred_len
-        self.normalize = InstanceNorm() if getattr(configs, "use_norm", 0) else None
+        self.normalize = InstanceNorm() if configs.use_norm else None
         # `model` and `projection` keep TSLib's state_dict keys (model.<i>.temporal.0.weight, ...).
         self.model = nn.ModuleList(
             MixerBlock(configs.seq_len, configs.enc_in, configs.d_model, configs.dropout)

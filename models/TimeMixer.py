@@ -15,11 +15,12 @@ from layers.normalization import InstanceNorm
 def scale_lengths(configs) -> list[int]:
     """Length of the series at every scale, finest first, as the configured down-sampling produces it."""
     lengths = [configs.seq_len]
-    if not getattr(configs, "down_sampling_method", None):
+    method = getattr(configs, "down_sampling_method", None)
+    if not method:
         return lengths  # no down-sampling: a single scale, as the official code behaves
     window = getattr(configs, "down_sampling_window", 1)
     for _ in range(getattr(configs, "down_sampling_layers", 0)):
-        if configs.down_sampling_method == "conv":  # kernel 3, padding 1, stride window
+        if method == "conv":  # kernel 3, padding 1, stride window
             lengths.append((lengths[-1] - 1) // window + 1)
         else:  # pooling drops an incomplete last window
             lengths.append(lengths[-1] // window)
