@@ -7,11 +7,13 @@
 #   bash scripts/ddp_forecast.sh                                    # 2 local processes, DLinear
 #   NPROC_PER_NODE=4 MODEL=TimerXL bash scripts/ddp_forecast.sh --train_epochs 5
 #   MAX_RESTARTS=3 bash scripts/ddp_forecast.sh      # survive worker crashes: restart and resume
-#   # two machines: run on each, NODE_RANK=0 on the one at MASTER_ADDR (README: multi-node)
+#   # two machines: run on each, NODE_RANK=0 on the one at MASTER_ADDR (docs/scaling.md)
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 bash scripts/ddp_forecast.sh
 #
 # NODE_RANK=0 hosts the c10d rendezvous store at MASTER_ADDR:MASTER_PORT; the other nodes
 # connect to it. c10d numbers nodes itself, so global rank 0 may live on any node.
+# Each process takes cores / NPROC_PER_NODE threads; several "nodes" on one machine would each
+# take every core, so pass --num_threads (cores / all processes on the machine) there.
 # RDZV_TIMEOUT: seconds to wait for every node to join (and at most 60 to reach the store).
 set -euo pipefail
 cd "$(dirname "$0")/.."

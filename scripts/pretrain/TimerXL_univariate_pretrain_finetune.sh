@@ -13,9 +13,9 @@
 #   PRETRAIN=0 bash ...sh                              # only fine-tune from an earlier pre-training run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-CORPUS=${CORPUS:-./dataset/pretrain/}
+CORPUS=${CORPUS:-./dataset/pretrain/}  # the pre-training corpus (e.g. UTSD), searched with GLOB
 GLOB=${GLOB:-*.csv}
-ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 RATIO=${RATIO:-0.1}
 NPROC=${NPROC:-2}
 

@@ -8,7 +8,7 @@
 #   ... NLinear_ETTh1.sh --individual   # NLinear-I: one linear head per channel
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 
 for pred_len in ${PRED_LENS:-96 192 336 720}; do
   python run.py \

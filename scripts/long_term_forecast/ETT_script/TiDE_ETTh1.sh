@@ -7,7 +7,7 @@
 #   PRED_LENS="96 336" bash ...TiDE_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 
 for pred_len in ${PRED_LENS:-96 192 336 720}; do
   python run.py \

@@ -22,7 +22,7 @@
 #   ... TimeMixer_ETTh1.sh --ddp          # same runs on 2 local DDP workers (use --batch_size 64 to keep 128 globally)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 
 for pred_len in ${PRED_LENS:-96 192 336 720}; do
   python run.py \

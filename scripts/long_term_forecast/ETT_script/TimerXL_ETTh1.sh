@@ -15,7 +15,7 @@
 #   ... TimerXL_ETTh1.sh --ddp            # 2 local DDP workers (use --batch_size 16 to keep 32 globally)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}
+ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 
 common=(
   --task_name long_term_forecast

@@ -8,7 +8,7 @@
 #   PRED_LENS="96 336" bash ...NLinear_Exchange.sh --seed 1   # a subset of horizons; extra flags override
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}
+ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}  # folder of exchange_rate.txt.gz (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/exchange_rate/
 
 for pred_len in ${PRED_LENS:-96 192 336 720}; do
   case $pred_len in

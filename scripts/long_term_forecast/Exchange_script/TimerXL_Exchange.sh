@@ -14,7 +14,7 @@
 #   ... TimerXL_Exchange.sh --ddp         # 2 local DDP workers (use --batch_size 16 to keep 32 globally)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}
+ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}  # folder of exchange_rate.txt.gz (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/exchange_rate/
 
 common=(
   --task_name long_term_forecast

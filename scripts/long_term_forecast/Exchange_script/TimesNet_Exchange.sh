@@ -15,7 +15,7 @@
 #   ... TimesNet_Exchange.sh --ddp       # same runs on 2 local DDP workers (use --batch_size 16 to keep 32 globally)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}
+ROOT_PATH=${ROOT_PATH:-./dataset/exchange_rate/}  # folder of exchange_rate.txt.gz (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/exchange_rate/
 
 for pred_len in ${PRED_LENS:-96 192 336 720}; do
   case "$pred_len" in
