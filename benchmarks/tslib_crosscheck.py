@@ -140,11 +140,13 @@ def etth1_windows(args):
     """(train, val, test) as (x, y, x_mark) tensors over every window, from our data path."""
     from utils.arguments import parse_args
     from data_provider.data_factory import window_for
-    from data_provider.data_loader import SPLITS, WindowDataset, prepare
+    from data_provider.splits import SPLITS
+    from data_provider.table import prepare_table
+    from data_provider.windows import WindowDataset
 
     run_args = parse_args(["--data", "ETTh1", "--root_path", args.root_path, "--data_path", "ETTh1.csv",
                            "--seq_len", "96", "--label_len", "48", "--pred_len", str(args.pred_len)])
-    data = prepare(run_args)
+    data = prepare_table(run_args)
     splits = []
     for split in SPLITS:
         window = window_for(run_args, split)

@@ -7,20 +7,21 @@ on its own training rows, and cut into windows separately: no window runs from o
 into the next. Windows have one channel and no time features (files differ in frequency).
 
 A split's series lie end to end in one tensor, next to the index of every valid window
-start, so a batch is still one gather per tensor (data_provider.selection.WindowSelection).
+start, so a batch is still one gather per tensor (data_provider.windows.WindowSelection).
 """
 import glob
 import os
 
 import numpy as np
 
-from data_provider.data_loader import SPLITS, WindowDataset, _read_file, split_ends
-from data_provider.scaler import StandardScaler
-from data_provider.selection import WindowSelection
+from data_provider.files import read_file
+from data_provider.interface import ForecastData
+from data_provider.splits import SPLITS, split_ends, split_start
+from data_provider.windows import WindowDataset, WindowSelection
 from utils.errors import UserError, require
 
 UNIVARIATE = "univariate"
-SUFFIXES = (".csv", ".txt", ".txt.gz", ".npy")  # what data_loader's readers understand
+SUFFIXES = (".csv", ".txt", ".txt.gz", ".npy")  # what data_provider.files reads
 
 
 def matching_files(root_path, pattern):
@@ -44,24 +45,26 @@ def _file_ends(path, rows):
                         "rows; rename it to get the 70/10/20 split") from None
 
 
-class UnivariateData:
+class UnivariateData(ForecastData):
     """Every series of a corpus, scaled, with its own train/val/test borders."""
 
     columns = ["value"]  # one channel: enc_in = c_out = 1
+    mark_dim = 0  # no time features: files differ in frequency
+    scaler = None  # one per series, none for the whole corpus
+    per_series_scaling = True
+    dates = None
 
-    def __init__(self, series, ends, names):
+    def __init__(self, series, ends):
         self.series = series  # list of float32 [T_i] arrays
         self.ends = ends  # row where train, val, test end, per series
-        self.names = names  # "file:column", per series
-        self.marks = np.zeros((0, 0), dtype=np.float32)  # no time features
 
-    def window_dataset(self, flag, window):
+    def window_dataset(self, flag, window, with_marks=True):
         """Every window of split `flag` of every series, as one data set."""
         i = SPLITS.index(flag)
         pieces, starts, offset, longest = [], [], 0, 0
         for values, ends in zip(self.series, self.ends):
             # val and test start x_len rows early: their first window has a full history
-            piece = values[(0 if i == 0 else max(ends[i - 1] - window.x_len, 0)):ends[i]]
+            piece = values[split_start(ends, flag, window.x_len):ends[i]]
             longest = max(longest, len(piece))
             n = len(piece) - window.span + 1
             if n > 0:  # a series too short for this split adds nothing (UTSD skips such files too)
@@ -70,27 +73,37 @@ class UnivariateData:
                 offset += len(piece)
         if not pieces:
             raise UserError(
-                f"no series of --data univariate has a {flag} split as long as one window ({window.span} rows: "
-                f"seq_len {window.x_len} + horizon); the longest has {longest}; shorten --seq_len/--pred_len "
-                "or add longer series")
+                f"the {flag} split of univariate has at most {longest} rows per series, fewer than the {window.span} "
+                f"one window needs (seq_len {window.x_len} + horizon); shorten --seq_len/--pred_len or add longer series")
         values = np.concatenate(pieces)[:, None]
-        every_position = WindowDataset(values, np.zeros((len(values), 0), dtype=np.float32), window, flag)
+        every_position = WindowDataset(values, np.zeros((len(values), 0), dtype=np.float32), window, flag,
+                                       with_marks=with_marks)
         return WindowSelection(every_position, np.concatenate(starts))
+
+    def forecast_date(self, flag, window, i):
+        return None  # undated: files differ in frequency
+
+    def future_input(self, window, freq, embed):
+        raise UserError("--do_predict forecasts one data set on its original scale; --data univariate scales every "
+                        "series on its own, so there is no single original scale (nor a single series) to forecast; "
+                        "use --data custom on one file")
 
 
 def prepare_univariate(args):
     """Read every matched file; split and scale each of its channels as a series of its own."""
     require(args.features != "MS", "--data univariate makes every channel a series of its own, so there are no "
                                    "covariates for --features MS; use --features S")
-    series, ends, names = [], [], []
+    series, ends = [], []
     for path in matching_files(args.root_path, args.data_path):
-        table = _read_file(path, os.path.getmtime(path))
+        table = read_file(path)
         values, file_ends = table.values, _file_ends(path, len(table.values))
         if args.scale and file_ends[0] > 0:
+            # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data
+            from sklearn.preprocessing import StandardScaler
+
             # StandardScaler treats columns independently: each series gets its own training statistics
             values = StandardScaler().fit(values[:file_ends[0]]).transform(values)
-        for c, column in enumerate(table.columns):
+        for c in range(values.shape[1]):
             series.append(np.ascontiguousarray(values[:, c], dtype=np.float32))
             ends.append(file_ends)
-            names.append(f"{os.path.relpath(path, args.root_path)}:{column}")
-    return UnivariateData(series, ends, names)
+    return UnivariateData(series, ends)

@@ -3,7 +3,7 @@ optionally few-shot on a random fraction of the training windows (`--subset_rand
 import logging
 import os
 
-from data_provider.selection import check_subset_ratio
+from data_provider.few_shot import check_subset_ratio
 from utils import distributed
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require

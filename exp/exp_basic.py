@@ -88,7 +88,7 @@ class Exp_Basic:
         args.model_inputs = inputs_used(self.model_class)  # the loader gathers only what the model reads
         data = prepared_data(args)
         n_channels = len(data.columns)
-        args.mark_dim = data.marks.shape[1]  # time features per step (0 for undated data)
+        args.mark_dim = data.mark_dim  # time features per step (0 for undated data)
         args.enc_in = args.enc_in or n_channels
         args.dec_in = args.dec_in or n_channels
         args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)

@@ -381,7 +381,7 @@ class Exp_Forecast(Exp_Basic):
     # ------------------------------------------------------------ original scale, pictures, real forecasts
     def _require_one_scaler(self):
         """True, or a UserError when the data has no single scaler to undo (raised alike on every rank)."""
-        require(hasattr(prepared_data(self.args), "scaler"),
+        require(not prepared_data(self.args).per_series_scaling,
                 f"--inverse and --do_predict need one scaled data set; --data {self.args.data} scales every "
                 "series on its own, so its forecasts have no single original scale")
         return True
@@ -433,7 +433,7 @@ class Exp_Forecast(Exp_Basic):
         with self.autocast():
             pred, true = self._forward(self.raw_model, batch, "test")
         self.raw_model.train(was_training)
-        original = hasattr(data, "scaler")  # one scaler to undo (not --data univariate)
+        original = not data.per_series_scaling  # one scaler to undo (not --data univariate)
         convert = self._to_original if original else (lambda t: t.float())
         history, true, pred = (convert(t[..., -1:])[..., 0].cpu().tolist()
                                for t in (batch[0], true, pred))

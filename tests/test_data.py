@@ -9,8 +9,10 @@ import torch
 
 from data_provider import data_factory
 from data_provider.data_factory import data_provider, prepared_data
-from data_provider.data_loader import Window, WindowDataset, read_table, select_columns, split_ends
-from data_provider.scaler import StandardScaler
+from data_provider.files import read_table
+from data_provider.splits import split_ends
+from data_provider.table import select_columns
+from data_provider.windows import Window, WindowDataset
 from helpers import ETTH1, ETTH1_ARGS, EXCHANGE, REPO, make_args
 from utils import distributed
 from utils.errors import UserError
@@ -48,10 +50,10 @@ SCALER_CASES = {
 
 
 @pytest.mark.parametrize("case", SCALER_CASES)
-def test_scaler_equals_scikit_learns_bit_for_bit(case):
-    """data_provider.scaler replaces sklearn.preprocessing.StandardScaler (a second of import per
-    process): the same statistics and scaled values to the last bit, so results do not move."""
-    from sklearn.preprocessing import StandardScaler as Reference
+def test_scaled_data_equals_scikit_learns_scaler_applied_by_hand(case):
+    """The data path scales with scikit-learn's StandardScaler fitted on the training rows: the
+    statistics and the scaled values are those of the scaler applied by hand, to the last bit."""
+    from sklearn.preprocessing import StandardScaler
 
     argv = SCALER_CASES[case]
     if case != "synthetic" and not (ETTH1 if case == "ETTh1" else EXCHANGE).exists():
@@ -59,25 +61,34 @@ def test_scaler_equals_scikit_learns_bit_for_bit(case):
     args = make_args(*argv)
     values, _ = select_columns(read_table(args), "M", None)
     train_rows = split_ends(args.data, len(values))[0]
+    reference = StandardScaler().fit(values[:train_rows])
+    data = prepared_data(args)
+    assert isinstance(data.scaler, StandardScaler)
+    for attribute in ("mean_", "var_", "scale_"):
+        np.testing.assert_array_equal(getattr(data.scaler, attribute), getattr(reference, attribute))
+    np.testing.assert_array_equal(data.values, reference.transform(values).astype(np.float32))
+
+
+def test_univariate_series_equal_scikit_learns_scaler_applied_per_file(tmp_path):
     rng = np.random.default_rng(0)
-    arrays = {"data": values,  # then: columns constant exactly and up to rounding, float32 input
-              "constant columns": np.column_stack([values[:, 0], np.full(len(values), 7.25),
-                                                   1e8 + 1e-9 * rng.normal(size=len(values))]),
-              "float32": values.astype(np.float32)}
-    for name, array in arrays.items():
-        ours, reference = StandardScaler().fit(array[:train_rows]), Reference().fit(array[:train_rows])
-        for attribute in ("mean_", "var_", "scale_"):
-            np.testing.assert_array_equal(getattr(ours, attribute), getattr(reference, attribute), err_msg=name)
-        as_float64 = array.astype(np.float64)  # what the data path holds
-        np.testing.assert_array_equal(ours.transform(array), reference.transform(as_float64), err_msg=name)
-        np.testing.assert_array_equal(ours.inverse_transform(array), reference.inverse_transform(as_float64),
-                                      err_msg=name)
-    assert list(StandardScaler().fit(arrays["constant columns"]).scale_[1:]) == [1.0, 1.0]
+    files = {"a.csv": rng.normal(5, 2, (400, 2)), "b.csv": rng.normal(-300, 40, (250, 1))}
+    for name, array in files.items():
+        pd.DataFrame(array).to_csv(tmp_path / name, index=False, header=False)
+    data = prepared_data(make_args("--data", "univariate", "--root_path", tmp_path, "--data_path", "*.csv"))
+    from sklearn.preprocessing import StandardScaler
+
+    by_hand = [column for array in files.values()
+               for column in StandardScaler().fit(array[:int(len(array) * 0.7)]).transform(array).T]
+    assert len(data.series) == len(by_hand) == 3
+    for ours, reference in zip(data.series, by_hand):
+        np.testing.assert_array_equal(ours, reference.astype(np.float32))
 
 
 def test_starting_a_run_does_not_import_scikit_learn():
-    """What a worker imports before training; scikit-learn (scipy.stats) would add about a second."""
-    code = "import sys, run, exp.exp_forecast, models; print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    """What a worker imports before training; scikit-learn (scipy.stats) would add about a second,
+    so only a process that scales data imports it, inside the function that scales."""
+    modules = "run, exp.exp_forecast, models, data_provider.data_factory, data_provider.table, data_provider.univariate"
+    code = f"import sys, {modules}; print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -225,3 +236,119 @@ def test_nan_and_non_numeric_columns_are_named(tmp_path):
         prepared_data(make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "nan.csv"))
     with pytest.raises(UserError, match="column 'OT' is not numeric"):
         prepared_data(make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "text.csv"))
+
+
+# ---------------------------------------------------------------- the data interface, on both kinds
+def _univariate_corpus(folder, rows=(600, 400)):
+    folder.mkdir(exist_ok=True)
+    for i, n in enumerate(rows):
+        pd.DataFrame({"v": np.sin(np.arange(n) / (5.0 + i))}).to_csv(folder / f"s{i}.csv", index=False)
+    return ["--data", "univariate", "--root_path", folder, "--data_path", "*.csv"]
+
+
+def _undated_csv(folder):
+    pd.DataFrame(np.random.default_rng(0).normal(size=(500, 3)), columns=["a", "b", "c"]).to_csv(
+        folder / "plain.csv", index=False)
+    return ["--data", "custom", "--root_path", folder, "--data_path", "plain.csv", "--scale", "false"]
+
+
+@pytest.mark.parametrize("kind", ["dated table", "undated table", "univariate"])
+def test_both_kinds_answer_every_member_of_the_data_interface(tmp_path, kind):
+    from sklearn.preprocessing import StandardScaler
+
+    from data_provider.interface import ForecastData
+
+    argv = {"dated table": [], "undated table": _undated_csv(tmp_path),
+            "univariate": _univariate_corpus(tmp_path / "corpus")}[kind]
+    args = make_args(*argv, "--seq_len", 48, "--label_len", 24, "--pred_len", 24)
+    args.autoregressive = False
+    data = prepared_data(args)
+    assert isinstance(data, ForecastData) and all(hasattr(data, member) for member in ForecastData.MEMBERS)
+    assert data.columns == {"dated table": [f"x{i}" for i in range(6)] + ["OT"], "undated table": ["a", "b", "c"],
+                            "univariate": ["value"]}[kind]
+    assert data.mark_dim == (4 if kind == "dated table" else 0)  # hourly: hour, weekday, day of month, day of year
+    assert isinstance(data.scaler, StandardScaler) if kind == "dated table" else data.scaler is None
+    assert data.per_series_scaling is (kind == "univariate")
+    assert isinstance(data.dates, pd.Series) if kind == "dated table" else data.dates is None
+    window = data_factory.window_for(args, "test")
+    dataset = data.window_dataset("test", window)
+    x, y, x_mark, y_mark = dataset.__getitems__([0, 1])
+    assert x.shape == (2, 48, len(data.columns)) and y.shape == (2, 48, len(data.columns))
+    assert x_mark.shape == (2, 48, data.mark_dim) and y_mark.shape == (2, 48, data.mark_dim)
+    assert data.window_dataset("test", window, with_marks=False).__getitems__([0])[2:] == (None, None)
+    if kind == "dated table":  # window i of test forecasts from the row after its input
+        assert data.forecast_date("test", window, 0) == data.dates.iloc[data.ends[1]]
+        assert data.forecast_date("test", window, 5) == data.dates.iloc[data.ends[1] + 5]
+    else:
+        assert data.forecast_date("test", window, 0) is None
+    if kind == "univariate":
+        with pytest.raises(UserError, match="no single original scale") as refused:
+            data.future_input(window, args.freq, args.embed)
+        assert "\n" not in str(refused.value)
+    else:
+        future, index, last_row = data.future_input(window, args.freq, args.embed)
+        assert len(future) == 1 and len(index) == 24
+
+
+@pytest.mark.parametrize("kind", ["dated", "undated"])
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_future_input_is_the_last_rows_then_the_horizon_as_predict_built_it(tmp_path, kind, autoregressive):
+    """The one window after the data's end: the same tensors predict() built by hand before."""
+    from data_provider.timefeatures import future_dates, time_features
+
+    argv = [] if kind == "dated" else _undated_csv(tmp_path)
+    args = make_args(*argv, "--seq_len", 48, "--label_len", 24, "--pred_len", 12, "--input_token_len", 24,
+                     "--output_token_len", 24)
+    args.autoregressive, args.test_seq_len, args.test_pred_len = autoregressive, 48, 12
+    data = prepared_data(args)
+    window = data_factory.window_for(args, "test")
+    future, index, last_row = data.future_input(window, args.freq, args.embed)
+    values = np.concatenate([data.values[-48:], np.zeros((12, data.values.shape[1]), np.float32)])
+    if kind == "dated":
+        assert index.name == "date" and last_row == f"{data.dates.iloc[-1]}"
+        assert list(index) == list(future_dates(data.dates.iloc[-1], args.freq, 12))
+        future_marks = time_features(index, args.freq, args.embed)
+    else:
+        assert list(index) == list(range(1, 13)) and index.name == "step" and last_row == "row 500"
+        future_marks = np.zeros((12, 0), np.float32)
+    marks = np.concatenate([data.marks[-48:], future_marks])
+    expected = [values[:48], values[window.y_offset:window.y_offset + window.y_len],
+                marks[:48], marks[window.y_offset:window.y_offset + window.y_len]]
+    assert len(future) == 1
+    for got, want in zip(future.__getitems__([0]), expected):
+        assert got.is_contiguous() and got.dtype == torch.float32
+        torch.testing.assert_close(got, torch.from_numpy(want)[None], rtol=0, atol=0)
+
+
+def test_future_input_warns_of_an_irregular_end_and_refuses_short_data(tmp_path, monkeypatch):
+    from data_provider import table
+
+    dates = list(pd.date_range("2021-01-01", periods=99, freq="h")) + [pd.Timestamp("2021-01-05 09:00")]
+    pd.DataFrame({"date": dates, "OT": np.arange(100.0)}).to_csv(tmp_path / "gap.csv", index=False)
+    args = make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "gap.csv", "--seq_len", 24,
+                     "--label_len", 12, "--pred_len", 6)
+    args.autoregressive = False
+    warnings = []
+    monkeypatch.setattr(table.logger, "warning", warnings.append)
+    _, index, _ = prepared_data(args).future_input(data_factory.window_for(args, "test"), "h", "timeF")
+    assert index[0] == pd.Timestamp("2021-01-05 10:00")
+    assert warnings == ["warning: the data's last two dates are 2021-01-05 02:00:00 and 2021-01-05 09:00:00, which "
+                        "is not one --freq h step; forecast.csv continues at --freq h anyway"]
+    args.seq_len = 200
+    with pytest.raises(UserError, match="^--do_predict needs the last 200 rows as input; the data has 100$"):
+        prepared_data(args).future_input(data_factory.window_for(args, "test"), "h", "timeF")
+
+
+@pytest.mark.parametrize("kind", ["table", "univariate"])
+def test_a_split_without_a_window_names_the_split_its_rows_and_the_window_span(tmp_path, kind):
+    argv = (["--synthetic_rows", 2000] if kind == "table"
+            else _univariate_corpus(tmp_path / "corpus", rows=(2000, 1000)))
+    args = make_args(*argv, "--pred_len", 500)
+    args.autoregressive = False
+    name = "synthetic" if kind == "table" else "univariate"
+    rows = "296 rows" if kind == "table" else "at most 296 rows per series"
+    with pytest.raises(UserError) as caught:
+        data_provider(args, "val")
+    assert str(caught.value) == (f"the val split of {name} has {rows}, fewer than the 596 one window needs "
+                                 f"(seq_len 96 + horizon); shorten --seq_len/--pred_len or "
+                                 f"{'use a longer series' if kind == 'table' else 'add longer series'}")

@@ -39,7 +39,7 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world, dr
     and the same batches when workers build them; with drop_last, BatchSampler's drop_last batches."""
     from torch.utils.data import BatchSampler, DistributedSampler
 
-    from data_provider.data_factory import WindowLoader
+    from data_provider.windows import WindowLoader
 
     args = make_args("--batch_size", 16, "--synthetic_rows", 1200)
     args.autoregressive = False

@@ -39,7 +39,9 @@ def test_univariate_windows_stay_inside_one_series_and_count_right(tmp_path, aut
                      "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--input_token_len", 24,
                      "--output_token_len", 24)
     args.autoregressive, args.test_seq_len, args.test_pred_len = autoregressive, 48, 24
-    assert prepared_data(args).names == ["one.npy:0", "sub/raw.txt:0", "sub/raw.txt:1", "two.csv:a", "two.csv:b"]
+    # one series per channel, files in sorted path order (one.npy, sub/raw.txt, two.csv)
+    series = prepared_data(args).series
+    assert [(s[0], len(s)) for s in series] == [(3000, 250), (4000, 200), (5000, 200), (1000, 300), (2000, 300)]
     for flag in ("train", "val", "test"):
         dataset, loader = data_provider(args, flag)
         window = dataset.window
@@ -122,6 +124,16 @@ def test_pretraining_under_ddp_has_exact_metrics(pretrained):
     assert again["world_size"] == 1 and again["test_windows"] == record["test_windows"]
     for key in ("mse", "mae", "vali_loss"):
         assert again[key] == pytest.approx(record[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("flag", ["--inverse", "--do_predict"])
+def test_univariate_data_has_no_original_scale_to_return_to(pretrained, flag):
+    """Every series has its own scaler: --inverse and --do_predict refuse, in one line."""
+    tmp, argv, _, checkpoint = pretrained
+    proc = run_cli(tmp, *argv, "--is_training", 0, "--checkpoint", checkpoint, flag)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "no single original scale" in errors[0], proc.stderr[-2000:]
 
 
 def test_few_shot_fine_tuning_starts_from_the_pretrained_weights(tmp_path, pretrained):

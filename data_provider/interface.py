@@ -1,0 +1,39 @@
+"""The one interface of a prepared data set, whichever --data it came from.
+
+data_factory.prepared_data picks the class once, from --data: TableData (ETT, custom,
+synthetic: one multivariate series) or UnivariateData (a corpus of single series). The
+experiment reads only these members, so it never asks which kind it holds.
+"""
+from abc import ABC, abstractmethod
+
+
+class ForecastData(ABC):
+    """A prepared (read, split, scaled) data set.
+
+    Every implementation sets these attributes:
+      columns             list of str, the target last
+      mark_dim            int, time features per step (0 for undated data)
+      scaler              the fitted sklearn.preprocessing.StandardScaler of the whole data set,
+                          or None (--scale false, or one scaler per series)
+      per_series_scaling  bool: every series has its own scaler, so results have no single
+                          original scale (--inverse and --do_predict refuse)
+      dates               pd.Series of timestamps, or None (undated data)
+    """
+
+    MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates",
+               "window_dataset", "forecast_date", "future_input")
+
+    @abstractmethod
+    def window_dataset(self, flag, window, with_marks=True):
+        """Every window of split `flag` as a Dataset with `__getitems__` (one gather per batch);
+        raises UserError when the split holds no window."""
+
+    @abstractmethod
+    def forecast_date(self, flag, window, i):
+        """pd.Timestamp of the first forecast step of window i of split `flag`, or None."""
+
+    @abstractmethod
+    def future_input(self, window, freq, embed):
+        """(dataset of one window, index, last row's label): the last window.x_len rows, then the
+        horizon with unknown (zero) values and future time features. index is the horizon's
+        DatetimeIndex named "date", or RangeIndex(1..horizon) named "step" for undated data."""

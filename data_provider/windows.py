@@ -1,0 +1,159 @@
+"""Windows: where a window's input and target lie, every window of a split, and this rank's batches.
+
+A split lives as one contiguous tensor; a window is a slice of it, and a batch of windows
+is gathered in one indexing operation (`__getitems__`), so the loader does no per-window
+Python work and no collation.
+
+Sharding under DDP:
+- train: DistributedSampler (shuffled, `set_epoch` every epoch; it pads the last
+  batch with repeats, harmless for SGD and it keeps every rank's step count equal);
+- val/test: each rank takes a contiguous, unpadded share of the windows (ShardSampler),
+  so every window is scored exactly once and no loader drops any.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+from utils import distributed
+
+
+@dataclass
+class Window:
+    """Where a window's input and target lie, relative to the window's first row."""
+
+    x_len: int
+    y_offset: int
+    y_len: int
+
+    @property
+    def span(self):
+        return max(self.x_len, self.y_offset + self.y_len)
+
+
+class WindowDataset(Dataset):
+    """Every window of one split: item i is (x, y, x_mark, y_mark) starting at row i."""
+
+    def __init__(self, values, marks, window, split, with_marks=True):
+        self.window = window
+        self.split = split
+        self.with_marks = with_marks  # False: batches carry None for the marks (a model that reads none)
+        self.n_windows = len(values) - window.span + 1
+        self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)))
+
+    def _store(self, data, marks):
+        self.data, self.marks = data, marks
+        # [n_windows, length, C] views of the series (no copy) for the input and the target
+        # part of every window: a batch is one gather per tensor, contiguous as gathered.
+        w, n = self.window, len(self)
+
+        def windows(series, offset, length):
+            return series[offset:].unfold(0, length, 1).transpose(1, 2)[:n] if n else None
+
+        self._parts = (windows(data, 0, w.x_len), windows(data, w.y_offset, w.y_len))
+        self._parts += ((windows(marks, 0, w.x_len), windows(marks, w.y_offset, w.y_len)) if self.with_marks
+                        else (None, None))
+
+    def __len__(self):
+        return max(self.n_windows, 0)
+
+    def to(self, device):
+        """Keep the split on `device` (a GPU): batches are then gathered there."""
+        self._store(self.data.to(device), self.marks.to(device))
+        return self
+
+    def __getitems__(self, indices):
+        """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
+        starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
+        return tuple(None if part is None else part[starts] for part in self._parts)
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return tuple(None if t is None else t[0] for t in self.__getitems__([index]))
+
+
+class WindowSelection(Dataset):
+    """Item i is window `indices[i]` of `base` (a WindowDataset or another selection), still one
+    gather per batch: for windows that must skip positions (univariate series lie end to end and
+    no window may run from one into the next) and for few-shot training (data_provider.few_shot)."""
+
+    def __init__(self, base, indices):
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        if isinstance(base, WindowSelection):  # a selection of a selection: one level of indirection
+            base, indices = base.base, base.indices[indices.to(base.indices.device)]
+        self.base, self.indices = base, indices
+        self.window, self.split = base.window, base.split
+
+    def __len__(self):
+        return len(self.indices)
+
+    def to(self, device):
+        self.base.to(device)
+        self.indices = self.indices.to(device)
+        return self
+
+    def __getitems__(self, indices):
+        """One index lookup, then the base's one gather per tensor."""
+        chosen = torch.as_tensor(indices, dtype=torch.long, device=self.indices.device)
+        return self.base.__getitems__(self.indices[chosen])
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return tuple(None if t is None else t[0] for t in self.__getitems__([index]))
+
+
+def _identity(batch):
+    return batch  # the dataset's __getitems__ already returns a stacked batch
+
+
+class ShardSampler:
+    """This rank's contiguous, unpadded share of range(n), in order."""
+
+    def __init__(self, n):
+        self.start, self.stop = distributed.shard_range(n)
+
+    def __iter__(self):
+        return iter(range(self.start, self.stop))
+
+    def __len__(self):
+        return self.stop - self.start
+
+
+class WindowLoader:
+    """This rank's batches of a WindowDataset, in the sampler's order.
+
+    Without workers a batch is an index tensor cut from the epoch's order and gathered in
+    one operation: no per-batch index lists, no collation. With --num_workers the same
+    batches come from a torch DataLoader (workers gather them).
+    """
+
+    def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False):
+        self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
+        self._worker_loader = DataLoader(
+            dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last), collate_fn=_identity,
+            num_workers=num_workers, persistent_workers=True) if num_workers > 0 else None
+
+    def set_epoch(self, epoch):
+        """Reshuffle the training order (DistributedSampler semantics); no-op for val/test."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def batch_indices(self):
+        """The epoch's batches as index tensors (the last one may be short, unless drop_last)."""
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        if self.drop_last:
+            order = order[:len(self) * self.batch_size]
+        return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch
+
+    def __iter__(self):
+        if self._worker_loader is not None:
+            return iter(self._worker_loader)
+        return (self.dataset.__getitems__(indices) for indices in self.batch_indices())
+
+    def __len__(self):
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
+        return -(-len(self.sampler) // self.batch_size)
