@@ -8,20 +8,15 @@ import logging
 import os
 import sys
 
+from exp.exp_forecast import Exp_Forecast
+from exp.outputs import predict, save_results
+from exp.settings import resolve_args, setting_name
 from utils import distributed
 from utils.arguments import describe_ignored, parse_args
+from utils.checkpoint import checkpoint_path
 from utils.errors import UserError
 
 logger = logging.getLogger("tsl")
-
-
-def setting_name(args, ii):
-    parts = [args.task_name, args.model_id, args.model, args.data, f"ft{args.features}", f"sl{args.seq_len}",
-             f"ll{args.label_len}", f"pl{args.pred_len}", f"dm{args.d_model}", f"nh{args.n_heads}",
-             f"el{args.e_layers}", f"dl{args.d_layers}", f"df{args.d_ff}"]
-    if args.autoregressive:
-        parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
-    return "_".join(parts + [args.des, str(ii)])
 
 
 def configure_logging(quiet=False):
@@ -29,7 +24,7 @@ def configure_logging(quiet=False):
     from utils.progress import RESULT
 
     handler = logging.StreamHandler(sys.stdout)
-    rank = int(os.environ.get("RANK", 0))
+    rank = distributed.env_rank()
     if rank == 0:
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.setLevel(RESULT if quiet else logging.INFO)
@@ -62,33 +57,45 @@ def main(argv=None):
         # info level: only rank 0 logs it, so a DDP job prints the line once
         logger.info(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
     try:
-        return run_experiments(args)
+        problem = resolve(args)
+        device = distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads)
+        # every rank stops together, rank 0 saying why: a rank that left alone could get the
+        # others killed by torchrun before rank 0 prints
+        distributed.raise_on_every_rank(lambda: problem, on="all")
+        return run_experiments(args, device)
     except UserError as problem:
-        if int(os.environ.get("RANK", 0)) == 0:  # the process group may not exist yet
+        if distributed.env_rank() == 0:  # the process group may not exist
             print(f"error: {problem}", file=sys.stderr)
         return 2
     finally:
         distributed.cleanup()
 
 
-def run_experiments(args):
-    from exp.exp_forecast import Exp_Forecast
+def resolve(args):
+    """exp.settings.resolve_args; its UserError as a message, raised once every rank can raise it."""
+    try:
+        resolve_args(args, distributed.env_world_size())
+    except UserError as problem:
+        return str(problem)
+    return None
 
+
+def run_experiments(args, device):
     base_seed = args.seed
     for ii in range(args.itr):
-        args.seed = base_seed + ii
-        exp = Exp_Forecast(args)
+        args.seed = base_seed + ii  # the model's and the loaders' seed; the data keeps --synthetic_seed
+        exp = Exp_Forecast(args, device)
         setting = setting_name(args, ii)
         if args.is_training:
             training = exp.train(setting)
             metrics = exp.test(setting)
         else:
             training = None
-            checkpoint = args.checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth")
+            checkpoint = args.checkpoint or checkpoint_path(args, setting)
             metrics = exp.test(setting, checkpoint=checkpoint)
-        exp.save_results(setting, metrics, training)
+        save_results(args, setting, metrics, training)
         if args.do_predict:
-            exp.predict(setting)
+            predict(exp, setting)
     return 0
 
 

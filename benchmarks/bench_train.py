@@ -152,11 +152,14 @@ def measure(kind, argv, epochs, max_batches=0):
 
     from data_provider.data_factory import data_provider
     from exp.exp_forecast import Exp_Forecast
+    from exp.forward import forward, on_device
+    from exp.settings import resolve_args
     from utils.arguments import parse_args
     from utils import distributed
 
     args = parse_args(argv + (["--ddp"] if distributed.launched_by_torchrun() else []))
-    exp = Exp_Forecast(args)
+    resolve_args(args, distributed.env_world_size())
+    exp = Exp_Forecast(args, distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads))
     device = exp.device
     dataset, loader = data_provider(args, "train")
     _, vali_loader = data_provider(args, "val")
@@ -193,7 +196,7 @@ def measure(kind, argv, epochs, max_batches=0):
             for batch in itertools.islice(conv_loader, len(loader)):  # TSLib's loop, casts and all
                 optimizer.zero_grad()
                 if args.autoregressive:  # OpenLTM's token loop is ours: only the data path differs
-                    pred, true = exp._forward(model, tuple(t.float().to(device) for t in batch), "train")
+                    pred, true = forward(model, tuple(t.float().to(device) for t in batch), args, "train", device)
                 else:
                     pred, true = tslib_forward(model, batch, args, device)
                 loss = torch.nn.functional.mse_loss(pred, true)
@@ -203,23 +206,24 @@ def measure(kind, argv, epochs, max_batches=0):
             _sync(device)
             times.append((time.perf_counter() - started) * scale)
     elif kind == "floor":
-        batches = [exp._on_device(batch) for batch in loader]
+        batches = [on_device(batch, device) for batch in loader]
         model = exp.model
         for _ in range(epochs):
             started = time.perf_counter()
             for batch in batches:
                 optimizer.zero_grad(set_to_none=True)
                 with exp.autocast():
-                    pred, true = exp._forward(model, batch, "train")
+                    pred, true = forward(model, batch, args, "train", device)
                     loss = torch.nn.functional.mse_loss(pred.float(), true)
-                exp.backward_and_step(loss, optimizer)
+                exp.backward(loss)
+                exp.optimizer_step(optimizer)
             _sync(device)
             times.append((time.perf_counter() - started) * scale)
     else:  # ours
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             started = time.perf_counter()
-            exp._train_epoch(loader, optimizer)
+            exp.train_epoch(loader, optimizer)
             _sync(device)
             times.append((time.perf_counter() - started) * scale)
 
@@ -236,7 +240,7 @@ def measure(kind, argv, epochs, max_batches=0):
             with torch.no_grad():
                 for batch in conv:
                     if args.autoregressive:
-                        pred, true = exp._forward(model, tuple(t.float().to(device) for t in batch), "val")
+                        pred, true = forward(model, tuple(t.float().to(device) for t in batch), args, "val", device)
                     else:
                         pred, true = tslib_forward(model, batch, args, device)
                     torch.nn.functional.mse_loss(pred, true).item()

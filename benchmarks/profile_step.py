@@ -20,6 +20,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_train import DATA_ARGS, MODEL_ARGS  # noqa: E402
 from data_provider.data_factory import data_provider  # noqa: E402
 from exp.exp_forecast import Exp_Forecast  # noqa: E402
+from exp.forward import forward  # noqa: E402
+from exp.settings import resolve_args  # noqa: E402
 from utils.arguments import parse_args  # noqa: E402
 from utils import distributed  # noqa: E402
 from utils.metrics import batch_loss  # noqa: E402
@@ -27,7 +29,8 @@ from utils.metrics import batch_loss  # noqa: E402
 
 def profile(model, data, ddp):
     args = parse_args(DATA_ARGS[data] + MODEL_ARGS[model] + (["--ddp"] if ddp else []))
-    exp = Exp_Forecast(args)
+    resolve_args(args, distributed.env_world_size())
+    exp = Exp_Forecast(args, distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads))
     _, loader = data_provider(args, "train", exp.device)
     _, vali_loader = data_provider(args, "val", exp.device)
     _, test_loader = data_provider(args, "test", exp.device)
@@ -46,7 +49,7 @@ def profile(model, data, ddp):
             mark = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             with exp.autocast():
-                pred, true = exp._forward(exp.model, batch, "train")
+                pred, true = forward(exp.model, batch, args, "train", exp.device)
                 loss = batch_loss(pred.float(), true, args.loss)
             sync()
             seconds["forward"] += time.perf_counter() - mark

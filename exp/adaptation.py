@@ -21,15 +21,16 @@ def check_adaptation_args(args):
 
 
 def load_pretrained(model, path, device):
-    """Strictly load `path` into `model` on every rank (to this rank's device). If any rank
-    cannot, every rank raises the same error, so the job ends with exit 2 everywhere."""
-    problem = None
-    try:
+    """Strictly load `path` into `model` as best checkpoints are loaded: rank 0 reads the file and
+    every rank gets its weights, so the nodes need no shared disk; if it cannot, every rank
+    raises the same error and the job ends with exit 2 everywhere."""
+    def load(module):
         require(os.path.isfile(path), f"--pretrain_model_path {path} not found; pass the checkpoint.pth that a "
                                       "pre-training run wrote under its --checkpoints folder")
-        load_weights(model, path, map_location=device)
-    except UserError as exc:
-        problem = str(exc) if str(exc).startswith("--pretrain") else f"cannot fine-tune from --pretrain_model_path: {exc}"
-    problems = [p for p in distributed.gather_objects(problem) if p]  # each rank reads its own file system
-    require(not problems, problems[0] if problems else "")
+        try:
+            load_weights(module, path, map_location=device)
+        except UserError as exc:
+            raise UserError(f"cannot fine-tune from --pretrain_model_path: {exc}") from None
+
+    distributed.load_on_main(model, load)
     logger.info(f"fine-tuning from {path}")

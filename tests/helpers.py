@@ -114,8 +114,21 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
 
 
 def make_args(*argv):
-    """Parsed run.py arguments, as a worker would see them."""
+    """Parsed run.py arguments with the defaults other arguments decide (exp.settings.fill_defaults),
+    as the data functions read them; make_experiment resolves the rest."""
     sys.path.insert(0, str(REPO))
+    from exp.settings import fill_defaults
     from utils.arguments import parse_args
 
-    return parse_args(list(map(str, argv)))
+    return fill_defaults(parse_args(list(map(str, argv))))
+
+
+def make_experiment(args):
+    """Exp_Forecast as run.py builds it: `args` resolved in place for this process group's size,
+    on the device utils.distributed.setup gives (a test's own process group is already there)."""
+    from exp.exp_forecast import Exp_Forecast
+    from exp.settings import resolve_args
+    from utils import distributed
+
+    resolve_args(args, distributed.world_size())
+    return Exp_Forecast(args, distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads))

@@ -10,7 +10,8 @@ import torch
 
 from data_provider.synthetic import make_synthetic
 from data_provider.timefeatures import future_dates
-from helpers import assert_ok, make_args, records, run_cli, write_etth1_shaped
+from exp.outputs import predict
+from helpers import assert_ok, make_args, make_experiment, records, run_cli, write_etth1_shaped
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,13 +80,12 @@ def test_pictures_after_a_run_and_none_with_no_plots(offset_run):
 def test_do_predict_on_undated_data_counts_steps_and_inverts_the_scaler(tmp_path):
     values = make_synthetic(rows=900, channels=3, seed=3).drop(columns=["date"]) * [2.0, 3.0, 4.0] + [10, -20, 30]
     values.to_csv(tmp_path / "plain.csv", index=False)
-    from exp.exp_forecast import Exp_Forecast
 
     args = make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "plain.csv", "--seq_len", 48,
                      "--label_len", 24, "--pred_len", 12, "--num_threads", 1, "--results_dir", tmp_path / "results",
                      "--no_plots")
-    exp = Exp_Forecast(args)
-    written = exp.predict("undated")
+    exp = make_experiment(args)
+    written = predict(exp, "undated")
     forecast = pd.read_csv(tmp_path / "results" / "undated" / "forecast.csv")
     assert list(forecast.columns) == ["step", "x0", "x1", "OT"] and list(forecast["step"]) == list(range(1, 13))
     np.testing.assert_allclose(forecast[["x0", "x1", "OT"]].to_numpy(), written[["x0", "x1", "OT"]].to_numpy(), rtol=1e-7)

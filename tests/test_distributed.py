@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import SMALL_TIMERXL, make_args, run_on_ranks
+from helpers import SMALL_TIMERXL, make_args, make_experiment, run_on_ranks
 
 
 def _collectives(rank, world):
@@ -35,11 +35,10 @@ def test_collective_helpers_on_three_ranks():
 
 def _evaluate(rank, world, argv):
     """Build the experiment on this rank and evaluate val and test without training."""
-    from exp.exp_forecast import Exp_Forecast
     from data_provider.data_factory import data_provider
 
     args = make_args(*argv, "--ddp")
-    exp = Exp_Forecast(args)
+    exp = make_experiment(args)
     assert isinstance(exp.model, DistributedDataParallel) or world == 1
 
     # Evaluation must never run the DDP wrapper: make its forward explode while evaluating.

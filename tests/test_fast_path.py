@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from data_provider.data_factory import data_provider
-from helpers import assert_ok, make_args, records, run_cli, run_on_ranks
+from exp.forward import forward
+from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 from utils.errors import UserError
 
 
@@ -26,10 +27,8 @@ def test_compiled_training_saves_plain_checkpoints(tmp_path):
 
 
 def test_fp16_is_refused_on_cpu():
-    from exp.exp_forecast import Exp_Forecast
-
     with pytest.raises(UserError, match="--amp_dtype fp16 needs a GPU"):
-        Exp_Forecast(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
+        make_experiment(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -92,9 +91,7 @@ def test_train_drop_last_gives_every_rank_the_same_full_batches():
 
 def test_loader_skips_time_features_of_a_model_that_reads_none():
     """inputs_used = ("x_enc",): batches carry None for both marks and the same x and y as otherwise."""
-    from exp.exp_forecast import Exp_Forecast
-
-    exp = Exp_Forecast(make_args("--model", "DLinear", "--batch_size", 8, "--synthetic_rows", 1200))
+    exp = make_experiment(make_args("--model", "DLinear", "--batch_size", 8, "--synthetic_rows", 1200))
     assert exp.args.model_inputs == ("x_enc",)
     lean = next(iter(data_provider(exp.args, "val")[1]))
     exp.args.model_inputs = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
@@ -102,7 +99,8 @@ def test_loader_skips_time_features_of_a_model_that_reads_none():
     assert lean[2] is None and lean[3] is None and full[2].shape[-1] > 0
     for a, b in zip(lean[:2], full[:2]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    pred_lean, true_lean = exp._forward(exp.raw_model, lean, "val")
-    pred_full, true_full = exp._forward(exp.raw_model, full, "val")  # the marks are given, and not passed on
+    pred_lean, true_lean = forward(exp.raw_model, lean, exp.args, "val", exp.device)
+    # the marks are given, and not passed on
+    pred_full, true_full = forward(exp.raw_model, full, exp.args, "val", exp.device)
     torch.testing.assert_close(pred_lean, pred_full, rtol=0, atol=0)
     torch.testing.assert_close(true_lean, true_full, rtol=0, atol=0)

@@ -24,7 +24,8 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import make_args, run_on_ranks
+from exp.forward import forward
+from helpers import make_args, make_experiment, run_on_ranks
 from models import available_models
 
 # One small configuration for every model; each model reads the fields it needs.
@@ -101,13 +102,11 @@ def model_class(spec):
 def build_experiment(spec, *extra, seed=SEED):
     """Exp_Forecast on the contract configuration: exp.raw_model, exp.model (DDP under a process group)
     and the completed exp.args (enc_in, c_out, mark_dim, autoregressive)."""
-    from exp.exp_forecast import Exp_Forecast
-
     args = make_args("--model", spec.name, *CONTRACT_ARGS, "--seed", seed, *extra)
-    registry = (mock.patch("exp.exp_basic.get_model_class", return_value=model_class(spec)) if spec.path
+    registry = (mock.patch("exp.settings.get_model_class", return_value=model_class(spec)) if spec.path
                 else contextlib.nullcontext())
     with registry:
-        return Exp_Forecast(args)
+        return make_experiment(args)
 
 
 def first_windows(exp, split, batch_size, model_inputs=None):
@@ -128,7 +127,7 @@ def first_windows(exp, split, batch_size, model_inputs=None):
 def training_loss(exp, model, batch):
     from utils.metrics import batch_loss
 
-    pred, true = exp._forward(model, batch, "train")
+    pred, true = forward(model, batch, exp.args, "train", exp.device)
     return batch_loss(pred.float(), true, exp.args.loss)
 
 
@@ -144,7 +143,7 @@ def perturb_(model, seed):
 def eval_output(exp, model, batch):
     model.eval()
     with torch.no_grad():
-        return exp._forward(model, batch, "val")[0]
+        return forward(model, batch, exp.args, "val", exp.device)[0]
 
 
 def max_difference(a, b):
@@ -179,7 +178,7 @@ def check_output_shape(spec, features="M", batch_size=4, data_args=()):
                 batch = first_windows(exp, split, batch_size)
                 model.train(training)
                 with torch.set_grad_enabled(training):
-                    pred, true = exp._forward(model, batch, split)
+                    pred, true = forward(model, batch, exp.args, split, exp.device)
                 if pred.shape != true.shape:
                     raise violation(spec, title, f"{split} prediction {tuple(pred.shape)} and truth {tuple(true.shape)} "
                                     "differ after the experiment's slicing; fix the model's output length or channels")
@@ -259,7 +258,8 @@ def ddp_training_steps(rank, world_size, specs):
             exp.model.train()
             for _, batch in zip(range(DDP_STEPS), loader):
                 optimizer.zero_grad(set_to_none=True)
-                exp.backward_and_step(training_loss(exp, exp.model, batch), optimizer)
+                exp.backward(training_loss(exp, exp.model, batch))
+                exp.optimizer_step(optimizer)
             results[spec.name] = {"digests": parameter_digests(exp.raw_model)}
         except Exception as exc:
             results[spec.name] = {"error": describe_error(exc)}

@@ -7,7 +7,7 @@ from torch.utils.data import DistributedSampler
 
 from data_provider.data_factory import data_provider, prepared_data
 from data_provider.synthetic import make_synthetic
-from helpers import SMALL_TIMERXL, assert_ok, make_args, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli
 from utils.errors import UserError
 
 TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--seq_len", 96, "--num_threads", 1]
@@ -152,10 +152,9 @@ def test_few_shot_fine_tuning_starts_from_the_pretrained_weights(tmp_path, pretr
 
 def test_adaptation_loads_every_weight_strictly(pretrained):
     from exp.adaptation import load_pretrained
-    from exp.exp_forecast import Exp_Forecast
 
     checkpoint = pretrained[3]
-    exp = Exp_Forecast(make_args(*TIMERXL, "--features", "S", "--synthetic_rows", 1500, "--adaptation",
+    exp = make_experiment(make_args(*TIMERXL, "--features", "S", "--synthetic_rows", 1500, "--adaptation",
                                  "--pretrain_model_path", checkpoint))
     saved = torch.load(checkpoint, weights_only=True)
     assert not all(torch.equal(v, saved[k]) for k, v in exp.raw_model.state_dict().items())
@@ -163,7 +162,7 @@ def test_adaptation_loads_every_weight_strictly(pretrained):
     state = exp.raw_model.state_dict()
     assert sorted(state) == sorted(saved) and all(torch.equal(state[k], saved[k]) for k in saved)
     # another architecture is refused by name, and nothing is half-loaded
-    other = Exp_Forecast(make_args(*TIMERXL, "--e_layers", 2, "--features", "S", "--synthetic_rows", 1500))
+    other = make_experiment(make_args(*TIMERXL, "--e_layers", 2, "--features", "S", "--synthetic_rows", 1500))
     before = {k: v.clone() for k, v in other.raw_model.state_dict().items()}
     with pytest.raises(UserError, match=r"cannot fine-tune from --pretrain_model_path: checkpoint .* does not fit "
                                         r"model TimerXL: missing: blocks\.layers\.1\."):
@@ -197,8 +196,6 @@ def test_missing_or_foreign_pretrained_file_fails_on_every_rank(tmp_path, pretra
     (["--data", "univariate", "--features", "MS"], "no covariates for --features MS"),
 ])
 def test_bad_fine_tuning_arguments_are_user_errors(argv, message):
-    from exp.exp_forecast import Exp_Forecast
-
     with pytest.raises(UserError) as caught:
-        Exp_Forecast(make_args("--synthetic_rows", 1500, *argv))
+        make_experiment(make_args("--synthetic_rows", 1500, *argv))
     assert message in str(caught.value)

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import (REPO, SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, records, run_cli, run_command,
-                     run_on_ranks, subprocess_env)
+from helpers import (REPO, SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, make_experiment, records,
+                     run_cli, run_command, run_on_ranks, subprocess_env)
 
 SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
 
@@ -147,15 +147,15 @@ FAULT = '''
 import os, sys
 if os.environ.get("RANK") == "1":
     sys.path.insert(0, os.environ["TSL_REPO"])
-    from exp.exp_forecast import Exp_Forecast
-    forward = Exp_Forecast._forward
+    import exp.forward
+    forward = exp.forward.forward
     calls = []
-    def faulty(self, model, batch, stage):
+    def faulty(model, batch, args, stage, device):
         calls.append(stage)
         if calls.count("train") == 3:
             raise RuntimeError("injected fault on rank 1, third batch")
-        return forward(self, model, batch, stage)
-    Exp_Forecast._forward = faulty
+        return forward(model, batch, args, stage, device)
+    exp.forward.forward = faulty  # before exp.exp_forecast imports it
 '''
 
 
@@ -175,10 +175,9 @@ def test_a_raising_rank_ends_the_whole_job_promptly(tmp_path):
 
 def _evaluate_small(rank, world, argv):
     from data_provider.data_factory import data_provider
-    from exp.exp_forecast import Exp_Forecast
 
     args = make_args(*argv, "--ddp")
-    exp = Exp_Forecast(args)
+    exp = make_experiment(args)
     _, vali_loader = data_provider(args, "val")
     return exp.vali(vali_loader), len(vali_loader.sampler)
 

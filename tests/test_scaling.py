@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from helpers import SMALL_TIMERXL, assert_ok, make_args, records, run_cli, run_on_ranks
+from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 
 # dropout 0: the four ways of taking a step below must see the very same function
 TIMERXL = [*SMALL_TIMERXL, "--dropout", 0, "--synthetic_rows", 1500, "--num_threads", 1, "--learning_rate", 1e-3]
@@ -45,12 +45,10 @@ def _as_tensors(results):
 
 def _configurations(rank, world, configs):
     """On every rank: one optimizer step per (batch_size, accumulation_steps), each from fresh weights."""
-    from exp.exp_forecast import Exp_Forecast
-
     results = []
     for batch_size, accumulation in configs:
         argv = [*TIMERXL, "--batch_size", batch_size, "--accumulation_steps", accumulation]
-        exp = Exp_Forecast(make_args(*argv, *(["--ddp"] if world > 1 else [])))
+        exp = make_experiment(make_args(*argv, *(["--ddp"] if world > 1 else [])))
         results.append(_one_optimizer_step(exp, batch_size, world, rank))
     if world > 1:  # no_sync finds the experiment's DDP, also under a compile wrapper
         assert _no_sync_state(exp.model) == _no_sync_state(_Compiled(exp.model)) == (False, True, True)

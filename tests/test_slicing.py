@@ -3,21 +3,21 @@ import pytest
 import torch
 
 from data_provider.data_factory import data_provider
-from exp.exp_forecast import Exp_Forecast
-from helpers import SMALL_TIMERXL, make_args
+from exp.forward import forward
+from helpers import SMALL_TIMERXL, make_args, make_experiment
 
 TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 48]
 
 
 def _exp_and_batch(*argv, flag="train", batch=4):
-    exp = Exp_Forecast(make_args(*argv))
+    exp = make_experiment(make_args(*argv))
     dataset, _ = data_provider(exp.args, flag)
     return exp, dataset.__getitems__(list(range(batch)))
 
 
 def test_direct_model_scores_the_horizon_of_every_channel():
     exp, batch = _exp_and_batch("--model", "DLinear", "--pred_len", 24)
-    pred, true = exp._forward(exp.raw_model, batch, "train")
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
     assert pred.shape == true.shape == (4, 24, 7)
     torch.testing.assert_close(true, batch[1][:, -24:])
 
@@ -25,14 +25,14 @@ def test_direct_model_scores_the_horizon_of_every_channel():
 @pytest.mark.parametrize("flag", ["--features MS", "--covariate"])
 def test_ms_and_covariate_score_only_the_target_channel(flag):
     exp, batch = _exp_and_batch("--model", "DLinear", *flag.split())
-    pred, true = exp._forward(exp.raw_model, batch, "val")
+    pred, true = forward(exp.raw_model, batch, exp.args, "val", exp.device)
     assert pred.shape == true.shape == (4, 96, 1)
     torch.testing.assert_close(true[..., 0], batch[1][:, -96:, -1])  # the target is the last column
 
 
 def test_token_model_scores_every_token_against_its_next_steps():
     exp, batch = _exp_and_batch(*TIMERXL)
-    pred, true = exp._forward(exp.raw_model, batch, "train")
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
     assert pred.shape == true.shape == (4, 4, 48, 7)  # 96 / 24 tokens, 48 steps each
     x, y = batch[0], batch[1]
     full = torch.cat([x, y[:, -48:]], dim=1)  # rows 0 .. 96+48 of each window
@@ -42,17 +42,17 @@ def test_token_model_scores_every_token_against_its_next_steps():
 
 def test_last_token_and_valid_last():
     exp, batch = _exp_and_batch(*TIMERXL, "--valid_last")
-    assert exp._forward(exp.raw_model, batch, "train")[0].shape == (4, 4, 48, 7)
-    assert exp._forward(exp.raw_model, batch, "val")[0].shape == (4, 1, 48, 7)
+    assert forward(exp.raw_model, batch, exp.args, "train", exp.device)[0].shape == (4, 4, 48, 7)
+    assert forward(exp.raw_model, batch, exp.args, "val", exp.device)[0].shape == (4, 1, 48, 7)
     exp, batch = _exp_and_batch(*TIMERXL, "--last_token", "--covariate")
-    pred, true = exp._forward(exp.raw_model, batch, "train")
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
     assert pred.shape == true.shape == (4, 1, 48, 1)
 
 
 @pytest.mark.parametrize("horizon", [48, 60, 200])
 def test_rollout_reaches_test_pred_len(horizon):
     exp, batch = _exp_and_batch(*TIMERXL, "--test_pred_len", horizon, flag="test")
-    pred, true = exp._forward(exp.raw_model, batch, "test")
+    pred, true = forward(exp.raw_model, batch, exp.args, "test", exp.device)
     assert pred.shape == true.shape == (4, horizon, 7)
 
 
@@ -61,7 +61,7 @@ def test_rollout_feeds_predictions_back():
     exp, batch = _exp_and_batch(*TIMERXL, "--test_pred_len", 96, "--dropout", 0, flag="test")
     model = exp.raw_model.eval()
     with torch.no_grad():
-        pred, _ = exp._forward(model, batch, "test")
+        pred, _ = forward(model, batch, exp.args, "test", exp.device)
         first = model(batch[0], None, None, None)[:, -48:]
         shifted = torch.cat([batch[0][:, 48:], first], dim=1)
         second = model(shifted, None, None, None)[:, -48:]
@@ -72,6 +72,6 @@ def test_nonautoregressive_needs_long_enough_tokens():
     from utils.errors import UserError
 
     with pytest.raises(UserError, match="--output_token_len \\(48\\) must cover --test_pred_len \\(96\\)"):
-        Exp_Forecast(make_args(*TIMERXL, "--nonautoregressive"))
+        make_experiment(make_args(*TIMERXL, "--nonautoregressive"))
     exp, batch = _exp_and_batch(*TIMERXL, "--nonautoregressive", "--test_pred_len", 40, flag="test")
-    assert exp._forward(exp.raw_model, batch, "test")[0].shape == (4, 40, 7)
+    assert forward(exp.raw_model, batch, exp.args, "test", exp.device)[0].shape == (4, 40, 7)

@@ -31,6 +31,10 @@ def test_ddp_checkpoint_loads_strictly_into_a_bare_cpu_model(tmp_path):
     args.enc_in = 7
     Model(args).load_state_dict(state, strict=True)
     assert not list(path.parent.glob(".tmp_*"))  # the atomic write left no temp file
+    from exp.settings import load_trained_model  # the same model, rebuilt from the run's metrics.json alone
+
+    model = load_trained_model(tmp_path / "results" / record["setting"] / "metrics.json")
+    assert not model.training and all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
 def test_results_record_everything_needed(tmp_path):

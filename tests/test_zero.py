@@ -4,7 +4,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import assert_ok, make_args, records, run_cli, run_on_ranks
+from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 
 DLINEAR = ["--model", "DLinear", "--synthetic_rows", 1500, "--num_threads", 1, "--learning_rate", 1e-3,
            "--lradj", "constant", "--ddp", "--nproc_per_node", 2]
@@ -58,14 +58,13 @@ def test_zero_run_saves_the_whole_state_and_resumes_with_and_without_zero(tmp_pa
 def _optimizer_state_per_rank(rank, world):
     """Optimizer-state bytes on this rank after one training step, unsharded and with --zero."""
     from data_provider.data_factory import data_provider
-    from exp.exp_forecast import Exp_Forecast
     from utils import distributed
 
     measured = {}
     for zero in (False, True):
         argv = ["--model", "TimerXL", "--d_model", 256, "--n_heads", 4, "--e_layers", 2, "--batch_size", 4,
                 "--synthetic_rows", 1500, "--num_threads", 1, "--ddp", *(["--zero"] if zero else [])]
-        exp = Exp_Forecast(make_args(*argv))
+        exp = make_experiment(make_args(*argv))
         optimizer = exp.make_optimizer()
         dataset, _ = data_provider(exp.args, "train")
         exp.model.train()

@@ -8,8 +8,6 @@ must match) are read from them, never kept by hand.
 import argparse
 import difflib
 
-from models import FORWARD_INPUTS
-
 DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
 
 
@@ -165,10 +163,7 @@ def parse_args(argv=None):
     # arguments still get their type checks.
     args, ignored = build_parser().parse_known_args(argv)
     args.ignored_args = ignored
-    args.model_inputs = FORWARD_INPUTS  # the experiment narrows it to what --model reads
-    if args.synthetic_seed is None:
-        args.synthetic_seed = args.seed  # --itr changes the run seed, never the data
-    return args
+    return args  # exp.settings.resolve_args fills what other arguments and the data decide
 
 
 # TSLib/OpenLTM arguments that look like a misspelling of one of ours: no "did you mean" for them.

@@ -43,31 +43,58 @@ def is_main():
     return rank() == 0
 
 
-def setup(use_gpu, timeout_s):
-    """Join the process group described by torchrun's env:// variables.
+def env_rank():
+    """This process's rank as torchrun announces it (0 outside torchrun), known before any process group."""
+    return int(os.environ.get("RANK", 0))
 
-    Returns the torch.device this rank computes on. nccl on GPU, gloo on CPU.
+
+def env_world_size():
+    """The number of processes torchrun started (1 outside torchrun), known before any process group."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+
+
+def setup(ddp, use_gpu, gpu=0, timeout_s=600, threads=0):
+    """The torch.device this process computes on; with `ddp`, after joining the process group
+    that torchrun's env:// variables describe (nccl on GPU, gloo on CPU).
+
+    Without DDP: CUDA device `gpu` (--gpu) when `use_gpu` and CUDA is there, else the CPU.
+    `threads` torch threads (0: under torchrun, the cores split between local processes).
     """
     cuda = use_gpu and torch.cuda.is_available()
-    if cuda:
+    if not ddp:
+        device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
+    elif cuda:
         torch.cuda.set_device(local_rank())
         device = torch.device("cuda", local_rank())
     else:
         device = torch.device("cpu")
-    if not is_dist():
-        options = dict(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
-                       device_id=device if cuda else None)
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # After an elastic restart torchrun's store still holds the previous group's
-            # connection keys; a per-attempt prefix keeps the new group from reading them.
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  int(os.environ["WORLD_SIZE"]), is_master=False, timeout=options["timeout"])
-            dist.init_process_group(store=dist.PrefixStore(f"restart_{restart}", store),
-                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **options)
-        else:
-            dist.init_process_group(init_method="env://", **options)
+    if ddp and not is_dist():
+        _init_process_group(cuda, device, timeout_s)
+    _set_threads(threads)
     return device
+
+
+def _init_process_group(cuda, device, timeout_s):
+    options = dict(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+                   device_id=device if cuda else None)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After an elastic restart torchrun's store still holds the previous group's
+        # connection keys; a per-attempt prefix keeps the new group from reading them.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              int(os.environ["WORLD_SIZE"]), is_master=False, timeout=options["timeout"])
+        dist.init_process_group(store=dist.PrefixStore(f"restart_{restart}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **options)
+    else:
+        dist.init_process_group(init_method="env://", **options)
+
+
+def _set_threads(threads):
+    """One process per core group: under torchrun, split the cores between local processes."""
+    if not threads and launched_by_torchrun():
+        threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def cleanup():
@@ -152,6 +179,29 @@ def gather_on_main(obj):
     return out
 
 
+def raise_on_every_rank(check, on="main"):
+    """Decide on rank 0 (on="main") or on every rank (on="all"), then stop every rank together.
+
+    check() returns None, or a message (or raises UserError). If any rank that ran it found a
+    problem, every rank raises UserError with the first message in rank order; nobody is left
+    waiting in a collective for a rank that stopped alone.
+    """
+    if on not in ("main", "all"):
+        raise ValueError(f"on must be 'main' or 'all', got {on!r}")
+    problem = None
+    if on == "all" or is_main():
+        try:
+            problem = check()
+        except UserError as exc:
+            problem = str(exc)
+    if on == "main":
+        problem = broadcast_object(problem)
+    else:
+        problem = next((p for p in gather_objects(problem) if p is not None), None)
+    if problem is not None:
+        raise UserError(problem)
+
+
 def require_same(value, message):
     """Raise UserError(message) on every rank unless every rank holds an equal `value`.
 
@@ -159,8 +209,7 @@ def require_same(value, message):
     stop together with one message instead of going separate ways.
     """
     values = gather_objects(value)
-    if any(v != values[0] for v in values):
-        raise UserError(message)
+    raise_on_every_rank(lambda: message if any(v != values[0] for v in values) else None, on="main")
 
 
 def load_on_main(module, load, *args, **kwargs):
@@ -169,24 +218,17 @@ def load_on_main(module, load, *args, **kwargs):
     Only rank 0 reads the file, so the nodes of a multi-node job need not share a disk. A
     UserError from rank 0 is raised on every rank: nobody waits for weights that never come.
     """
-    if not is_dist():
+    def load_on_this_rank():
         load(module, *args, **kwargs)
-        return module
-    problem = None
-    if is_main():
-        try:
-            load(module, *args, **kwargs)
-        except UserError as exc:
-            problem = str(exc)
-    problem = broadcast_object(problem)
-    if problem is not None:
-        raise UserError(problem)
-    with torch.no_grad():
-        for tensor in module.state_dict().values():
-            box = tensor if tensor.is_contiguous() else tensor.contiguous()
-            dist.broadcast(box, src=0)
-            if box is not tensor:
-                tensor.copy_(box)
+
+    raise_on_every_rank(load_on_this_rank, on="main")
+    if is_dist():
+        with torch.no_grad():
+            for tensor in module.state_dict().values():
+                box = tensor if tensor.is_contiguous() else tensor.contiguous()
+                dist.broadcast(box, src=0)
+                if box is not tensor:
+                    tensor.copy_(box)
     return module
 
 

@@ -19,7 +19,8 @@ class ErrorSums:
     metrics over any subset of windows can be computed afterwards (`window_errors`).
     """
 
-    def __init__(self, keep_windows=False):
+    def __init__(self, keep_windows=False, transform=None):
+        self.transform = transform  # applied to prediction and truth first (e.g. exp.outputs.OriginalScale)
         self.sums = dict.fromkeys(_FIELDS, 0.0)
         self._pending = []  # per-batch sums kept as tensors: no host sync inside the loop
         self._windows = [] if keep_windows else None  # per batch: [B, 2] (mse, mae) of each window
@@ -27,6 +28,8 @@ class ErrorSums:
         self._reduced = False
 
     def update(self, pred, true):
+        if self.transform is not None:
+            pred, true = self.transform(pred), self.transform(true)
         err = pred.float() - true
         rel = err / true
         # float32 sums per window, then float64 across windows: a window's sum does not depend
@@ -95,12 +98,6 @@ def batch_loss(pred, true, loss):
     if loss == "MSE":
         return torch.nn.functional.mse_loss(pred, true)
     return torch.nn.functional.l1_loss(pred, true)
-
-
-def global_mean(total, count):
-    """Mean over every rank's elements: one all_reduce of (sum, count)."""
-    total, count = distributed.all_reduce_sum([total, count])
-    return total / count if count else float("nan")
 
 
 LOSSES = ("MSE", "MAE")

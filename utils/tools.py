@@ -1,14 +1,15 @@
-"""Training-loop helpers: learning-rate schedules, early stopping, seeding."""
+"""Training-loop helpers: learning-rate schedules, early stopping, seeding, eval mode."""
+import contextlib
 import math
 import random
 
 import numpy as np
 import torch
 
-from utils.errors import UserError
+from utils.errors import UserError, require
 
 LR_SCHEDULES = ("type1", "type2", "cosine", "constant", "TST")
-PER_STEP_SCHEDULES = ("TST",)  # set before every optimizer step, from the global step
+PER_STEP_SCHEDULES = ("TST",)  # a rate per optimizer step, from the global step; the others one per epoch
 LR_SCALINGS = ("none", "linear", "sqrt")
 
 
@@ -44,7 +45,7 @@ def learning_rate_for_epoch(args, epoch):
         return lr
     if args.lradj == "cosine":  # cosine from base to 0 over train_epochs
         return base / 2 * (1 + math.cos((epoch - 1) / args.train_epochs * math.pi))
-    if args.lradj in ("constant", "TST"):  # TST: the epoch's rate is overridden step by step
+    if args.lradj in ("constant", "TST"):  # TST: LearningRateSchedule gives a rate per step
         return base
     raise UserError(f"unknown --lradj '{args.lradj}'; choose one of {', '.join(LR_SCHEDULES)}")
 
@@ -64,6 +65,28 @@ def one_cycle_learning_rate(base, step, total_steps, pct_start=0.2, div_factor=2
 def set_learning_rate(optimizer, lr):
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+class LearningRateSchedule:
+    """--lradj as one function of (epoch, optimizer step); training sets every step's rate from it."""
+
+    def __init__(self, args, steps_per_epoch):
+        self.check(args.lradj)
+        self.args = args
+        self.total_steps = steps_per_epoch * args.train_epochs
+
+    @staticmethod
+    def check(lradj):
+        require(lradj in LR_SCHEDULES, f"unknown --lradj '{lradj}'; choose one of {', '.join(LR_SCHEDULES)}")
+
+    def rate(self, epoch, step):
+        """The rate of 0-based optimizer `step` (counted over the whole run) in 1-based `epoch`."""
+        if self.args.lradj in PER_STEP_SCHEDULES:
+            return one_cycle_learning_rate(self.args.scaled_learning_rate, step, self.total_steps)
+        return learning_rate_for_epoch(self.args, epoch)
+
+    def apply(self, optimizer, epoch, step):
+        set_learning_rate(optimizer, self.rate(epoch, step))
 
 
 class EarlyStopping:
@@ -98,6 +121,17 @@ class EarlyStopping:
     def load_state_dict(self, state):
         self.best_loss = state["best_loss"]
         self.counter = state["counter"]
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def seed_everything(seed):

@@ -1,0 +1,122 @@
+"""What a run's arguments mean once the data and the model are known, decided before any work.
+
+`resolve_args(args, world_size)` fills what the data and the model family decide (shapes,
+the forward inputs, the global batch and its learning rate) and rejects every impossible
+setting, with no process group: run.py calls it before distributed.setup, so a bad
+argument ends every rank alike before any collective.
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from data_provider.data_factory import prepared_data
+from exp.adaptation import check_adaptation_args
+from models import FORWARD_INPUTS, get_model_class, inputs_used
+from utils.checkpoint import load_weights
+from utils.errors import UserError, require
+from utils.metrics import LOSSES
+from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
+
+POSITIVE_ARGS = ("seq_len", "pred_len", "batch_size", "train_epochs", "patience", "accumulation_steps",
+                 "base_batch_size")
+
+
+def fill_defaults(args):
+    """Defaults that other arguments decide, before the model is known: the data's seed is
+    --seed's (the --itr loop then changes the run's seed, never the data), and the loaders
+    gather every forward input until resolve_args narrows them to what --model reads."""
+    if args.synthetic_seed is None:
+        args.synthetic_seed = args.seed
+    args.model_inputs = FORWARD_INPUTS
+    return args
+
+
+def model_class(args):
+    """The Model class of --model (models/<Name>.py)."""
+    return get_model_class(args.model)
+
+
+def resolve_args(args, world_size):
+    """Fill args in place (and return them) for a run on `world_size` processes; a UserError
+    for anything impossible. Reads the data (cached per process), never a process group."""
+    fill_defaults(args)
+    cls = model_class(args)
+    args.autoregressive = bool(getattr(cls, "autoregressive", False))
+    args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
+    _fill_shapes(args, prepared_data(args))
+    for name in POSITIVE_ARGS:
+        require(getattr(args, name) > 0, f"--{name} must be positive, got {getattr(args, name)}")
+    require(0 <= args.label_len <= args.seq_len,
+            f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
+    require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+    args.global_batch_size = global_batch_size(args, world_size)
+    args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
+    LearningRateSchedule.check(args.lradj)  # an unknown --lradj fails before any training
+    check_adaptation_args(args)
+    if args.autoregressive:
+        _check_tokens(args)
+    _check_devices(args)
+    return args
+
+
+def _fill_shapes(args, data):
+    n_channels = len(data.columns)
+    args.mark_dim = data.mark_dim  # time features per step (0 for undated data)
+    args.enc_in = args.enc_in or n_channels
+    args.dec_in = args.dec_in or n_channels
+    args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)
+    args.test_seq_len = args.test_seq_len or args.seq_len
+    args.test_pred_len = args.test_pred_len or args.pred_len
+
+
+def _check_tokens(args):
+    token = args.input_token_len
+    require(token > 0 and args.output_token_len > 0, "--input_token_len and --output_token_len must be positive")
+    for name in ("seq_len", "test_seq_len"):
+        require(getattr(args, name) % token == 0,
+                f"--{name} ({getattr(args, name)}) must be a multiple of --input_token_len ({token}) "
+                f"for token model {args.model}")
+    require(not args.nonautoregressive or args.output_token_len >= args.test_pred_len,
+            f"--nonautoregressive forecasts in one step, so --output_token_len ({args.output_token_len}) "
+            f"must cover --test_pred_len ({args.test_pred_len})")
+
+
+def _check_devices(args):
+    """What only a GPU can run: distributed.setup computes on CUDA exactly when this holds."""
+    cuda = args.use_gpu and torch.cuda.is_available()
+    # PyTorch refuses SyncBatchNorm on CPU inside DDP
+    require(not (args.sync_bn and args.ddp and not cuda),
+            "--sync_bn needs GPUs (PyTorch's SyncBatchNorm does not run on CPU); "
+            "drop --sync_bn or use --use_gpu true on CUDA")
+    require(not (args.use_amp and args.amp_dtype == "fp16" and not cuda),
+            "--amp_dtype fp16 needs a GPU; on CPU use bf16 (the default)")
+
+
+def setting_name(args, ii):
+    """The folder name of run `ii` under --checkpoints and --results_dir."""
+    parts = [args.task_name, args.model_id, args.model, args.data, f"ft{args.features}", f"sl{args.seq_len}",
+             f"ll{args.label_len}", f"pl{args.pred_len}", f"dm{args.d_model}", f"nh{args.n_heads}",
+             f"el{args.e_layers}", f"dl{args.d_layers}", f"df{args.d_ff}"]
+    if args.autoregressive:
+        parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
+    return "_".join(parts + [args.des, str(ii)])
+
+
+def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
+    """The model of a finished run, in eval mode, outside run.py: its configuration is the
+    "args" that run saved in metrics.json (shapes included, so no data is read), its weights
+    `checkpoint`, by default <checkpoints>/<setting>/checkpoint.pth, loaded strictly."""
+    try:
+        with open(metrics_json_path) as f:
+            record = json.load(f)
+        saved = record["args"]
+        setting = record["setting"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"cannot read the run's arguments from {metrics_json_path} ({exc}); pass the "
+                        "metrics.json that run.py wrote under --results_dir/<setting>/") from None
+    args = argparse.Namespace(**saved)
+    model = model_class(args)(args)
+    load_weights(model, checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth"), map_location=device)
+    return model.to(device).eval()
