@@ -61,7 +61,7 @@ class TableData(ForecastData):
             last = self.dates.iloc[-1]
             index = future_dates(last, freq, horizon).rename("date")
             if len(self.dates) > 1 and self.dates.iloc[-2] != last - freq_offset(freq):
-                logger.warning(f"warning: the data's last two dates are {self.dates.iloc[-2]} and {last}, which is not "
+                logger.warning(f"the data's last two dates are {self.dates.iloc[-2]} and {last}, which is not "
                                f"one --freq {freq} step; forecast.csv continues at --freq {freq} anyway")
             future_marks, last_row = time_features(index, freq, embed), f"{last}"
         else:

@@ -186,7 +186,7 @@ class Exp_Forecast(Exp_Basic):
             metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
         metrics["vali_loss"] = vali_loss
         metrics["test_windows"] = len(test_loader.dataset)
-        logger.log(RESULT, test_line(setting, metrics))
+        logger.log(RESULT, result_line(setting, metrics))
         draw_forecasts(self, setting)
         return metrics
 
@@ -210,7 +210,7 @@ def epoch_line(args, record, samples_per_s, stopper, improved):
             + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})"))
 
 
-def test_line(setting, metrics):
+def result_line(setting, metrics):
     """The result line of a test: every metric, on the original scale too with --inverse."""
     orig = ""
     if "mse_orig" in metrics:
