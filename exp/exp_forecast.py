@@ -76,6 +76,8 @@ class Exp_Forecast(Exp_Basic):
                 "optimizer_state_bytes": state_bytes}
 
     def _epoch_losses(self, epoch, vali_loader, test_loader):
+        # evaluate (and save) one model: rank 0's running statistics on every rank
+        distributed.broadcast_buffers(self.raw_model)
         vali_loss = self.vali(vali_loader, "val")
         test_loss = self._loss_of(self.evaluate(test_loader, "test"))
         require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after epoch {epoch}: training "

@@ -232,6 +232,25 @@ def load_on_main(module, load, *args, **kwargs):
     return module
 
 
+def broadcast_buffers(module):
+    """Rank 0's floating buffers (BatchNorm running statistics) on every rank, in one collective.
+
+    Each rank's last training forward updates its running statistics from its own batch, so
+    without this every rank would evaluate a slightly different model than the one rank 0
+    saves. A no-op without a process group or without floating buffers.
+    """
+    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    if not is_dist() or not buffers:
+        return module
+    with torch.no_grad():
+        # float64 holds every float16/bfloat16/float32 value exactly: one flat tensor for all
+        flat = torch.cat([b.detach().reshape(-1).to(_device_for_collectives(), torch.float64) for b in buffers])
+        dist.broadcast(flat, src=0)
+        for buffer, value in zip(buffers, flat.split([b.numel() for b in buffers])):
+            buffer.copy_(value.view_as(buffer))
+    return module
+
+
 def shard_range(n, rank_=None, world_size_=None):
     """Contiguous, non-overlapping [start, stop) share of n items for a rank.
 
