@@ -37,6 +37,11 @@ def subprocess_env():
     return env
 
 
+def output_args(folder):
+    """--checkpoints and --results_dir inside `folder`, where run_cli puts them and records() reads."""
+    return ["--checkpoints", folder / "checkpoints", "--results_dir", folder / "results"]
+
+
 def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False):
     """`python run.py ...`, or under torchrun with `nproc` workers. Returns CompletedProcess.
     Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second."""
@@ -45,7 +50,7 @@ def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False)
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd += ["run.py", *map(str, args)] + ([] if plots else ["--no_plots"])
     if outputs:
-        cmd += ["--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")]
+        cmd += map(str, output_args(tmp_path))
     return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -116,7 +121,6 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
 def make_args(*argv):
     """Parsed run.py arguments with the defaults other arguments decide (exp.settings.fill_defaults),
     as the data functions read them; make_experiment resolves the rest."""
-    sys.path.insert(0, str(REPO))
     from exp.settings import fill_defaults
     from utils.arguments import parse_args
 

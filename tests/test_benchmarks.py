@@ -1,6 +1,6 @@
 """The research tooling in benchmarks/: the results table beside the published figures
-(benchmarks/report.py), drop_last_effect.py, reproduce.py's command line, the TF32 emulation
-and bench_train.py's output file."""
+(benchmarks/report.py), drop_last_effect.py, reproduce.py's command line, the TF32 emulation,
+bench_train.py's output file and tslib_crosscheck.py's import of a TSLib checkout."""
 import json
 import re
 import sys
@@ -271,3 +271,54 @@ def test_bench_train_refuses_to_replace_its_committed_table_before_running(tmp_p
     assert existing.read_text().startswith("# Training speed:")
     default = bench_train.output_path(bench_train.REPO / "benchmarks" / "results", "DLinear")
     assert default.name == existing.name and default.parent.name == "results"
+
+
+# ------------------------------------------------------------------ tslib_crosscheck.py
+def test_tslib_crosscheck_imports_the_checkout_then_gives_our_packages_back(tmp_path):
+    """TSLib's packages are called models/ and layers/ like ours: the cross-check imports its
+    TimesNet from the checkout, refuses a folder our package would shadow (it would compare our
+    model with itself), and leaves our own modules in place afterwards."""
+    from benchmarks.tslib_crosscheck import tslib_timesnet
+    from utils.errors import UserError
+    import models.TimesNet as ours
+
+    checkout = tmp_path / "Time-Series-Library"
+    (checkout / "models").mkdir(parents=True)
+    (checkout / "models" / "TimesNet.py").write_text("WHOSE = 'theirs'\n")
+    with pytest.raises(UserError, match="__init__.py"):  # a namespace folder loses to our package
+        tslib_timesnet(checkout)
+    (checkout / "models" / "__init__.py").write_text("")
+    assert tslib_timesnet(checkout).WHOSE == "theirs"
+    import models.TimesNet
+    assert models.TimesNet is ours and sys.modules["models.TimesNet"] is ours
+    with pytest.raises(UserError, match="no models/TimesNet.py"):
+        tslib_timesnet(tmp_path)
+
+
+def test_tslib_crosscheck_reads_the_checkouts_padding_and_refuses_another(tmp_path):
+    """TSLib pads a period grid with zeros since fd74cbc and with the series' last steps before it: the
+    cross-check reads which one a checkout does instead of trusting --padding."""
+    from benchmarks.tslib_crosscheck import checkout_padding, main, tslib_timesnet
+    from utils.errors import UserError
+
+    block = """import torch
+from torch import nn
+class TimesBlock(nn.Module):
+    def __init__(self, configs):
+        super().__init__()
+        self.length = configs.seq_len + configs.pred_len
+        self.conv = nn.Identity()
+    def forward(self, x):
+        missing = -self.length % 3
+        extra = torch.zeros_like(x[:, :missing]) if PADDING == "zeros" else x[:, self.length - missing:]
+        return self.conv(torch.cat([x, extra], 1).reshape(len(x), -1, 3, x.shape[2]).permute(0, 3, 1, 2))
+"""
+    for padding in ("zeros", "tail"):
+        (tmp_path / padding / "models").mkdir(parents=True)
+        (tmp_path / padding / "models" / "__init__.py").write_text("")
+        (tmp_path / padding / "models" / "TimesNet.py").write_text(f"PADDING = {padding!r}\n" + block)
+        assert checkout_padding(tslib_timesnet(tmp_path / padding)) == padding
+    with pytest.raises(UserError, match="pads period grids with tail, not zeros: pass --padding tail"):
+        main(["--tslib", str(tmp_path / "tail")])  # zeros by default
+    with pytest.raises(UserError, match="with zeros, not tail"):
+        main(["--tslib", str(tmp_path / "zeros"), "--padding", "tail"])

@@ -1,8 +1,6 @@
-"""The daily loop around a run: pictures, real forecasts past the data, metrics on the
-original scale (exact under DDP), and TSLib's own command lines (results tables: test_benchmarks.py)."""
-import shlex
-import sys
-
+"""A run's outputs beyond its metrics (exp/outputs.py): --do_predict's forecast past the data, dated at
+--freq or counted in steps when undated; --inverse metrics on the original scale, equal under DDP; the
+pictures, and none with --no_plots."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,7 +9,7 @@ import torch
 from data_provider.synthetic import make_synthetic
 from data_provider.timefeatures import future_dates
 from exp.outputs import predict
-from helpers import assert_ok, make_args, make_experiment, records, run_cli, write_etth1_shaped
+from helpers import assert_ok, make_args, make_experiment, records, run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -99,104 +97,3 @@ def test_do_predict_on_undated_data_counts_steps_and_inverts_the_scaler(tmp_path
         scaled = exp.raw_model.eval()(x, torch.zeros(1, 48, 0), dec, torch.zeros(1, 36, 0))[0, -12:].numpy()
     np.testing.assert_allclose(forecast[["x0", "x1", "OT"]].to_numpy(), data.scaler.inverse_transform(scaled),
                                rtol=1e-5, atol=1e-4)
-
-
-# ------------------------------------------------------------------ TSLib's scripts
-# The first run of thuml/Time-Series-Library scripts/long_term_forecast/ETT_script/DLinear_ETTh1.sh, verbatim.
-TSLIB_DLINEAR_ETTH1 = r"""python -u run.py \
-  --task_name long_term_forecast \
-  --is_training 1 \
-  --root_path ./dataset/ETT-small/ \
-  --data_path ETTh1.csv \
-  --model_id ETTh1_96_96 \
-  --model $model_name \
-  --data ETTh1 \
-  --features M \
-  --seq_len 96 \
-  --label_len 48 \
-  --pred_len 96 \
-  --e_layers 2 \
-  --d_layers 1 \
-  --factor 3 \
-  --enc_in 7 \
-  --dec_in 7 \
-  --c_out 7 \
-  --des 'Exp' \
-  --itr 1"""
-# Arguments of TSLib's run.py for other tasks and models, which its scripts pass freely.
-TSLIB_FOREIGN = ["--use_multi_gpu", "--devices", "0,1", "--p_hidden_dims", "128", "128", "--distil",
-                 "--mask_rate", "0.25", "--seasonal_patterns", "Monthly"]
-
-
-def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
-    write_etth1_shaped(tmp_path / "ETT-small")
-    command = TSLIB_DLINEAR_ETTH1.replace("$model_name", "DLinear").replace("./dataset/ETT-small/", f"{tmp_path}/ETT-small/")
-    argv = shlex.split(command.replace("\\\n", " "))[3:]  # after `python -u run.py`
-    proc = run_cli(tmp_path, *argv, "--train_epochs", 1, *TSLIB_FOREIGN, "--num_threads", 1)
-    assert_ok(proc)
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: ignoring arguments run.py does not use: " + " ".join(TSLIB_FOREIGN)]
-    record = records(tmp_path)[-1]
-    assert (record["model"], record["data"], record["pred_len"], record["args"]["enc_in"]) == ("DLinear", "ETTh1", 96, 7)
-    assert record["setting"].startswith("long_term_forecast_ETTh1_96_96_DLinear_ETTh1_ftM_sl96_ll48_pl96")
-
-
-def test_our_own_arguments_keep_their_checks_and_typos_get_a_hint():
-    from utils.arguments import build_parser, describe_ignored, parse_args
-
-    with pytest.raises(SystemExit):
-        build_parser().parse_known_args(["--seq_len", "abc"])
-    args = parse_args(["--use_gpu", "--lerning_rate", "0.1", "--seg_len", "24"])  # TSLib's bare --use_gpu too
-    assert args.use_gpu is True and args.learning_rate == 1e-4
-    assert describe_ignored(args.ignored_args) == "--lerning_rate 0.1 --seg_len 24 (--lerning_rate: did you mean --learning_rate?)"
-    assert parse_args(["--no_use_gpu"]).use_gpu is False
-
-
-def test_tslib_crosscheck_imports_the_checkout_then_gives_our_packages_back(tmp_path):
-    """TSLib's packages are called models/ and layers/ like ours: the cross-check imports its
-    TimesNet from the checkout, refuses a folder our package would shadow (it would compare our
-    model with itself), and leaves our own modules in place afterwards."""
-    from benchmarks.tslib_crosscheck import tslib_timesnet
-    from utils.errors import UserError
-    import models.TimesNet as ours
-
-    checkout = tmp_path / "Time-Series-Library"
-    (checkout / "models").mkdir(parents=True)
-    (checkout / "models" / "TimesNet.py").write_text("WHOSE = 'theirs'\n")
-    with pytest.raises(UserError, match="__init__.py"):  # a namespace folder loses to our package
-        tslib_timesnet(checkout)
-    (checkout / "models" / "__init__.py").write_text("")
-    assert tslib_timesnet(checkout).WHOSE == "theirs"
-    import models.TimesNet
-    assert models.TimesNet is ours and sys.modules["models.TimesNet"] is ours
-    with pytest.raises(UserError, match="no models/TimesNet.py"):
-        tslib_timesnet(tmp_path)
-
-
-def test_tslib_crosscheck_reads_the_checkouts_padding_and_refuses_another(tmp_path):
-    """TSLib pads a period grid with zeros since fd74cbc and with the series' last steps before it: the
-    cross-check reads which one a checkout does instead of trusting --padding."""
-    from benchmarks.tslib_crosscheck import checkout_padding, main, tslib_timesnet
-    from utils.errors import UserError
-
-    block = """import torch
-from torch import nn
-class TimesBlock(nn.Module):
-    def __init__(self, configs):
-        super().__init__()
-        self.length = configs.seq_len + configs.pred_len
-        self.conv = nn.Identity()
-    def forward(self, x):
-        missing = -self.length % 3
-        extra = torch.zeros_like(x[:, :missing]) if PADDING == "zeros" else x[:, self.length - missing:]
-        return self.conv(torch.cat([x, extra], 1).reshape(len(x), -1, 3, x.shape[2]).permute(0, 3, 1, 2))
-"""
-    for padding in ("zeros", "tail"):
-        (tmp_path / padding / "models").mkdir(parents=True)
-        (tmp_path / padding / "models" / "__init__.py").write_text("")
-        (tmp_path / padding / "models" / "TimesNet.py").write_text(f"PADDING = {padding!r}\n" + block)
-        assert checkout_padding(tslib_timesnet(tmp_path / padding)) == padding
-    with pytest.raises(UserError, match="pads period grids with tail, not zeros: pass --padding tail"):
-        main(["--tslib", str(tmp_path / "tail")])  # zeros by default
-    with pytest.raises(UserError, match="with zeros, not tail"):
-        main(["--tslib", str(tmp_path / "zeros"), "--padding", "tail"])

@@ -1,0 +1,55 @@
+"""Nothing hung: a rank that raises mid-training ends the whole DDP job promptly, its own error printed
+first, and ranks that hold no validation window take part in evaluation with nothing."""
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, make_args, make_experiment, output_args as _outputs, run_command, run_on_ranks
+
+FAULT = '''
+import os, sys
+if os.environ.get("RANK") == "1":
+    sys.path.insert(0, os.environ["TSL_REPO"])
+    import exp.forward
+    forward = exp.forward.forward
+    calls = []
+    def faulty(model, batch, args, stage, device):
+        calls.append(stage)
+        if calls.count("train") == 3:
+            raise RuntimeError("injected fault on rank 1, third batch")
+        return forward(model, batch, args, stage, device)
+    exp.forward.forward = faulty  # before exp.exp_forecast imports it
+'''
+
+
+def test_a_raising_rank_ends_the_whole_job_promptly(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(FAULT)  # injected from outside the code under test
+    started = time.time()
+    proc = run_command([sys.executable, "run.py", "--ddp", "--nproc_per_node", "3", "--dist_timeout", "5",
+                        *map(str, _outputs(tmp_path))], timeout=120,
+                       extra_env={"PYTHONPATH": str(tmp_path), "TSL_REPO": str(REPO)})
+    elapsed = time.time() - started
+    assert proc.returncode != 0
+    assert elapsed < 5 + 10 + 5, f"{elapsed:.1f}s"  # dist_timeout + 10 s, plus process start-up
+    first_error = proc.stderr.index("RuntimeError: injected fault on rank 1")
+    assert first_error < proc.stderr.index("worker(s) failed")
+    assert "Watchdog" not in proc.stderr
+
+
+def _evaluate_small(rank, world, argv):
+    from data_provider.data_factory import data_provider
+
+    args = make_args(*argv, "--ddp")
+    exp = make_experiment(args)
+    _, vali_loader = data_provider(args, "val")
+    return exp.vali(vali_loader), len(vali_loader.sampler)
+
+
+def test_ranks_without_windows_contribute_nothing():
+    argv = ["--synthetic_rows", 970]  # 2 validation windows
+    (reference, n), = run_on_ranks(_evaluate_small, 1, argv)
+    assert n == 2
+    results = run_on_ranks(_evaluate_small, 3, argv)
+    assert [count for _, count in results] == [0, 1, 1]
+    assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _ in results)
