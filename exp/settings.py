@@ -6,6 +6,7 @@ setting, with no process group: run.py calls it before distributed.setup, so a b
 argument ends every rank alike before any collective.
 """
 import argparse
+import inspect
 import json
 import os
 
@@ -14,13 +15,11 @@ import torch
 from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
 from models import FORWARD_INPUTS, get_model_class, inputs_used
+from utils.arguments import SEED_LIMIT
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require
 from utils.metrics import LOSSES
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
-
-POSITIVE_ARGS = ("seq_len", "pred_len", "batch_size", "train_epochs", "patience", "accumulation_steps",
-                 "base_batch_size")
 
 
 def fill_defaults(args):
@@ -45,11 +44,13 @@ def resolve_args(args, world_size):
     cls = model_class(args)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
     args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
-    _fill_shapes(args, prepared_data(args))
-    for name in POSITIVE_ARGS:
-        require(getattr(args, name) > 0, f"--{name} must be positive, got {getattr(args, name)}")
-    require(0 <= args.label_len <= args.seq_len,
+    # every number is in its range already (utils.arguments' types); what is left are relations
+    _fill_shapes(args, prepared_data(args), cls)
+    require(args.label_len <= args.seq_len,
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
+    require(args.seed + args.itr - 1 < SEED_LIMIT,
+            f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
+    _check_heads(args, cls)
     require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
     args.global_batch_size = global_batch_size(args, world_size)
     args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
@@ -61,19 +62,42 @@ def resolve_args(args, world_size):
     return args
 
 
-def _fill_shapes(args, data):
+def _fill_shapes(args, data, cls):
+    """The channel counts come from the data; a given --enc_in/--dec_in/--c_out must agree (TSLib's
+    scripts pass them), since a model either ignores a wrong one or fails on it. A model that
+    reads one as a width of its own lists it in `Model.not_from_data` (TiDE's --c_out)."""
     n_channels = len(data.columns)
     args.mark_dim = data.mark_dim  # time features per step (0 for undated data)
-    args.enc_in = args.enc_in or n_channels
-    args.dec_in = args.dec_in or n_channels
-    args.c_out = args.c_out or (1 if args.features == "MS" else n_channels)
+    decided = {"enc_in": (n_channels,), "dec_in": (n_channels,),
+               # MS scores the target alone: one output channel, or all of them as TSLib's MS scripts give
+               "c_out": (1, n_channels) if args.features == "MS" else (n_channels,)}
+    for name, allowed in decided.items():
+        given = getattr(args, name)
+        if given is None or name in getattr(cls, "not_from_data", ()):
+            setattr(args, name, given or allowed[0])
+            continue
+        require(given in allowed,
+                f"--{name} {given} does not match the data: {args.data} has {n_channels} channel(s) with --features "
+                f"{args.features}, so --{name} is {' or '.join(map(str, allowed))}; drop --{name} (the data decides it)")
     args.test_seq_len = args.test_seq_len or args.seq_len
     args.test_pred_len = args.test_pred_len or args.pred_len
 
 
+def _check_heads(args, cls):
+    """Attention splits d_model into n_heads equal parts; only models that read n_heads care."""
+    if "configs.n_heads" in inspect.getsource(inspect.getmodule(cls)):
+        require(args.d_model % args.n_heads == 0,
+                f"--d_model {args.d_model} is not divisible by --n_heads {args.n_heads} (model {args.model} splits "
+                f"d_model between its attention heads); choose --n_heads among {_divisors(args.d_model)}")
+
+
+def _divisors(n):
+    small = [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+    return ", ".join(map(str, small[:8])) + (", ..." if len(small) > 8 else "")
+
+
 def _check_tokens(args):
     token = args.input_token_len
-    require(token > 0 and args.output_token_len > 0, "--input_token_len and --output_token_len must be positive")
     for name in ("seq_len", "test_seq_len"):
         require(getattr(args, name) % token == 0,
                 f"--{name} ({getattr(args, name)}) must be a multiple of --input_token_len ({token}) "

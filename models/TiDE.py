@@ -45,6 +45,7 @@ class ResBlock(nn.Module):
 class Model(nn.Module):
     autoregressive = False
     inputs_used = ("x_enc", "x_mark_enc", "x_mark_dec")
+    not_from_data = ("c_out",)  # the decoded width per step (below), not a channel count
 
     def __init__(self, configs):
         super().__init__()

@@ -7,8 +7,58 @@ must match) are read from them, never kept by hand.
 """
 import argparse
 import difflib
+import math
+import re
+import sys
+import time
 
 DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
+SEED_LIMIT = 2 ** 32  # numpy's seeds are 32-bit; --itr adds its run index
+
+
+def _number(kind, ok, wanted):
+    """An argparse type: an int or float that also satisfies `ok`, else why not (run.py's one line)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got '{text}'") from None
+        # NaN and inf would pass on into the loss silently
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "positive")
+non_negative_int = _number(int, lambda v: v >= 0, ">= 0")
+seed_int = _number(int, lambda v: 0 <= v < SEED_LIMIT, f"in [0, {SEED_LIMIT})")
+positive_float = _number(float, lambda v: v > 0, "positive")
+non_negative_float = _number(float, lambda v: v >= 0, ">= 0")
+probability = _number(float, lambda v: 0 <= v < 1, "in [0, 1)")
+fraction = _number(float, lambda v: 0 < v <= 1, "in (0, 1]")
+flag_int = _number(int, lambda v: v in (0, 1), "0 or 1")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument ends in one line that says what to do (no usage block), from one process."""
+
+    def error(self, message):
+        from utils import distributed
+
+        if distributed.env_rank() != 0:
+            # under torchrun every worker parses the same command line, and the agent stops them
+            # all once one exits: let rank 0 print first
+            time.sleep(10)
+            sys.exit(2)
+        match = re.match(r"argument ([^:/]+)[^:]*: (.*)", message)
+        if match:
+            flag, reason = match.groups()
+            action = next((a for a in self._actions if flag in a.option_strings), None)
+            default = "" if action is None or action.default in (None, argparse.SUPPRESS) else f" ({action.default})"
+            message = f"{flag}{' ' if reason.startswith('must') else ': '}{reason}; leave it out for the default{default}"
+        print(f"error: {message}, or see `python run.py --help`", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def str2bool(value):
@@ -23,16 +73,16 @@ def str2bool(value):
 
 def build_parser():
     # allow_abbrev=False: an unknown TSLib flag must never be taken for a prefix of one of ours
-    p = argparse.ArgumentParser(description="Time-series forecasting with exact DistributedDataParallel",
+    p = Parser(description="Time-series forecasting with exact DistributedDataParallel",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("basic")
     g.add_argument("--task_name", default="long_term_forecast")
-    g.add_argument("--is_training", type=int, default=1, help="1: train then test; 0: evaluate --checkpoint")
+    g.add_argument("--is_training", type=flag_int, default=1, help="1: train then test; 0: evaluate --checkpoint")
     g.add_argument("--model_id", default="test")
     g.add_argument("--model", default="DLinear", help="any models/<Name>.py")
     g.add_argument("--des", default="exp", help="free text appended to the setting name")
-    g.add_argument("--itr", type=int, default=1, help="repeat the experiment; run i uses seed + i")
-    g.add_argument("--seed", type=int, default=2021)
+    g.add_argument("--itr", type=positive_int, default=1, help="repeat the experiment; run i uses seed + i")
+    g.add_argument("--seed", type=seed_int, default=2021)
 
     g = p.add_argument_group(DATA_GROUP)
     g.add_argument("--data", default="synthetic",
@@ -45,51 +95,51 @@ def build_parser():
     g.add_argument("--embed", default="timeF", choices=("timeF", "fixed", "learned", "none"),
                    help="calendar features: timeF (scaled), fixed/learned (integer), none (the model sees no calendar)")
     g.add_argument("--scale", type=str2bool, default=True, help="z-score with the training split's statistics")
-    g.add_argument("--synthetic_rows", type=int, default=5000, help="length of the built-in series")
-    g.add_argument("--synthetic_channels", type=int, default=7)
-    g.add_argument("--synthetic_seed", type=int, default=None, help="seed of the built-in series (default: --seed)")
+    g.add_argument("--synthetic_rows", type=positive_int, default=5000, help="length of the built-in series")
+    g.add_argument("--synthetic_channels", type=positive_int, default=7)
+    g.add_argument("--synthetic_seed", type=seed_int, default=None, help="seed of the built-in series (default: --seed)")
 
     g = p.add_argument_group(WINDOW_GROUP)
-    g.add_argument("--seq_len", type=int, default=96, help="input length")
-    g.add_argument("--label_len", type=int, default=48, help="decoder start-token length (TSLib)")
-    g.add_argument("--pred_len", type=int, default=96, help="horizon")
-    g.add_argument("--input_token_len", type=int, default=24, help="patch/token length of token models")
-    g.add_argument("--output_token_len", type=int, default=24, help="steps each token predicts")
+    g.add_argument("--seq_len", type=positive_int, default=96, help="input length")
+    g.add_argument("--label_len", type=non_negative_int, default=48, help="decoder start-token length (TSLib)")
+    g.add_argument("--pred_len", type=positive_int, default=96, help="horizon")
+    g.add_argument("--input_token_len", type=positive_int, default=24, help="patch/token length of token models")
+    g.add_argument("--output_token_len", type=positive_int, default=24, help="steps each token predicts")
     g.add_argument("--covariate", action="store_true", help="score only the target (last) channel")
 
     g = p.add_argument_group("evaluation")
-    g.add_argument("--test_seq_len", type=int, default=None, help="token models' test input (default seq_len)")
-    g.add_argument("--test_pred_len", type=int, default=None, help="token models' rolled-out horizon (default pred_len)")
+    g.add_argument("--test_seq_len", type=positive_int, default=None, help="token models' test input (default seq_len)")
+    g.add_argument("--test_pred_len", type=positive_int, default=None, help="token models' rolled-out horizon (default pred_len)")
     g.add_argument("--last_token", action="store_true", help="score only the last token")
     g.add_argument("--nonautoregressive", action="store_true", help="token models: test with one forward, no roll-out")
     g.add_argument("--valid_last", action="store_true", help="validate on the last token only")
 
     g = p.add_argument_group(MODEL_GROUP)
-    g.add_argument("--enc_in", type=int, default=None, help="default: from the data")
-    g.add_argument("--dec_in", type=int, default=None, help="default: from the data")
-    g.add_argument("--c_out", type=int, default=None, help="default: from the data (1 with MS)")
-    g.add_argument("--d_model", type=int, default=512)
-    g.add_argument("--n_heads", type=int, default=8)
-    g.add_argument("--e_layers", type=int, default=2)
-    g.add_argument("--d_layers", type=int, default=1)
-    g.add_argument("--d_ff", type=int, default=2048)
-    g.add_argument("--moving_avg", type=int, default=25)
-    g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument("--enc_in", type=positive_int, default=None, help="default: from the data")
+    g.add_argument("--dec_in", type=positive_int, default=None, help="default: from the data")
+    g.add_argument("--c_out", type=positive_int, default=None, help="default: from the data (1 with MS)")
+    g.add_argument("--d_model", type=positive_int, default=512)
+    g.add_argument("--n_heads", type=positive_int, default=8)
+    g.add_argument("--e_layers", type=positive_int, default=2)
+    g.add_argument("--d_layers", type=positive_int, default=1)
+    g.add_argument("--d_ff", type=positive_int, default=2048)
+    g.add_argument("--moving_avg", type=positive_int, default=25)
+    g.add_argument("--dropout", type=probability, default=0.1)
     g.add_argument("--activation", default="gelu")
-    g.add_argument("--use_norm", type=int, nargs="?", const=1, default=1, help="instance normalisation (flag or 0/1)")
+    g.add_argument("--use_norm", type=flag_int, nargs="?", const=1, default=1, help="instance normalisation (flag or 0/1)")
     g.add_argument("--individual", action="store_true", help="DLinear/NLinear: one linear head per channel")
-    g.add_argument("--factor", type=int, default=1, help="attention factor (TSLib; full attention ignores it)")
-    g.add_argument("--patch_len", type=int, default=16, help="PatchTST patch length")
-    g.add_argument("--stride", type=int, default=8, help="PatchTST patch stride")
-    g.add_argument("--top_k", type=int, default=5, help="TimesNet: number of FFT periods")
-    g.add_argument("--num_kernels", type=int, default=6, help="TimesNet: inception kernels")
+    g.add_argument("--factor", type=positive_int, default=1, help="attention factor (TSLib; full attention ignores it)")
+    g.add_argument("--patch_len", type=positive_int, default=16, help="PatchTST patch length")
+    g.add_argument("--stride", type=positive_int, default=8, help="PatchTST patch stride")
+    g.add_argument("--top_k", type=positive_int, default=5, help="TimesNet: number of FFT periods")
+    g.add_argument("--num_kernels", type=positive_int, default=6, help="TimesNet: inception kernels")
     g.add_argument("--times_padding", default="zeros", choices=("zeros", "tail"),
                    help="TimesNet: what completes a period grid's last row: zeros (TSLib's code since fd74cbc, "
                         "2023-02-22) or the series' last steps repeated (its 2023-02-18 code, 230805f)")
-    g.add_argument("--channel_independence", type=int, default=1, help="TimeMixer: 1 mixes each channel alone")
+    g.add_argument("--channel_independence", type=flag_int, default=1, help="TimeMixer: 1 mixes each channel alone")
     g.add_argument("--decomp_method", default="moving_avg", help="TimeMixer: moving_avg or dft_decomp")
-    g.add_argument("--down_sampling_layers", type=int, default=0, help="TimeMixer: number of coarser scales")
-    g.add_argument("--down_sampling_window", type=int, default=1, help="TimeMixer: down-sampling factor per scale")
+    g.add_argument("--down_sampling_layers", type=non_negative_int, default=0, help="TimeMixer: number of coarser scales")
+    g.add_argument("--down_sampling_window", type=positive_int, default=1, help="TimeMixer: down-sampling factor per scale")
     g.add_argument("--down_sampling_method", default=None, help="TimeMixer: avg, max or conv")
     g.add_argument("--mark_pairing", default="window", choices=("window", "tiled"),
                    help="TimeMixer with channel independence: the calendar each channel's series is given. "
@@ -98,48 +148,48 @@ def build_parser():
                         "rest of its batch (only to reproduce the published figures)")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--train_epochs", type=int, default=10)
-    g.add_argument("--batch_size", type=int, default=32,
+    g.add_argument("--train_epochs", type=positive_int, default=10)
+    g.add_argument("--batch_size", type=positive_int, default=32,
                    help="per process; the global batch is batch_size x world size x accumulation_steps")
-    g.add_argument("--accumulation_steps", type=int, default=1,
+    g.add_argument("--accumulation_steps", type=positive_int, default=1,
                    help="micro-batches per optimizer step (gradients add up; DDP all-reduces once per step)")
     g.add_argument("--lr_scaling", default="none",
                    help="scale --learning_rate by global batch / --base_batch_size: none, linear or sqrt")
-    g.add_argument("--base_batch_size", type=int, default=32, help="the global batch --learning_rate was tuned for")
+    g.add_argument("--base_batch_size", type=positive_int, default=32, help="the global batch --learning_rate was tuned for")
     g.add_argument("--train_drop_last", action="store_true",
                    help="skip each epoch's last, short training batch, as Informer's loader and its copies "
                         "(LTSF-Linear, PatchTST, official TimeMixer, earlier TSLib) do; ETTh1 at horizon 96 "
                         "and batch 32 or 128 ends every epoch on a one-window step; "
                         "validation and test always score every window")
-    g.add_argument("--eval_batch_size", type=int, default=None,
+    g.add_argument("--eval_batch_size", type=positive_int, default=None,
                    help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
                         "and metrics are exact sums, so it only changes speed)")
-    g.add_argument("--patience", type=int, default=3)
-    g.add_argument("--learning_rate", type=float, default=1e-4)
+    g.add_argument("--patience", type=positive_int, default=3)
+    g.add_argument("--learning_rate", type=positive_float, default=1e-4)
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
-    g.add_argument("--weight_decay", type=float, default=0.0)
+    g.add_argument("--weight_decay", type=non_negative_float, default=0.0)
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
-    g.add_argument("--num_workers", type=int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
+    g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
     g.add_argument("--use_amp", action="store_true", help="mixed precision: bf16 autocast (CPU and GPU)")
     g.add_argument("--amp_dtype", default="bf16", choices=["bf16", "fp16"], help="fp16 (GPU only) adds loss scaling")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")
-    g.add_argument("--num_threads", type=int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
+    g.add_argument("--num_threads", type=non_negative_int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
 
     g = p.add_argument_group("fine-tuning (OpenLTM)")
     g.add_argument("--adaptation", action="store_true", help="start training from --pretrain_model_path's weights")
     g.add_argument("--pretrain_model_path", default=None, help="checkpoint.pth of a pre-training run (same model arguments)")
-    g.add_argument("--subset_rand_ratio", type=float, default=1.0,
+    g.add_argument("--subset_rand_ratio", type=fraction, default=1.0,
                    help="few-shot: train on this random fraction of the training windows (from --seed; val/test whole)")
 
     g = p.add_argument_group("devices and DDP")
     g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
     g.add_argument("--no_use_gpu", dest="use_gpu", action="store_false", default=argparse.SUPPRESS,
                    help="TSLib's spelling of --use_gpu false")
-    g.add_argument("--gpu", type=int, default=0, help="GPU index without DDP")
+    g.add_argument("--gpu", type=non_negative_int, default=0, help="GPU index without DDP")
     g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
-    g.add_argument("--nproc_per_node", type=int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
-    g.add_argument("--dist_timeout", type=int, default=600, help="seconds a collective may wait")
-    g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="legacy torch.distributed.launch; unused")
+    g.add_argument("--nproc_per_node", type=positive_int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
+    g.add_argument("--dist_timeout", type=positive_int, default=600, help="seconds a collective may wait")
+    g.add_argument("--local_rank", "--local-rank", type=non_negative_int, default=None, help="legacy torch.distributed.launch; unused")
     g.add_argument("--sync_bn", action="store_true", help="DDP: BatchNorm statistics over the global batch (GPU only)")
     g.add_argument("--zero", action="store_true", help="DDP: shard the optimizer state between ranks (ZeRO stage 1)")
 
