@@ -1,6 +1,7 @@
 """Reading a data file (CSV, raw text, gzipped text, .npy) or the built-in synthetic data into a Table."""
 import functools
 import gzip
+import logging
 import os
 from dataclasses import dataclass
 
@@ -8,7 +9,10 @@ import numpy as np
 import pandas as pd
 
 from data_provider.synthetic import make_synthetic
+from utils import distributed
 from utils.errors import UserError, require
+
+logger = logging.getLogger("tsl")
 
 
 @dataclass
@@ -39,10 +43,7 @@ def _is_number(text):
 def _frame_to_table(frame, path):
     dates = None
     if "date" in frame.columns:
-        try:
-            dates = pd.to_datetime(frame["date"])
-        except (ValueError, TypeError) as exc:
-            raise UserError(f"{path}: the 'date' column cannot be parsed as timestamps ({exc}); fix the column or remove it") from None
+        dates = _parse_dates(frame["date"], path)
         frame = frame.drop(columns=["date"])
     require(frame.shape[1] > 0 and len(frame) > 0, f"{path} has no numeric data rows; check the file")
     for col in frame.columns:
@@ -59,6 +60,35 @@ def _frame_to_table(frame, path):
         cols = ", ".join(f"'{c}' ({n})" for c, n in zip(frame.columns, counts) if n)
         raise UserError(f"{path}: NaN or infinite values in column(s) {cols}; fill or drop them before training")
     return Table(values=values, columns=[str(c) for c in frame.columns], dates=dates)
+
+
+def _parse_dates(column, path):
+    """Timestamps in increasing order. Rows are the model's steps, so a row out of order is
+    refused (sorting could hide a mangled file); a repeated timestamp is allowed, with one warning."""
+    try:
+        dates = pd.to_datetime(column)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # pandas explains over several lines without the row: name the first value that fails
+        failed = pd.to_datetime(column, errors="coerce").isna() & column.notna()
+        where = f"{column[failed].iloc[0]!r} in row {failed.idxmax() + 1}" if failed.any() else str(exc).splitlines()[0]
+        raise UserError(f"{path}: the 'date' column cannot be parsed as timestamps ({where}); "
+                        "fix the column or remove it") from None
+    missing = dates.isna()
+    require(not missing.any(), f"{path}: the 'date' column is empty in row {missing.idxmax() + 1} "
+                               f"({missing.sum()} row(s) in all); fill in the dates or remove the column")
+    stamps = dates.to_numpy()
+    backwards = np.flatnonzero(stamps[1:] < stamps[:-1])
+    if len(backwards):
+        row = backwards[0] + 1  # 0-based index of the first row earlier than the row before it
+        raise UserError(f"{path}: dates are not increasing: row {row + 1} ({dates.iloc[row]}) comes after row {row} "
+                        f"({dates.iloc[row - 1]}); sort the file by its 'date' column")
+    repeats = np.flatnonzero(stamps[1:] == stamps[:-1])
+    if len(repeats) and distributed.env_rank() == 0:  # every rank reads the file: warn once
+        row = repeats[0] + 1
+        logger.warning(f"warning: {path}: {len(repeats)} row(s) repeat the timestamp before them, the first row "
+                       f"{row + 1} ({dates.iloc[row]}); each row still counts as one step, so drop or merge them "
+                       "if they are not")
+    return dates
 
 
 @functools.lru_cache(maxsize=8)
