@@ -53,9 +53,9 @@ def main(argv=None):
         return launch_local_workers(args)
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
-    if args.ignored_args:
-        # info level: only rank 0 logs it, so a DDP job prints the line once
-        logger.info(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
+    if args.ignored_args and distributed.env_rank() == 0:
+        # rank 0 only, so a DDP job prints the line once; a warning, so --quiet keeps it (a typo must show)
+        logger.warning(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
     try:
         problem = resolve(args)
         device = distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads)

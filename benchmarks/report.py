@@ -10,10 +10,15 @@ beside the published figures.
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
 token models the rolled-out test_pred_len and test_seq_len) and training recipe (learning
-rate, global batch, --lradj, --des, and --eval_batch_size, --train_drop_last and --embed when set),
-so runs trained or scored differently, or tagged as a variant with --des, never share a row.
+rate, global batch, --lradj, --des, and --eval_batch_size, --train_drop_last and --embed when set)
+and every other argument that changes what a run trains or scores (--train_epochs, --lr_scaling,
+--model_id, the model's shape, ...: TRAJECTORY_ARGS; the ones that set rows apart join --des), so
+runs trained or scored differently, or tagged as a variant with --des, never share a row.
 A seed counts once: when a seed was run again, its latest record (in file order) replaces
 the earlier one. std is the sample standard deviation over seeds (blank for a single seed).
+`--is_training 0` records (a checkpoint scored again, e.g. a token model rolled out further) are
+rows of their own, never pooled with trained runs, and count one per checkpoint, not per --seed.
+Lines that are no record (cut off by a killed run, undecodable bytes) are skipped; one warning counts them.
 
 The published figures come from a targets.md-style markdown file: `## A.` / `## C.`
 sections (protocol letter; A has input 96, C input 672), a data set named in the heading
@@ -36,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make the repository's packages importable
+from utils.arguments import DATA_GROUP, MODEL_GROUP, WINDOW_GROUP, build_parser, group_names  # noqa: E402
 from utils.errors import UserError, require  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
 from utils.plots import pyplot, save_png  # noqa: E402
@@ -47,6 +53,16 @@ TARGETS = REPO.parent / "shared" / "reference" / "targets.md"
 PROTOCOL_INPUT = {"A": 96, "C": 672}
 # Table C's heading names no data set; Timer-XL's Table 12 block it quotes is ETTh1.
 SECTION_DEFAULT_DATA = {"C": "ETTh1"}
+# Every argument that changes what a run trains or scores, read from run.py's argument groups.
+# Left out: what the rows pool over (--seed, --itr) and what only says where or how fast (--root_path,
+# loader workers, threads). --is_training keeps evaluations of a checkpoint apart from trained runs.
+TRAJECTORY_GROUPS = ("basic", DATA_GROUP, WINDOW_GROUP, "evaluation", MODEL_GROUP, "optimisation",
+                     "fine-tuning (OpenLTM)")
+NOT_TRAJECTORY = ("seed", "itr", "root_path", "num_workers", "num_threads")
+TRAJECTORY_ARGS = tuple(name for group in TRAJECTORY_GROUPS for name in group_names(group)
+                        if name not in NOT_TRAJECTORY) + ("sync_bn",)
+SYNTHETIC_ONLY = ("synthetic_rows", "synthetic_channels", "synthetic_seed")  # read by --data synthetic alone
+DEFAULTS = vars(build_parser().parse_args([]))  # what a record written before an argument existed ran with
 KNOWN_DATA = ("ETTh1", "ETTh2", "ETTm1", "ETTm2", "Exchange", "Weather", "ECL", "Electricity", "Traffic", "ILI")
 
 
@@ -144,8 +160,9 @@ def result_files(paths, name="results.jsonl"):
 
 
 def read_records(files):
-    """Every record of results.jsonl files; a benchmarks/reproduce.py .json gives the records its table used."""
-    records = []
+    """Every record of results.jsonl files; a benchmarks/reproduce.py .json gives the records its table used.
+    A line that is no record (cut off by a killed run, undecodable bytes) is skipped; one warning counts them."""
+    records, bad = [], []
     for file in files:
         if str(file).endswith(".json"):
             try:
@@ -156,17 +173,53 @@ def read_records(files):
                     f"{file} is not a benchmarks/reproduce.py result (no 'records' list)")
             records += [r for r in saved["records"] if r.get("used", True)]
             continue
-        for number, line in enumerate(Path(file).read_text().splitlines(), 1):
+        for number, line in enumerate(Path(file).read_bytes().splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{file}:{number} is not a JSON record ({exc.msg}); was the file cut off?") from None
-            require(isinstance(record, dict) and {"model", "mse", "mae", "pred_len"} <= record.keys(),
-                    f"{file}:{number} is not a run.py result record (needs model, pred_len, mse, mae)")
-            records.append(record)
+            record = _record_in(line)
+            if record is None:
+                bad.append(f"{file}:{number}")
+            else:
+                records.append(record)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        print(f"warning: skipped {len(bad)} line(s) that are no run.py result record (cut off by a killed run, "
+              f"undecodable bytes, or no model, pred_len, mse and mae): {shown}", file=sys.stderr)
     return records
+
+
+def _record_in(line):
+    """The run.py record a results.jsonl line (bytes) holds, or None."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return None
+    if isinstance(record, dict) and {"model", "mse", "mae", "pred_len"} <= record.keys():
+        return record
+    return None
+
+
+def trajectory_of(record):
+    """The record's value of every TRAJECTORY_ARGS argument (its default where an older record lacks it)."""
+    args = record.get("args", {})
+    synthetic = args.get("data", record.get("data")) == "synthetic"
+    values = {name: None if name in SYNTHETIC_ONLY and not synthetic else _hashable(args.get(name, DEFAULTS.get(name)))
+              for name in TRAJECTORY_ARGS}
+    values["is_training"] = bool(values["is_training"])
+    return tuple(values.values())
+
+
+def model_of(record):
+    """What a row counts once: a trained run's seed, or the checkpoint an --is_training 0 record scored
+    (several --seed values scoring one checkpoint are one model, not several seeds)."""
+    args = record.get("args", {})
+    if args.get("is_training", 1):
+        return record.get("seed")
+    return args.get("checkpoint") or str(Path(args.get("checkpoints", "")) / record.get("setting", "") / "checkpoint.pth")
+
+
+def _hashable(value):
+    return tuple(map(_hashable, value)) if isinstance(value, list) else value
 
 
 # ------------------------------------------------------------------ table
@@ -200,19 +253,24 @@ def recipe_label(row):
 
 
 def summarise(records, published=None):
-    """One row per (data, features, input, model, horizon, training recipe), sorted; and how many
-    records a later run of the same seed replaced. Runs with different recipes stay apart."""
+    """One row per (data, features, input, model, horizon, training recipe, every other trajectory
+    argument), sorted; and how many records a later run of the same seed replaced. Runs with
+    different recipes stay apart; the arguments that set apart rows that would look alike join --des."""
     published = published or {}
     groups = {}
     for r in records:
         args = r.get("args", {})
-        key = (data_of(r), args.get("features", "M"), input_of(r), r["model"], horizon_of(r), *recipe_of(r))
-        groups.setdefault(key, {})[r.get("seed")] = r  # the latest record of a seed wins
+        key = (data_of(r), args.get("features", "M"), input_of(r), r["model"], horizon_of(r), *recipe_of(r),
+               trajectory_of(r))
+        groups.setdefault(key, {})[model_of(r)] = r  # the latest record of a seed (or checkpoint) wins
     replaced = len(records) - sum(len(g) for g in groups.values())
     protocol_of_input = {v: k for k, v in PROTOCOL_INPUT.items()}
+    notes = _distinguishing_notes(groups)
     rows = []
-    for (data, features, input_len, model, horizon, lr, batch, lradj, des), by_seed in sorted(groups.items()):
-        runs = [by_seed[s] for s in sorted(by_seed, key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s)))]
+    for key, by_seed in groups.items():
+        data, features, input_len, model, horizon, lr, batch, lradj, des, _ = key
+        des = ", ".join(x for x in (des, notes[key]) if x)
+        runs = sorted(by_seed.values(), key=lambda r: (not isinstance(r.get("seed"), int), str(model_of(r)), r.get("seed") if isinstance(r.get("seed"), int) else 0))
         mse, mae = [r["mse"] for r in runs], [r["mae"] for r in runs]
         protocol = protocol_of_input.get(input_len) if features == "M" else None
         figure = _published_figure(published, protocol, data, model, horizon)
@@ -226,7 +284,32 @@ def summarise(records, published=None):
             "reference_mse": figure[0] if figure else None, "reference_mae": figure[1] if figure else None,
             "mse_vs_reference_pct": 100 * (statistics.fmean(mse) - figure[0]) / figure[0] if figure else None,
         })
+    rows.sort(key=lambda r: (r["data"], r["features"], r["input"], r["model"], r["horizon"], *r["recipe"]))
     return rows, replaced
+
+
+def _distinguishing_notes(groups):
+    """{group key: 'train_epochs 5, model_id b'}: among groups that would share a table row, each one's
+    values of the arguments they differ in, where not the default ('' for a group alone in its row).
+    Groups with the same notes would hold the same values, so no two rows look alike."""
+    variants = {}
+    for key in groups:
+        variants.setdefault(key[:-1], []).append(key[-1])
+    notes = {}
+    for row, trajectories in variants.items():
+        differ = [i for i in range(len(TRAJECTORY_ARGS)) if len({repr(t[i]) for t in trajectories}) > 1]
+        for t in trajectories:
+            notes[row + (t,)] = ", ".join(_note(TRAJECTORY_ARGS[i], t[i]) for i in differ
+                                          if repr(t[i]) != repr(_default(TRAJECTORY_ARGS[i])))
+    return notes
+
+
+def _default(name):
+    return True if name == "is_training" else _hashable(DEFAULTS.get(name))
+
+
+def _note(name, value):
+    return "evaluated checkpoints (--is_training 0)" if name == "is_training" else f"{name} {value}"
 
 
 def _published_figure(published, protocol, data, model, horizon):

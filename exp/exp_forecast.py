@@ -18,7 +18,8 @@ from data_provider.data_factory import data_provider, prepared_data
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
-from exp.outputs import OriginalScale, draw_forecasts, draw_training, require_one_scale, save_window_errors
+from exp.outputs import (OriginalScale, draw_forecasts, draw_training, require_one_scale, require_outputs_writable,
+                         save_window_errors)
 from utils import distributed
 from utils.checkpoint import (checkpoint_path, load_weights, require_writable, resume, save_best,
                               save_training_state)
@@ -37,6 +38,7 @@ class Exp_Forecast(Exp_Basic):
         the best validation weights in checkpoint.pth and end with them loaded."""
         args = self.args
         require_writable(args, "checkpoints", "results_dir")
+        require_outputs_writable(args, setting)  # results.jsonl and the setting's files, before training
         if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
         train_loader, vali_loader, test_loader = (data_provider(args, flag, self.device)[1]
@@ -171,7 +173,7 @@ class Exp_Forecast(Exp_Basic):
         """Test metrics of the current weights, or of `checkpoint` if given; runs under DDP too."""
         args = self.args
         if checkpoint:
-            require_writable(args, "results_dir")
+            require_outputs_writable(args, setting)
             distributed.load_on_main(self.raw_model, load_weights, checkpoint, map_location=self.device)
         _, vali_loader = data_provider(args, "val", self.device)
         _, test_loader = data_provider(args, "test", self.device)

@@ -3,6 +3,7 @@ metrics.json (and its line in <results_dir>/results.jsonl), window_errors.csv, t
 forecast.png and, with --do_predict, forecast.csv."""
 import json
 import logging
+import math
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from data_provider.data_factory import data_provider, prepared_data, window_for
 from exp.forward import forward, on_device
 from utils import distributed, plots
+from utils.checkpoint import writable_dir_problem
 from utils.errors import require
 from utils.files import atomic_write
 from utils.tools import eval_mode
@@ -44,8 +46,47 @@ def require_one_scale(data, args):
             "series on its own, so its forecasts have no single original scale")
 
 
+# every file a run writes under <results_dir>/<setting>/
+OUTPUT_FILES = ("metrics.json", "window_errors.csv", "training_curves.png", "forecast.png", "forecast.csv")
+
+
 def output_path(args, setting, name):
     return os.path.join(args.results_dir, setting, name)
+
+
+def results_file(args):
+    return os.path.join(args.results_dir, "results.jsonl")
+
+
+def outputs_problem(args, setting):
+    """None, or the one line saying why rank 0 could not write this run's results."""
+    problem = writable_dir_problem(args.results_dir, "--results_dir")
+    if problem:
+        return problem
+    jsonl = results_file(args)
+    if os.path.lexists(jsonl) and not os.path.isfile(jsonl):
+        return (f"{jsonl} is not a file (a folder?); every run appends its record to it: move it away or "
+                "choose another --results_dir")
+    if os.path.isfile(jsonl) and not os.access(jsonl, os.W_OK):
+        return f"{jsonl} is not writable; fix its permissions or choose another --results_dir"
+    folder = os.path.join(args.results_dir, setting)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        return f"{folder} is not a folder; this run writes its outputs there: move it away or choose another --results_dir"
+    if os.path.isdir(folder):  # a folder that does not exist yet is made in --results_dir, checked above
+        problem = writable_dir_problem(folder, "the setting's results folder")
+        if problem:
+            return problem
+    for name in OUTPUT_FILES:
+        path = output_path(args, setting, name)
+        if os.path.isdir(path):
+            return f"{path} is a folder where this run writes its {name}: move it away or choose another --results_dir"
+    return None
+
+
+def require_outputs_writable(args, setting):
+    """Before any training, on every rank: rank 0 must be able to write results.jsonl and every file
+    of <results_dir>/<setting>/ (a results.jsonl that is a folder would otherwise fail after training)."""
+    distributed.raise_on_every_rank(lambda: outputs_problem(args, setting), on="main")
 
 
 def save_results(args, setting, metrics, training=None):
@@ -53,16 +94,58 @@ def save_results(args, setting, metrics, training=None):
     if not distributed.is_main():
         return None
     record = {"setting": setting, "model": args.model, "data": args.data, "pred_len": args.pred_len,
-              "seed": args.seed, "world_size": distributed.world_size(), **metrics}
+              "seed": args.seed, "world_size": distributed.world_size(), **finite_metrics(metrics)}
     if training:
         record.update(stopped_epoch=training["stopped_epoch"], history=training["history"],
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
-    atomic_write(output_path(args, setting, "metrics.json"), lambda f: json.dump(record, f, indent=2), binary=False)
-    with open(os.path.join(args.results_dir, "results.jsonl"), "a") as f:  # an append: earlier runs stay
-        f.write(json.dumps(record) + "\n")
+    record = _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
+    atomic_write(output_path(args, setting, "metrics.json"),
+                 lambda f: json.dump(record, f, indent=2, allow_nan=False), binary=False)
+    append_line(results_file(args), json.dumps(record, allow_nan=False))  # earlier runs stay
     return record
+
+
+def append_line(path, line):
+    """Append `line` to a text file on a line of its own, even after a cut-off last line (a run
+    killed in its append): gluing onto it would spoil this record too."""
+    with open(path, "ab+") as f:
+        end = f.seek(0, os.SEEK_END)
+        cut_off = False
+        if end:
+            f.seek(end - 1)
+            cut_off = f.read(1) != b"\n"
+        f.write((("\n" if cut_off else "") + line + "\n").encode())
+
+
+def finite_metrics(metrics):
+    """`metrics` with NaN / inf as None (null: JSON has neither) and one warning line saying which and why."""
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        logger.warning("warning: " + "; ".join(_why_not_finite(k, metrics) for k in bad)
+                       + " (written as null in metrics.json and results.jsonl)")
+    return {k: None if k in bad else v for k, v in metrics.items()}
+
+
+def _why_not_finite(name, metrics):
+    base, orig = (name[:-5], True) if name.endswith("_orig") else (name, False)
+    scale = "on the original scale" if orig else "on the scaled data"
+    mae = metrics.get("mae_orig" if orig else "mae")
+    if base in ("mape", "mspe") and isinstance(mae, float) and math.isfinite(mae):
+        # finite errors over a finite truth give a non-finite ratio only where the truth is 0
+        return f"{name} is {metrics[name]}: the true values hold a 0 {scale}, and percentage errors divide by it"
+    return f"{name} is {metrics[name]}: the forecasts or the true values are not finite {scale}"
+
+
+def _nulls_for_non_finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls_for_non_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulls_for_non_finite(v) for v in value]
+    return value
 
 
 def save_window_errors(args, setting, errors):

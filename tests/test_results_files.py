@@ -1,0 +1,158 @@
+"""Results files (issue 19, defects 7 and 11): every output path is checked before training, an append
+after a cut-off line starts a line of its own, the report skips unreadable lines and never pools runs
+trained differently, a non-finite metric is written as null and explained, and a mistyped argument is
+reported even with --quiet."""
+import json
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks.report import main as report_main
+from helpers import assert_ok, make_args, run_cli
+
+TINY = ["--train_epochs", 1, "--synthetic_rows", 1000, "--seq_len", 24, "--label_len", 12, "--pred_len", 12]
+
+
+def _strict_json(text):
+    """json.loads that refuses NaN and Infinity, as every JSON reader but Python's does."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+# ------------------------------------------------------------------ defect 7: results files
+@pytest.mark.parametrize("in_the_way", ["results.jsonl", "setting/metrics.json"])
+def test_an_output_path_that_is_a_folder_is_refused_before_training(tmp_path, in_the_way):
+    results = tmp_path / "results"
+    if in_the_way.startswith("setting/"):
+        from exp.settings import resolve_args, setting_name
+        in_the_way = f"{setting_name(resolve_args(make_args(*TINY), 1), 0)}/{in_the_way.split('/')[1]}"
+    (results / in_the_way).mkdir(parents=True)
+    started = time.time()
+    proc = run_cli(tmp_path, *TINY)
+    elapsed = time.time() - started
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{in_the_way.split('/')[-1]}" in errors[0] and "--results_dir" in errors[0], errors
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "epoch 1/1" not in proc.stdout  # refused before training, not after it
+    assert not list((tmp_path / "checkpoints").rglob("*.pth"))
+    assert elapsed < 60
+
+
+def test_an_append_after_a_cut_off_line_starts_a_new_line(tmp_path):
+    from exp.outputs import save_results
+
+    args = make_args(*TINY, "--results_dir", tmp_path)
+    jsonl = tmp_path / "results.jsonl"
+    whole = json.dumps({"model": "DLinear", "pred_len": 12, "mse": 1.0, "mae": 1.0})
+    jsonl.write_text(whole + "\n" + whole[:20])  # a run killed in the middle of its append
+    save_results(args, "setting", {"mse": 0.5, "mae": 0.6})
+    lines = jsonl.read_text().splitlines()
+    assert len(lines) == 3 and lines[1] == whole[:20]
+    assert _strict_json(lines[2])["mse"] == 0.5  # the new record is whole, not glued to the fragment
+    save_results(args, "setting", {"mse": 0.7, "mae": 0.8})  # after a whole line: no blank line
+    assert [_strict_json(x)["mse"] for x in jsonl.read_text().splitlines()[2:]] == [0.5, 0.7]
+
+
+def test_report_skips_undecodable_and_cut_off_lines_with_one_warning(tmp_path, capsys):
+    good = [json.dumps(_record(seed)).encode() for seed in (1, 2)]
+    (tmp_path / "results.jsonl").write_bytes(good[0] + b"\n\xff\xfe\x00 binary junk\n" + good[1][:30] + b"\n"
+                                             + good[1] + b"\n")
+    assert report_main([str(tmp_path / "results.jsonl"), "--reference", ""]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "skipped 2 line(s)" in warnings[0] and "results.jsonl:2" in warnings[0]
+    assert "Traceback" not in err
+    assert "| 0.4500 ± 0.0707 |" in out  # the two whole records, seeds 1 and 2
+
+
+# ------------------------------------------------------------------ defect 11: the report's rows
+def _record(seed, mse=None, setting="s", **args):
+    args = {"features": "M", "seq_len": 96, "data": "ETTh1", "data_path": "ETTh1.csv", "learning_rate": 0.0001,
+            "batch_size": 32, "lradj": "type1", "des": "Exp", "checkpoints": "./checkpoints", **args}
+    mse = 0.4 + 0.1 * (seed - 1) if mse is None else mse
+    return {"setting": setting, "model": "DLinear", "data": "ETTh1", "pred_len": 96, "seed": seed, "mse": mse,
+            "mae": mse, "world_size": 1, "args": args}
+
+
+def test_report_never_pools_runs_trained_differently(tmp_path):
+    records = [
+        _record(1), _record(2),  # the recipe every other record differs from in one argument
+        _record(3, train_epochs=5),
+        _record(4, lr_scaling="linear", global_batch_size=32),
+        _record(5, accumulation_steps=2, batch_size=16, global_batch_size=32),
+        _record(6, model_id="ETTh1_96_96"),
+        # --is_training 0: seed 1's checkpoint scored twice, under two --seed values: one model, in a row apart
+        _record(1, mse=0.9, is_training=0, checkpoint="ck/seed1.pth"),
+        _record(7, mse=0.9, is_training=0, checkpoint="ck/seed1.pth"),
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert report_main([str(tmp_path), "--reference", "", "--format", "csv", "--out", str(tmp_path / "t.csv")]) == 0
+    table = pd.read_csv(tmp_path / "t.csv")
+    by_des = dict(zip(table.des, zip(table.seeds, table.mse)))
+    assert by_des.pop("Exp") == (2, pytest.approx(0.45))
+    assert by_des.pop("Exp, train_epochs 5") == (1, pytest.approx(0.6))
+    assert by_des.pop("Exp, lr_scaling linear") == (1, pytest.approx(0.7))
+    assert by_des.pop("Exp, batch_size 16, accumulation_steps 2") == (1, pytest.approx(0.8))
+    assert by_des.pop("Exp, model_id ETTh1_96_96") == (1, pytest.approx(0.9))
+    assert by_des.pop("Exp, evaluated checkpoints (--is_training 0)") == (1, pytest.approx(0.9))
+    assert not by_des
+
+
+# ------------------------------------------------------------------ defect 11: metrics.json, --quiet
+def test_a_non_finite_metric_is_written_as_null_and_explained(tmp_path, caplog):
+    from exp.outputs import save_results
+
+    args = make_args(*TINY, "--results_dir", tmp_path)
+    metrics = {"mse": 0.5, "mae": 0.6, "mape": 1.5, "mse_orig": 2.0, "mae_orig": 1.0, "mape_orig": math.inf,
+               "mspe_orig": math.nan}
+    with caplog.at_level("WARNING", logger="tsl"):
+        save_results(args, "setting", metrics)
+    saved = _strict_json((tmp_path / "setting" / "metrics.json").read_text())
+    assert saved["mape_orig"] is None and saved["mspe_orig"] is None and saved["mape"] == 1.5
+    assert _strict_json((tmp_path / "results.jsonl").read_text())["mape_orig"] is None
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "mape_orig is inf" in lines[0] and "mspe_orig is nan" in lines[0]
+    assert "the true values hold a 0 on the original scale" in lines[0] and "null" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def quiet_run_on_zeros(tmp_path_factory):
+    """One --quiet --inverse run, with a mistyped argument, on data whose target holds zeros."""
+    tmp = tmp_path_factory.mktemp("zeros")
+    rows = 600
+    frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h"),
+                          "a": np.sin(np.arange(rows) / 5.0), "OT": 2.0 * (np.arange(rows) % 2)})  # 0, 2, ...: mean 1 and std 1, so the 0s come back exactly
+    frame.to_csv(tmp / "zeros.csv", index=False)
+    proc = run_cli(tmp, "--data", "custom", "--root_path", tmp, "--data_path", "zeros.csv", *TINY, "--inverse",
+                   "--quiet", "--lerning_rate", "0.01")
+    assert_ok(proc)
+    return tmp, proc
+
+
+def test_inverse_metrics_with_zero_truths_give_valid_json(quiet_run_on_zeros):
+    tmp, proc = quiet_run_on_zeros
+    saved = _strict_json(next((tmp / "results").glob("*/metrics.json")).read_text())
+    assert saved["mape_orig"] is None and math.isfinite(saved["mse_orig"])
+    assert _strict_json((tmp / "results" / "results.jsonl").read_text())["mape_orig"] is None
+    assert sum("mape_orig is inf: the true values hold a 0 on the original scale" in line
+               for line in proc.stdout.splitlines()) == 1
+
+
+def test_quiet_keeps_the_unknown_argument_warning(quiet_run_on_zeros):
+    _, proc = quiet_run_on_zeros
+    assert "epoch 1/1" not in proc.stdout  # --quiet is quiet
+    assert proc.stdout.count("--lerning_rate: did you mean --learning_rate?") == 1
+
+
+def test_the_unknown_argument_warning_prints_once_under_ddp(tmp_path):
+    # a missing data file ends the job at once: the warning comes before the data is read
+    proc = run_cli(tmp_path, *TINY, "--quiet", "--lerning_rate", "0.01", "--data", "custom", "--root_path", tmp_path,
+                   "--data_path", "nope.csv", "--ddp",
+                   "--nproc_per_node", 2, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("did you mean --learning_rate?") == 1
