@@ -1,0 +1,178 @@
+"""Numbers out of range, channel counts the data contradicts and dates out of order end in one
+`error:` line (exit code 2, no traceback, before any training), on one process or several."""
+import logging
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers import make_args, run_command
+
+FAST = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
+
+# (arguments, the start of the message); each was a traceback, a hang or a silent run before
+BAD_NUMBERS = {
+    "negative learning rate": (["--learning_rate", -1], "--learning_rate must be positive, got -1"),
+    "dropout of 1": (["--dropout", 1.5], "--dropout must be in [0, 1), got 1.5"),
+    "NaN dropout": (["--dropout", "nan"], "--dropout must be in [0, 1), got nan"),
+    "no synthetic rows": (["--synthetic_rows", 0], "--synthetic_rows must be positive, got 0"),
+    "no synthetic channels": (["--synthetic_channels", -2], "--synthetic_channels must be positive, got -2"),
+    "negative test horizon": (["--model", "TimerXL", "--test_pred_len", -24], "--test_pred_len must be positive, got -24"),
+    "moving average of 0": (["--moving_avg", 0], "--moving_avg must be positive, got 0"),
+    "no dist timeout": (["--ddp", "--dist_timeout", 0], "--dist_timeout must be positive, got 0"),
+    "no local workers": (["--ddp", "--nproc_per_node", 0], "--nproc_per_node must be positive, got 0"),
+    "negative seed": (["--seed", -1], "--seed must be in [0, 4294967296), got -1"),
+    "subset ratio": (["--subset_rand_ratio", 0], "--subset_rand_ratio must be in (0, 1], got 0"),
+    "heads do not divide d_model": (["--model", "PatchTST", "--d_model", 30, "--n_heads", 8],
+                                    "--d_model 30 is not divisible by --n_heads 8 (model PatchTST"),
+    "enc_in of 3 channels": (["--enc_in", 3], "--enc_in 3 does not match the data: synthetic has 7 channel(s)"),
+    "c_out of 3 channels": (["--model", "TSMixer", "--c_out", 3], "--c_out 3 does not match the data"),
+}
+UNDER_DDP = ("dropout of 1", "no local workers", "heads do not divide d_model", "enc_in of 3 channels")
+
+
+def run_py(tmp_path, *argv, torchrun=False):
+    """run.py with outputs in tmp_path; under torchrun's engine (utils.launch) with `torchrun`."""
+    launcher = ["-m", "utils.launch", "--standalone", "--nproc_per_node", "2"] if torchrun else []
+    cmd = [sys.executable, *launcher, "run.py", *map(str, argv), "--no_plots",
+           "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")]
+    started = time.time()
+    proc = run_command(cmd, timeout=120)
+    return proc, time.time() - started
+
+
+def assert_one_error(proc, seconds, message):
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:") and "worker(s) failed" not in line]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert seconds < 30
+
+
+@pytest.mark.parametrize("case", BAD_NUMBERS)
+def test_bad_number_is_one_line(tmp_path, case):
+    argv, message = BAD_NUMBERS[case]
+    proc, seconds = run_py(tmp_path, *FAST, *argv)
+    assert_one_error(proc, seconds, message)
+    if "--ddp" not in argv:  # one process: nothing but the one line
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+
+
+@pytest.mark.parametrize("case", UNDER_DDP)
+def test_bad_number_under_ddp_is_one_line_from_rank_0(tmp_path, case):
+    argv, message = BAD_NUMBERS[case]
+    workers = [] if "--nproc_per_node" in argv else ["--nproc_per_node", 2]
+    proc, seconds = run_py(tmp_path, *FAST, *argv, *([] if "--ddp" in argv else ["--ddp"]), *workers)
+    assert_one_error(proc, seconds, message)
+
+
+def test_bad_number_under_torchrun_is_printed_once(tmp_path):
+    # every worker parses the command line; only rank 0 prints, and it is not stopped before it does
+    proc, seconds = run_py(tmp_path, *FAST, "--ddp", "--learning_rate", -1, torchrun=True)
+    assert_one_error(proc, seconds, "--learning_rate must be positive, got -1")
+
+
+def _numeric_actions():
+    from utils.arguments import build_parser
+
+    return [a for a in build_parser()._actions if a.type is not None and a.option_strings]
+
+
+def test_no_argument_is_a_bare_int_or_float():
+    # a new numeric argument gets a type that says its range (utils.arguments.positive_int, ...)
+    assert [a.dest for a in _numeric_actions() if a.type in (int, float)] == []
+    # and the edges of each range stay open to use
+    args = make_args("--dropout", 0, "--label_len", 0, "--weight_decay", 0, "--num_workers", 0, "--subset_rand_ratio", 1,
+                     "--down_sampling_layers", 0, "--seed", 0, "--learning_rate", 1e-9, "--is_training", 0)
+    assert (args.dropout, args.label_len, args.subset_rand_ratio, args.seed, args.is_training) == (0, 0, 1, 0, 0)
+
+
+# a value every validated numeric type refuses, whatever its range
+@pytest.mark.parametrize("action", _numeric_actions(), ids=lambda a: a.dest)
+def test_every_numeric_argument_refuses_out_of_range_values(action, capsys):
+    from utils.arguments import parse_args, str2bool
+
+    if action.type is str2bool:
+        return
+    flag = action.option_strings[0]
+    for bad in ("-1", "inf", "abc"):
+        with pytest.raises(SystemExit) as stop:
+            parse_args([flag, bad])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"error: {flag}"), err
+
+
+def test_channel_counts_must_match_the_data():
+    from exp.settings import resolve_args
+    from utils.errors import UserError
+
+    for model in ("DLinear", "TimerXL"):  # both ignored a wrong --enc_in
+        with pytest.raises(UserError, match="--enc_in 3 does not match the data: synthetic has 7 channel"):
+            resolve_args(make_args(*FAST, "--model", model, "--enc_in", 3), 1)
+    with pytest.raises(UserError, match="so --c_out is 1 or 7; drop --c_out"):
+        resolve_args(make_args(*FAST, "--features", "MS", "--c_out", 3), 1)
+    args = resolve_args(make_args(*FAST, "--enc_in", 7, "--dec_in", 7, "--c_out", 7), 1)
+    assert (args.enc_in, args.dec_in, args.c_out) == (7, 7, 7)
+    ms = resolve_args(make_args(*FAST, "--features", "MS"), 1)
+    assert (ms.enc_in, ms.c_out) == (7, 1)
+    assert resolve_args(make_args(*FAST, "--features", "MS", "--c_out", 7), 1).c_out == 7  # TSLib's MS scripts
+    # TiDE reads --c_out as its decoder's width per step (TSLib's scripts pass 8)
+    assert resolve_args(make_args(*FAST, "--model", "TiDE", "--c_out", 8), 1).c_out == 8
+
+
+def _dated_csv(tmp_path, name, edit):
+    rows = 1500
+    frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h").astype(str),
+                          "a": np.sin(np.arange(rows) / 7), "OT": np.cos(np.arange(rows) / 5)})
+    edit(frame)
+    frame.to_csv(tmp_path / name, index=False)
+    return ["--data", "custom", "--root_path", tmp_path, "--data_path", name, "--seq_len", 48, "--label_len", 24,
+            "--pred_len", 24]
+
+
+def _swap(frame, i, j):
+    frame.loc[[i, j], "date"] = frame.loc[[j, i], "date"].to_numpy()
+
+
+def test_unsorted_dates_are_refused_naming_the_first_row(tmp_path):
+    argv = _dated_csv(tmp_path, "unsorted.csv", lambda f: _swap(f, 100, 101))
+    proc, seconds = run_py(tmp_path, *argv)
+    assert_one_error(proc, seconds, "unsorted.csv: dates are not increasing: row 102 (2021-01-05 04:00:00) comes "
+                                    "after row 101 (2021-01-05 05:00:00); sort the file by its 'date' column")
+
+
+def test_unparsable_date_is_one_line_naming_its_row(tmp_path):
+    def garble(frame):
+        frame.loc[10, "date"] = "yesterday-ish"
+
+    proc, seconds = run_py(tmp_path, *_dated_csv(tmp_path, "garbled.csv", garble))
+    assert_one_error(proc, seconds, "garbled.csv: the 'date' column cannot be parsed as timestamps "
+                                    "('yesterday-ish' in row 11); fix the column or remove it")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_repeated_dates_warn_once_with_count_and_first(tmp_path):
+    def repeat(frame):
+        frame.loc[[50, 60, 61], "date"] = frame.loc[[49, 59, 59], "date"].to_numpy()
+
+    # the data is read on both ranks; an error found after reading it ends the run before training
+    argv = _dated_csv(tmp_path, "repeats.csv", repeat)
+    proc, seconds = run_py(tmp_path, *argv, "--model", "PatchTST", "--d_model", 30, "--ddp", "--nproc_per_node", 2)
+    assert_one_error(proc, seconds, "--d_model 30 is not divisible")
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "repeat the timestamp" in line]
+    assert warnings == [f"warning: {tmp_path / 'repeats.csv'}: 3 row(s) repeat the timestamp before them, the first "
+                        "row 51 (2021-01-03 01:00:00); each row still counts as one step, so drop or merge them if "
+                        "they are not"], proc.stdout + proc.stderr
+
+
+def test_repeated_dates_are_kept_in_place(tmp_path, caplog):
+    from data_provider.files import read_file
+
+    _dated_csv(tmp_path, "repeats.csv", lambda f: f.loc.__setitem__((50, "date"), f.loc[49, "date"]))
+    with caplog.at_level(logging.WARNING, logger="tsl"):
+        table = read_file(str(tmp_path / "repeats.csv"))
+    assert len(table.values) == 1500 and table.dates.iloc[50] == table.dates.iloc[49]
+    assert "1 row(s) repeat the timestamp" in caplog.text
