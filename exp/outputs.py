@@ -123,7 +123,10 @@ def finite_metrics(metrics):
     """`metrics` with NaN / inf as None (null: JSON has neither) and one warning line saying which and why."""
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
-        logger.warning("warning: " + "; ".join(_why_not_finite(k, metrics) for k in bad)
+        by_reason = {}
+        for name in bad:
+            by_reason.setdefault(_why_not_finite(name, metrics), []).append(f"{name} {metrics[name]}")
+        logger.warning("warning: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
                        + " (written as null in metrics.json and results.jsonl)")
     return {k: None if k in bad else v for k, v in metrics.items()}
 
@@ -134,8 +137,8 @@ def _why_not_finite(name, metrics):
     mae = metrics.get("mae_orig" if orig else "mae")
     if base in ("mape", "mspe") and isinstance(mae, float) and math.isfinite(mae):
         # finite errors over a finite truth give a non-finite ratio only where the truth is 0
-        return f"{name} is {metrics[name]}: the true values hold a 0 {scale}, and percentage errors divide by it"
-    return f"{name} is {metrics[name]}: the forecasts or the true values are not finite {scale}"
+        return f"the true values hold a 0 {scale}, and percentage errors divide by it"
+    return f"the forecasts or the true values are not finite {scale}"
 
 
 def _nulls_for_non_finite(value):
