@@ -47,12 +47,15 @@ if [ "${PRETRAIN:-1}" = 1 ]; then
   python run.py --ddp --nproc_per_node "$NPROC" "${model[@]}" "${pretrain[@]}" "$@"
 fi
 
-# Where the pre-training run saved its best weights, resolved by run.py's own parser so that flags in "$@"
-# (--checkpoints, --d_model, --des, ...) are honoured exactly as in the run itself.
-checkpoint=$(python -c 'import os, sys, run
-args = run.parse_args(sys.argv[1:])
+# Where the pre-training run saved its best weights, resolved by run.py's own parser (utils.arguments) and
+# run name (exp.settings.setting_name) so that flags in "$@" (--checkpoints, --d_model, --des, ...) are
+# honoured exactly as in the run itself.
+checkpoint=$(python -c 'import os, sys
+from exp.settings import setting_name
+from utils.arguments import parse_args
+args = parse_args(sys.argv[1:])
 args.autoregressive = True
-print(os.path.join(args.checkpoints, run.setting_name(args, 0), "checkpoint.pth"))' \
+print(os.path.join(args.checkpoints, setting_name(args, 0), "checkpoint.pth"))' \
   "${model[@]}" "${pretrain[@]}" "$@")
 
 python run.py --ddp --nproc_per_node "$NPROC" "${model[@]}" \
