@@ -13,7 +13,7 @@ from exp.outputs import predict, save_results
 from exp.settings import resolve_args, setting_name
 from utils import distributed
 from utils.arguments import describe_ignored, parse_args
-from utils.checkpoint import checkpoint_path
+from utils.checkpoint import checkpoint_path, setting_lock
 from utils.errors import UserError
 
 logger = logging.getLogger("tsl")
@@ -86,16 +86,17 @@ def run_experiments(args, device):
         args.seed = base_seed + ii  # the model's and the loaders' seed; the data keeps --synthetic_seed
         exp = Exp_Forecast(args, device)
         setting = setting_name(args, ii)
-        if args.is_training:
-            training = exp.train(setting)
-            metrics = exp.test(setting)
-        else:
-            training = None
-            checkpoint = args.checkpoint or checkpoint_path(args, setting)
-            metrics = exp.test(setting, checkpoint=checkpoint)
-        save_results(args, setting, metrics, training)
-        if args.do_predict:
-            predict(exp, setting)
+        with setting_lock(args, setting):  # training: no other run writes this setting meanwhile
+            if args.is_training:
+                training = exp.train(setting)
+                metrics = exp.test(setting)
+            else:
+                training = None
+                checkpoint = args.checkpoint or checkpoint_path(args, setting)
+                metrics = exp.test(setting, checkpoint=checkpoint)
+            save_results(args, setting, metrics, training)
+            if args.do_predict:
+                predict(exp, setting)
     return 0
 
 

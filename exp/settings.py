@@ -119,13 +119,15 @@ def _check_devices(args):
 
 
 def setting_name(args, ii):
-    """The folder name of run `ii` under --checkpoints and --results_dir."""
+    """The folder name of run `ii` under --checkpoints and --results_dir: TSLib's, with the seed
+    before the run index, so two seeds never share checkpoints or metrics.json (the training
+    state's identity and the setting lock guard the other arguments)."""
     parts = [args.task_name, args.model_id, args.model, args.data, f"ft{args.features}", f"sl{args.seq_len}",
              f"ll{args.label_len}", f"pl{args.pred_len}", f"dm{args.d_model}", f"nh{args.n_heads}",
              f"el{args.e_layers}", f"dl{args.d_layers}", f"df{args.d_ff}"]
     if args.autoregressive:
         parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
-    return "_".join(parts + [args.des, str(ii)])
+    return "_".join(parts + [args.des, f"seed{args.seed}", str(ii)])
 
 
 def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):

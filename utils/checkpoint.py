@@ -1,14 +1,21 @@
 """Checkpoints beside a run: the best weights (checkpoint.pth) and the training state to
-resume from (last.pth). Atomic writes, no wrapper prefixes, strict loads."""
+resume from (last.pth), which carries the run's identity; the lock that keeps two runs out
+of one setting. Atomic writes, no wrapper prefixes, strict loads."""
+import contextlib
+import fcntl
+import hashlib
 import logging
 import os
+import socket
 import tempfile
+import time
 
+import numpy as np
 import torch
 
 from utils import distributed
-from utils.arguments import MODEL_SHAPING_ARGS
-from utils.errors import UserError, require
+from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names
+from utils.errors import UserError
 from utils.files import atomic_write
 from utils.tools import rng_state, seed_everything, set_rng_state
 
@@ -92,10 +99,102 @@ def save_best(model, path):
     distributed.barrier()  # nobody reads the file before it is complete
 
 
+# ------------------------------------------------------------ a run's identity
+# Every argument is part of a training state's identity unless listed here: a new argument is
+# checked on resume until someone shows it cannot change what a run computes.
+NOT_IDENTITY = {
+    # labels and the --itr loop: they only name the setting, and the loop's index reaches training
+    # through --seed, which is checked
+    "basic": ("is_training", "model_id", "des", "itr"),
+    # where the files lie, not what they hold: the content fingerprint below is checked
+    DATA_GROUP: ("root_path",),
+    # speed only: validation and test metrics are exact sums whatever the batch, loader workers and
+    # threads do not reorder batches, and --compile runs the same model (rounding only; a run must
+    # be able to continue without the compiler)
+    "optimisation": ("eval_batch_size", "num_workers", "num_threads", "compile"),
+    # where the processes run, not what they compute: the world size is checked apart (another
+    # number of processes is allowed, with a warning), and --zero shards the same Adam state
+    "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero"),
+    # what a run writes and where, never how it trains
+    "results, pictures and forecasts": group_names("results, pictures and forecasts"),
+}
+# Schedules that read --train_epochs: with the others a longer --train_epochs extends a run exactly.
+EPOCH_DEPENDENT_SCHEDULES = ("cosine", "TST")
+
+
+def _identity_args():
+    names = []
+    for group in build_parser()._action_groups:
+        if group.title in ("positional arguments", "options", "optional arguments"):
+            continue  # argparse's own (--help)
+        names += [n for n in group_names(group.title) if n not in NOT_IDENTITY.get(group.title, ())]
+    return tuple(dict.fromkeys(names)) + ("mark_dim",)  # mark_dim: derived from the data, shapes the model
+
+
+IDENTITY_ARGS = _identity_args()
+
+
+def data_fingerprint(data):
+    """A short hash of the prepared data: the scaled values (and time features) and the split borders,
+    computed once per process (the data is prepared once per process too)."""
+    cached = getattr(data, "_fingerprint", None)
+    if cached is None:
+        digest = hashlib.blake2b(digest_size=8)
+        for name in ("values", "marks", "series", "ends"):  # TableData and UnivariateData
+            part = getattr(data, name, None)
+            for item in (part if isinstance(part, list) else [part]):
+                if isinstance(item, np.ndarray):
+                    digest.update(f"{name}{item.dtype}{item.shape}".encode())
+                    digest.update(np.ascontiguousarray(item).data)
+                else:
+                    digest.update(f"{name}{item!r}".encode())
+        cached = data._fingerprint = digest.hexdigest()
+    return cached
+
+
+def run_identity(args):
+    """What decides a run's trajectory: IDENTITY_ARGS' values and the data's fingerprint."""
+    from data_provider.data_factory import prepared_data  # cached: the run has prepared it already
+
+    identity = {name: getattr(args, name, None) for name in IDENTITY_ARGS}
+    identity["data_fingerprint"] = data_fingerprint(prepared_data(args))
+    return identity
+
+
+def identity_differences(saved, now):
+    """'name (saved X, now Y)' for each field that differs, in parser order."""
+    differing = []
+    for name, value in now.items():
+        if name == "train_epochs" and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
+            continue  # the schedule does not read it: a longer run continues a shorter one exactly
+        if saved.get(name, "(absent)") != value:
+            differing.append(f"{name} (saved {saved.get(name, '(absent)')!r}, now {value!r})")
+    return differing
+
+
+def launch_id():
+    """Who launched this worker: torchrun's run id and its agent (this process's parent) on this
+    host. It stays the same across the elastic restarts of one launch and changes with every
+    launch (ddp_forecast.sh's fixed --rdzv_id alone would not); None outside torchrun."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    agent = os.getppid()
+    try:  # the agent's start time (field 22 of /proc/PID/stat): a reused pid is another agent
+        started = open(f"/proc/{agent}/stat").read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "?"
+    return f"{run_id}/{socket.gethostname()}/{agent}/{started}"
+
+
+def restart_count():
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped):
     """last.pth: everything needed to continue exactly where `epoch` ended. A collective: every
     rank calls it (its generators and, under --zero, its optimizer shard go in); rank 0 writes."""
-    rng = distributed.gather_objects(rng_state())
+    rng, launches = zip(*distributed.gather_objects((rng_state(), launch_id())))
     optimizer_state = distributed.optimizer_state_dict(optimizer)  # consolidated under --zero (a collective)
     if distributed.is_main():
         save_atomic({
@@ -106,8 +205,11 @@ def save_training_state(path, model, optimizer, stopper, args, epoch, step, hist
             "epoch": epoch,  # also the sampler epoch: set_epoch(epoch) reproduces the order
             "global_step": step,
             "stopped": stopped,
-            "rng": rng,
+            "rng": list(rng),
             "model_args": {k: getattr(args, k) for k in MODEL_SHAPING_ARGS},
+            "identity": run_identity(args),  # a resume or restart continues only the same run
+            "world_size": distributed.world_size(),
+            "launches": sorted({x for x in launches if x is not None}),  # every node's launch_id()
             "history": history,
         }, path)
 
@@ -127,14 +229,27 @@ def read_training_state(path, map_location="cpu"):
     return state
 
 
-def load_training_state(path, model, optimizer, stopper, args, device):
+def identity_problem(path, state, args):
+    """None if the training state `state` (read from `path`) is this run's, else a one-line
+    message naming every argument that differs (the world size may differ: load_training_state
+    warns)."""
+    if "identity" not in state:
+        return (f"cannot resume from {path}: it carries no run identity (written by an older version of this "
+                "code), so nothing shows it is this run's; delete it to start over, or use another --checkpoints")
+    differing = identity_differences(state["identity"], run_identity(args))
+    if not differing:
+        return None
+    return (f"cannot resume from {path}: it is another run's training state: " + "; ".join(differing)
+            + ". Use the same arguments, or another --checkpoints folder")
+
+
+def load_training_state(path, model, optimizer, stopper, args, device, state=None):
     """Continue from last.pth: model (strictly), optimizer, early stopping and every random
-    generator as the interrupted run left them; returns the state read."""
-    state = read_training_state(path, map_location=device)
-    differing = [f"{k} (saved {state['model_args'].get(k)!r}, now {getattr(args, k)!r})"
-                 for k in MODEL_SHAPING_ARGS if state["model_args"].get(k) != getattr(args, k)]
-    require(not differing, f"cannot resume from {path}: it was trained with other model arguments: "
-            + "; ".join(differing) + ". Use the same arguments, or another --checkpoints folder")
+    generator as the interrupted run left them, once rank 0 has checked that it is this run's
+    (same identity); returns the state read."""
+    if state is None:
+        state = read_training_state(path, map_location=device)
+    distributed.raise_on_every_rank(lambda: identity_problem(path, state, args), on="main")
     model.load_state_dict(state["model"], strict=True)
     distributed.load_optimizer_state(optimizer, state["optimizer"])  # full state: with or without --zero
     stopper.load_state_dict(state["early_stopping"])
@@ -151,10 +266,10 @@ def load_training_state(path, model, optimizer, stopper, args, device):
 def resume_path(args, setting):
     """last.pth to continue from, or None: --resume [PATH], or any torchrun restart."""
     resume = args.resume
-    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-        resume = "auto"  # an elastic restart always continues the interrupted run
+    if resume is None and restart_count() > 0:
+        resume = "auto"  # an elastic restart continues its own first attempt's state (see resume)
     if resume is None:
-        return None
+        return None  # a fresh run never reads an older last.pth
     if resume != "auto":
         return resume
     path = checkpoint_path(args, setting, "last.pth")
@@ -164,17 +279,31 @@ def resume_path(args, setting):
     return None
 
 
+def _written_by_another_launch(state):
+    """On every rank: whether no node of this launch wrote `state` (rank 0 decides). A collective."""
+    ours = set(distributed.gather_objects(launch_id())) - {None}
+    return distributed.broadcast_object(not ours & set(state.get("launches", ())))
+
+
 def resume(args, setting, model, optimizer, stopper, device):
     """(history, global step, stopped, first epoch): those of the run to continue (loaded into
     model, optimizer and stopper), or a fresh start's. Every rank must see the same state."""
+    fresh = [], 0, False, 1
     path = resume_path(args, setting)
     distributed.require_same(bool(path) and os.path.isfile(path),
                              f"the nodes disagree on the training state to resume (rank 0: {path}): a "
                              "multi-node run resumes and restarts from --checkpoints, so put it on storage every "
                              "node shares, or copy last.pth to every node")
     if not path:
-        return [], 0, False, 1
-    state = load_training_state(path, model, optimizer, stopper, args, device)
+        return fresh
+    state = read_training_state(path, map_location=device)
+    # Without --resume only an elastic restart gets here: it continues what its own launch wrote;
+    # a last.pth from an earlier launch means the first attempt died before saving an epoch.
+    if args.resume is None and _written_by_another_launch(state):
+        logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
+                    f"(stopped before it saved an epoch); starting from epoch 1")
+        return fresh
+    state = load_training_state(path, model, optimizer, stopper, args, device, state=state)
     return state["history"], state["global_step"], state["stopped"], state["epoch"] + 1
 
 
@@ -197,3 +326,64 @@ def require_writable(args, *options):
         return next((p for p in problems if p), None)
 
     distributed.raise_on_every_rank(first_problem, on="main")
+
+
+@contextlib.contextmanager
+def setting_lock(args, setting):
+    """Rank 0 holds an exclusive flock on <checkpoints>/<setting>/.lock while a training run writes
+    the setting; a second run on the same setting stops on every rank, naming the holder. The kernel
+    drops the lock when its process dies, so a killed run never blocks the next one."""
+    if not args.is_training:  # evaluation only reads the setting's checkpoint
+        yield
+        return
+    folder = os.path.join(args.checkpoints, setting)
+    path = os.path.join(folder, ".lock")
+    held = {}
+
+    def take():
+        problem = writable_dir_problem(args.checkpoints, "--checkpoints")
+        if problem:
+            return problem
+        held["new_folder"] = not os.path.isdir(folder)
+        os.makedirs(folder, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 500).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                return (f"setting {setting} is in use by another run ({holder}): two runs must not write one "
+                        f"setting's checkpoints; wait for it to end, or use another --checkpoints or --des")
+            try:
+                same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:  # else its holder removed it between our open and our lock: take the new one
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+        held["fd"] = fd
+        return None
+
+    def take_or_say_why():
+        try:
+            return take()
+        except OSError as exc:
+            return f"cannot lock {path} ({exc.strerror}); check that --checkpoints is a writable local or shared folder"
+
+    distributed.raise_on_every_rank(take_or_say_why, on="main")
+    try:
+        yield
+    finally:
+        if "fd" in held:
+            # remove the file while still holding it (a waiting opener sees the inode change), so a
+            # run leaves no lock file, and no folder if it wrote nothing else there
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(held["fd"])
+            if held["new_folder"]:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)

@@ -1,0 +1,146 @@
+"""A run's identity (issue 19, defects 1, 2 and 11's first part): a training state continues only the run
+that wrote it (--resume names every argument that differs; an elastic restart never continues an earlier
+launch's last.pth), two seeds never share a setting, and two runs never write one setting at once."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from helpers import (SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, output_args as _outputs, records,
+                     run_cli, subprocess_env)
+from test_resume_and_restart import Streamed, _worker_pids
+
+SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
+DLINEAR = ["--synthetic_rows", 1500, "--num_threads", 1]
+
+
+def _error_lines(proc):
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ") and "worker" not in line]
+
+
+def _refused(proc, started, limit=30):
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(_error_lines(proc)) == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert time.time() - started < limit
+    return _error_lines(proc)[0]
+
+
+def test_every_excluded_argument_exists_in_its_group():
+    from utils.arguments import group_names
+    from utils.checkpoint import IDENTITY_ARGS, NOT_IDENTITY
+
+    for group, names in NOT_IDENTITY.items():
+        assert set(names) <= set(group_names(group)), group
+    for name in ("seed", "learning_rate", "lradj", "lr_scaling", "batch_size", "accumulation_steps", "train_epochs",
+                 "patience", "loss", "weight_decay", "subset_rand_ratio", "use_amp", "data", "data_path", "d_model"):
+        assert name in IDENTITY_ARGS, name
+
+
+# ---------------------------------------------------------------- --resume
+def test_resume_refuses_another_seed_or_learning_rate_in_one_line(tmp_path):
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1))
+    last = tmp_path / "checkpoints" / records(tmp_path)[-1]["setting"] / "last.pth"
+    before = last.read_bytes()
+    started = time.time()
+    proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 2, "--resume", last, "--seed", 2022,
+                   "--learning_rate", 1e-3)
+    line = _refused(proc, started)
+    assert line.startswith(f"error: cannot resume from {last}: it is another run's training state: ")
+    assert "seed (saved 2021, now 2022)" in line and "learning_rate (saved 0.0001, now 0.001)" in line
+    assert "data_fingerprint (saved '" in line  # the built-in series follows --seed: other data
+    # the same setting's --resume with another learning rate alone
+    proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 2, "--resume", "--learning_rate", 1e-3)
+    assert "learning_rate (saved 0.0001, now 0.001). Use the same arguments" in _refused(proc, started, 60)
+    assert last.read_bytes() == before
+    assert len(records(tmp_path)) == 1
+
+
+def test_a_longer_run_may_continue_a_shorter_one_unless_the_schedule_reads_the_length(tmp_path):
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--lradj", "cosine"))
+    started = time.time()
+    proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 2, "--lradj", "cosine", "--resume")
+    assert "train_epochs (saved 1, now 2)" in _refused(proc, started)
+
+
+# ---------------------------------------------------------------- elastic restarts
+def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
+    """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
+    loses a worker in epoch 1, before it saved anything: its restart starts from epoch 1."""
+    argv = [*SMALL_TIMERXL, "--seed", 7, "--train_epochs", 2, *_outputs(tmp_path)]
+    env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1")  # ddp_forecast.sh: --rdzv_id tsl-ddp
+    older = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--train_epochs", "1",
+                      "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
+    code, output = older.finish()
+    assert code == 0, output[-3000:]
+    last = tmp_path / "checkpoints" / records(tmp_path)[-1]["setting"] / "last.pth"
+    older_state = last.read_bytes()
+
+    fresh = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--learning_rate", "1e-3"],
+                     env=dict(env, MASTER_PORT=str(free_port())))
+    fresh.wait_for("training long_term_forecast")  # the summary line: epoch 1 is starting
+    time.sleep(0.5)
+    os.kill(_worker_pids(fresh.proc.pid)[1], signal.SIGKILL)
+    assert last.read_bytes() == older_state, "the kill came after epoch 1 was saved"
+    code, output = fresh.finish()
+    assert code == 0, output[-3000:]
+    assert "elastic restart: " in output and "starting from epoch 1" in output
+    assert "resumed from" not in output
+    record = records(tmp_path)[-1]
+    assert record["args"]["learning_rate"] == 1e-3 and record["seed"] == 7
+    assert [h["epoch"] for h in record["history"]] == [1, 2]
+    assert record["history"][0]["lr"] == pytest.approx(1e-3)  # its own epoch 1, not the older run's 1e-4
+    state = torch.load(last, weights_only=True)
+    assert state["identity"]["learning_rate"] == 1e-3 and state["epoch"] == 2
+
+
+# ---------------------------------------------------------------- seeds and settings
+def test_two_seeds_get_two_settings(tmp_path):
+    from exp.settings import setting_name
+
+    args = make_args()
+    args.autoregressive = False
+    first = setting_name(args, 0)
+    args.seed = 2022
+    assert setting_name(args, 0) != first and first.endswith("_exp_seed2021_0")
+    for seed in (1, 2):
+        assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--seed", seed))
+    one, two = records(tmp_path)
+    assert one["setting"] != two["setting"]
+    for record in (one, two):
+        assert (tmp_path / "checkpoints" / record["setting"] / "checkpoint.pth").is_file()
+        metrics = (tmp_path / "results" / record["setting"] / "metrics.json").read_text()
+        assert f'"seed": {record["seed"]}' in metrics
+
+
+def test_a_second_run_on_a_locked_setting_refuses_naming_the_first(tmp_path):
+    from exp.settings import setting_name
+    from utils.checkpoint import setting_lock
+
+    args = make_args(*DLINEAR, *_outputs(tmp_path))
+    args.autoregressive = False
+    setting = setting_name(args, 0)
+    with setting_lock(args, setting):  # this process is "the first run"
+        holder = (tmp_path / "checkpoints" / setting / ".lock").read_text()
+        assert holder.startswith(f"pid {os.getpid()} on ")
+        started = time.time()
+        proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--ddp", "--nproc_per_node", 2)
+        line = _refused(proc, started)
+        assert f"setting {setting} is in use by another run ({holder.strip()})" in line
+        assert sorted(p.name for p in (tmp_path / "checkpoints" / setting).iterdir()) == [".lock"]
+    assert not (tmp_path / "checkpoints" / setting).exists()  # the lock leaves nothing behind
+    assert not (tmp_path / "results" / "results.jsonl").exists()
+
+
+def test_a_dead_runs_lock_file_does_not_block(tmp_path):
+    args = make_args(*DLINEAR, *_outputs(tmp_path))
+    args.autoregressive = False
+    from exp.settings import setting_name
+
+    folder = tmp_path / "checkpoints" / setting_name(args, 0)
+    folder.mkdir(parents=True)
+    (folder / ".lock").write_text("pid 999999 on nowhere, started long ago\n")  # its process is gone
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1))
+    assert not (folder / ".lock").exists() and (folder / "checkpoint.pth").is_file()
