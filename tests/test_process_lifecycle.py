@@ -49,3 +49,52 @@ def test_batchnorm_ranks_validate_the_model_rank_0_saves(tmp_path, world):
     load_weights(exp.raw_model, checkpoint)
     alone = exp.vali(data_provider(args, "val")[1])
     assert history[0]["vali_loss"] == pytest.approx(alone, rel=1e-7, abs=0)
+
+
+def _node_csv(folder, rank, change):
+    """This rank's own copy of data.csv, as a node with its own disk holds it; rank 1's differs by `change`."""
+    from data_provider.synthetic import make_synthetic
+
+    frame = make_synthetic(rows=1500, channels=3, seed=1)
+    if rank == 1 and change == "one value":  # same length: the same window count, silently other numbers
+        frame.iloc[100, 1] += 1.0
+    elif rank == 1 and change == "rows missing":  # fewer windows: the ranks' collectives would not pair
+        frame = frame.iloc[:-40]
+    node = folder / f"node{rank}"
+    node.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(node / "data.csv", index=False)
+    return node
+
+
+def _run_main_on_node(rank, world, folder, change):
+    """run.py's main on this rank with its own copy of the data; (exit code, stderr)."""
+    import contextlib
+    import gc
+    import io
+
+    import run
+    from utils import distributed
+
+    node = _node_csv(folder, rank, change)
+    distributed.cleanup = gc.collect  # free a DDP wrapper; the test harness destroys its own group
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        argv = ["--data", "custom", "--root_path", node, "--data_path", "data.csv", "--train_epochs", 1,
+                "--dist_timeout", 30, "--no_plots", *output_args(folder)]
+        code = run.main(list(map(str, argv)))
+    return code, stderr.getvalue()
+
+
+@pytest.mark.parametrize("change", ["one value", "rows missing"])
+def test_ranks_reading_different_data_stop_naming_them(tmp_path, change):
+    import time
+
+    started = time.time()
+    results = run_on_ranks(_run_main_on_node, 2, tmp_path, change, timeout=120)
+    assert [code for code, _ in results] == [2, 2]
+    lines = results[0][1].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the prepared data differs between processes: rank 0 (")
+    assert "rank 1 (" in lines[0] and "--data_path data.csv" in lines[0], lines[0]
+    assert results[1][1] == ""  # rank 1 says nothing: rank 0 speaks for the job
+    assert time.time() - started < 60
+    assert not (tmp_path / "results").exists()

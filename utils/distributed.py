@@ -8,6 +8,7 @@ import datetime
 import gc
 import logging
 import os
+import socket
 import sys
 
 import torch
@@ -210,6 +211,20 @@ def require_same(value, message):
     """
     values = gather_objects(value)
     raise_on_every_rank(lambda: message if any(v != values[0] for v in values) else None, on="main")
+
+
+def require_identical(value, what, fix):
+    """Raise the same UserError on every rank unless every rank holds an equal `value` (a str),
+    naming the ranks and hosts that hold each value. Every rank decides from the same gathered
+    list, so they all raise together."""
+    if not is_dist():
+        return
+    holders = {}
+    for r, (v, host) in enumerate(gather_objects((value, socket.gethostname()))):
+        holders.setdefault(v, []).append(f"{r} ({host})")
+    if len(holders) > 1:
+        raise UserError(f"{what} differs between processes: "
+                        + "; ".join(f"rank {', '.join(ranks)}: {v}" for v, ranks in holders.items()) + f"; {fix}")
 
 
 def load_on_main(module, load, *args, **kwargs):
