@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from data_provider.data_factory import data_fingerprint
 from exp.exp_forecast import Exp_Forecast
 from exp.outputs import predict, save_results
 from exp.settings import resolve_args, setting_name
@@ -62,6 +63,7 @@ def main(argv=None):
         # every rank stops together, rank 0 saying why: a rank that left alone could get the
         # others killed by torchrun before rank 0 prints
         distributed.raise_on_every_rank(lambda: problem, on="all")
+        require_same_data(args)
         return run_experiments(args, device)
     except UserError as problem:
         if distributed.env_rank() == 0:  # the process group may not exist
@@ -78,6 +80,17 @@ def resolve(args):
     except UserError as problem:
         return str(problem)
     return None
+
+
+def require_same_data(args):
+    """Every rank prepared the same data (each node reads its own copy of the files), or every rank
+    stops with one line naming who differs: not a collective timeout, not a silently mixed run."""
+    if distributed.world_size() == 1:
+        return
+    fingerprint = []
+    distributed.raise_on_every_rank(lambda: fingerprint.append(data_fingerprint(args)), on="all")
+    distributed.require_identical(fingerprint[0], "the prepared data", "give every node the same data files "
+                                  f"(--root_path {args.root_path}, --data_path {args.data_path})")
 
 
 def run_experiments(args, device):
