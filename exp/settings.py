@@ -6,7 +6,6 @@ setting, with no process group: run.py calls it before distributed.setup, so a b
 argument ends every rank alike before any collective.
 """
 import argparse
-import inspect
 import json
 import os
 
@@ -50,7 +49,6 @@ def resolve_args(args, world_size):
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
     require(args.seed + args.itr - 1 < SEED_LIMIT,
             f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
-    _check_heads(args, cls)
     require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
     args.global_batch_size = global_batch_size(args, world_size)
     args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
@@ -59,6 +57,7 @@ def resolve_args(args, world_size):
     if args.autoregressive:
         _check_tokens(args)
     _check_devices(args)
+    _check_model_builds(args, cls)
     return args
 
 
@@ -83,17 +82,15 @@ def _fill_shapes(args, data, cls):
     args.test_pred_len = args.test_pred_len or args.pred_len
 
 
-def _check_heads(args, cls):
-    """Attention splits d_model into n_heads equal parts; only models that read n_heads care."""
-    if "configs.n_heads" in inspect.getsource(inspect.getmodule(cls)):
-        require(args.d_model % args.n_heads == 0,
-                f"--d_model {args.d_model} is not divisible by --n_heads {args.n_heads} (model {args.model} splits "
-                f"d_model between its attention heads); choose --n_heads among {_divisors(args.d_model)}")
-
-
-def _divisors(n):
-    small = [d for d in range(1, min(n, 64) + 1) if n % d == 0]
-    return ", ".join(map(str, small[:8])) + (", ..." if len(small) > 8 else "")
+def _check_model_builds(args, cls):
+    """Models refuse impossible arguments in their constructor with ValueError (d_model not divisible
+    by n_heads, PatchTST's patch_len or TimeMixer's scales past seq_len): build one on the meta
+    device (no memory, no weights) so the refusal comes now, once, not from every rank."""
+    try:
+        with torch.device("meta"):
+            cls(args)
+    except ValueError as exc:
+        raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
 
 
 def _check_tokens(args):

@@ -1,6 +1,7 @@
 """Numbers out of range, channel counts the data contradicts and dates out of order end in one
 `error:` line (exit code 2, no traceback, before any training), on one process or several."""
 import logging
+import re
 import sys
 import time
 
@@ -26,7 +27,7 @@ BAD_NUMBERS = {
     "negative seed": (["--seed", -1], "--seed must be in [0, 4294967296), got -1"),
     "subset ratio": (["--subset_rand_ratio", 0], "--subset_rand_ratio must be in (0, 1], got 0"),
     "heads do not divide d_model": (["--model", "PatchTST", "--d_model", 30, "--n_heads", 8],
-                                    "--d_model 30 is not divisible by --n_heads 8 (model PatchTST"),
+                                    "model PatchTST cannot be built with these arguments: d_model (30) must be divisible by n_heads (8)"),
     "enc_in of 3 channels": (["--enc_in", 3], "--enc_in 3 does not match the data: synthetic has 7 channel(s)"),
     "c_out of 3 channels": (["--model", "TSMixer", "--c_out", 3], "--c_out 3 does not match the data"),
 }
@@ -75,9 +76,9 @@ def test_bad_number_under_torchrun_is_printed_once(tmp_path):
 
 
 def _numeric_actions():
-    from utils.arguments import build_parser
+    from utils.arguments import build_parser, str2bool
 
-    return [a for a in build_parser()._actions if a.type is not None and a.option_strings]
+    return [a for a in build_parser()._actions if a.type not in (None, str2bool) and a.option_strings]
 
 
 def test_no_argument_is_a_bare_int_or_float():
@@ -92,10 +93,8 @@ def test_no_argument_is_a_bare_int_or_float():
 # a value every validated numeric type refuses, whatever its range
 @pytest.mark.parametrize("action", _numeric_actions(), ids=lambda a: a.dest)
 def test_every_numeric_argument_refuses_out_of_range_values(action, capsys):
-    from utils.arguments import parse_args, str2bool
+    from utils.arguments import parse_args
 
-    if action.type is str2bool:
-        return
     flag = action.option_strings[0]
     for bad in ("-1", "inf", "abc"):
         with pytest.raises(SystemExit) as stop:
@@ -121,6 +120,19 @@ def test_channel_counts_must_match_the_data():
     assert resolve_args(make_args(*FAST, "--features", "MS", "--c_out", 7), 1).c_out == 7  # TSLib's MS scripts
     # TiDE reads --c_out as its decoder's width per step (TSLib's scripts pass 8)
     assert resolve_args(make_args(*FAST, "--model", "TiDE", "--c_out", 8), 1).c_out == 8
+
+
+def test_arguments_a_model_cannot_be_built_with_are_refused_before_any_process_group():
+    from exp.settings import resolve_args
+    from utils.errors import UserError
+
+    cases = {("--model", "PatchTST", "--patch_len", 64): "seq_len 48 is too short for patch_len 64 with stride 8",
+             ("--model", "TimeMixer", "--down_sampling_layers", 3, "--down_sampling_window", 4,
+              "--down_sampling_method", "avg"): "seq_len 48 is too short for 3 down-sampling layers of window 4",
+             ("--model", "iTransformer", "--d_model", 30): "d_model (30) must be divisible by n_heads (8)"}
+    for argv, message in cases.items():
+        with pytest.raises(UserError, match=re.escape(message)):
+            resolve_args(make_args(*FAST, *argv), 1)
 
 
 def _dated_csv(tmp_path, name, edit):
@@ -161,7 +173,7 @@ def test_repeated_dates_warn_once_with_count_and_first(tmp_path):
     # the data is read on both ranks; an error found after reading it ends the run before training
     argv = _dated_csv(tmp_path, "repeats.csv", repeat)
     proc, seconds = run_py(tmp_path, *argv, "--model", "PatchTST", "--d_model", 30, "--ddp", "--nproc_per_node", 2)
-    assert_one_error(proc, seconds, "--d_model 30 is not divisible")
+    assert_one_error(proc, seconds, "d_model (30) must be divisible by n_heads (8)")
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "repeat the timestamp" in line]
     assert warnings == [f"warning: {tmp_path / 'repeats.csv'}: 3 row(s) repeat the timestamp before them, the first "
                         "row 51 (2021-01-03 01:00:00); each row still counts as one step, so drop or merge them if "

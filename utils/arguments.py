@@ -137,10 +137,10 @@ def build_parser():
                    help="TimesNet: what completes a period grid's last row: zeros (TSLib's code since fd74cbc, "
                         "2023-02-22) or the series' last steps repeated (its 2023-02-18 code, 230805f)")
     g.add_argument("--channel_independence", type=flag_int, default=1, help="TimeMixer: 1 mixes each channel alone")
-    g.add_argument("--decomp_method", default="moving_avg", help="TimeMixer: moving_avg or dft_decomp")
+    g.add_argument("--decomp_method", default="moving_avg", choices=("moving_avg", "dft_decomp"), help="TimeMixer: moving_avg or dft_decomp")
     g.add_argument("--down_sampling_layers", type=non_negative_int, default=0, help="TimeMixer: number of coarser scales")
     g.add_argument("--down_sampling_window", type=positive_int, default=1, help="TimeMixer: down-sampling factor per scale")
-    g.add_argument("--down_sampling_method", default=None, help="TimeMixer: avg, max or conv")
+    g.add_argument("--down_sampling_method", default=None, choices=("avg", "max", "conv"), help="TimeMixer: avg, max or conv")
     g.add_argument("--mark_pairing", default="window", choices=("window", "tiled"),
                    help="TimeMixer with channel independence: the calendar each channel's series is given. "
                         "window: its own window's; tiled: the official code's x_mark.repeat(C, 1, 1), "
