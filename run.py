@@ -52,6 +52,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.ddp and not distributed.launched_by_torchrun():
         return launch_local_workers(args)
+    distributed.die_with_launcher()
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
     if args.ignored_args and distributed.env_rank() == 0:

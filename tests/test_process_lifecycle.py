@@ -98,3 +98,76 @@ def test_ranks_reading_different_data_stop_naming_them(tmp_path, change):
     assert results[1][1] == ""  # rank 1 says nothing: rank 0 speaks for the job
     assert time.time() - started < 60
     assert not (tmp_path / "results").exists()
+
+
+def _children(pid):
+    """Pids of the live processes whose parent is `pid`."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_long_run(tmp_path, launcher, *extra):
+    """A 2-process run that trains for a long time, started by `launcher`; (process, its output lines)
+    once its first epoch has ended."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from helpers import REPO, subprocess_env
+
+    cmd = [sys.executable, "run.py", "--ddp", "--nproc_per_node", "2"] if launcher == "run.py --ddp" else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "run.py"]
+    cmd += ["--train_epochs", 10000, "--patience", 10000, "--synthetic_rows", 1500, "--no_plots", *extra,
+            *output_args(tmp_path)]
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.time() + 180
+    while not any(line.startswith("epoch 1/") for line in lines):
+        assert time.time() < deadline and proc.poll() is None, "".join(lines)
+        time.sleep(0.2)
+    return proc, lines
+
+
+@pytest.mark.parametrize("launcher", ["run.py --ddp", "torchrun"])
+def test_workers_die_with_a_killed_launcher(tmp_path, launcher):
+    import os
+    import signal
+    import time
+
+    proc, lines = _start_long_run(tmp_path, launcher)
+    workers = _children(proc.pid)
+    assert len(workers) == 2
+    try:
+        proc.kill()
+        killed = time.time()
+        while any(map(_alive, workers)) and time.time() - killed < 10:
+            time.sleep(0.1)
+        assert not any(map(_alive, workers)), f"workers still running {time.time() - killed:.0f} s after the launcher"
+        assert time.time() - killed < 5
+        time.sleep(1)
+        assert not (tmp_path / "results" / "results.jsonl").exists()
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()

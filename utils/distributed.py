@@ -8,6 +8,7 @@ import datetime
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -21,6 +22,31 @@ from utils.errors import UserError
 def launched_by_torchrun():
     """True inside a worker started by torchrun / torch.distributed.run."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+LAUNCHER_PID = "TSL_LAUNCHER_PID"  # set by utils.launch: the pid the workers it starts must outlive
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher():
+    """Under torchrun, end this worker the moment its launcher (the elastic agent) dies.
+
+    torchrun starts workers in their own session, so a SIGKILLed agent would leave them training
+    under PID 1 and appending results after the job was reported failed. On Linux the kernel
+    sends SIGKILL when the parent exits (prctl PR_SET_PDEATHSIG); a parent that died before that
+    call is seen by comparing the parent pid with the launcher's (utils.launch records it; under
+    an external torchrun, the parent at this call).
+    """
+    if not launched_by_torchrun():
+        return
+    launcher = int(os.environ.get(LAUNCHER_PID, 0)) or os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher:
+        print(f"error: the launcher (pid {launcher}) is gone; this worker stops", file=sys.stderr)
+        os._exit(1)
 
 
 def is_dist():

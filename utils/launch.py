@@ -7,6 +7,7 @@ what went wrong, so the launcher adds one line and exits with the workers' code.
 rendezvous that fails before any worker starts (a node missing, MASTER_ADDR unreachable,
 the port taken) ends with one line that says what to check, and exit code 1.
 """
+import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -14,10 +15,14 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
+from utils.distributed import LAUNCHER_PID
+
 
 def launch(torchrun_argv):
     """Run torchrun with these arguments; returns the exit code."""
     config = get_args_parser().parse_args(torchrun_argv)
+    # the workers' check that this process lives (utils.distributed.die_with_launcher); only for them
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     try:
         run(config)
     except ChildFailedError as failure:
@@ -28,6 +33,8 @@ def launch(torchrun_argv):
     except RendezvousError as failure:
         print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
         return 1
+    finally:
+        os.environ.pop(LAUNCHER_PID, None)
     return 0
 
 
