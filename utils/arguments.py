@@ -57,7 +57,7 @@ class Parser(argparse.ArgumentParser):
             action = next((a for a in self._actions if flag in a.option_strings), None)
             default = "" if action is None or action.default in (None, argparse.SUPPRESS) else f" ({action.default})"
             message = f"{flag}{' ' if reason.startswith('must') else ': '}{reason}; leave it out for the default{default}"
-        print(f"error: {message}, or see `python run.py --help`", file=sys.stderr, flush=True)
+        print(f"error: {message}, or see python run.py --help", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
