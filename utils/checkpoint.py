@@ -106,7 +106,7 @@ NOT_IDENTITY = {
     # labels and the --itr loop: they only name the setting, and the loop's index reaches training
     # through --seed, which is checked
     "basic": ("is_training", "model_id", "des", "itr"),
-    # where the files lie, not what they hold: the content fingerprint below is checked
+    # where the files lie, not what they hold: the data's content hash is checked
     DATA_GROUP: ("root_path",),
     # speed only: validation and test metrics are exact sums whatever the batch, loader workers and
     # threads do not reorder batches, and --compile runs the same model (rounding only; a run must
@@ -134,9 +134,11 @@ def _identity_args():
 IDENTITY_ARGS = _identity_args()
 
 
-def data_fingerprint(data):
-    """A short hash of the prepared data: the scaled values (and time features) and the split borders,
-    computed once per process (the data is prepared once per process too)."""
+def data_content_hash(data):
+    """A short hash of the prepared data: the scaled values, the time features and the split borders,
+    computed once per process (the data is prepared once per process too). Unlike
+    data_factory.data_fingerprint (the ranks' agreement) it cuts no windows and is cached:
+    last.pth is written every epoch."""
     cached = getattr(data, "_fingerprint", None)
     if cached is None:
         digest = hashlib.blake2b(digest_size=8)
@@ -153,11 +155,11 @@ def data_fingerprint(data):
 
 
 def run_identity(args):
-    """What decides a run's trajectory: IDENTITY_ARGS' values and the data's fingerprint."""
+    """What decides a run's trajectory: IDENTITY_ARGS' values and the data's content hash."""
     from data_provider.data_factory import prepared_data  # cached: the run has prepared it already
 
     identity = {name: getattr(args, name, None) for name in IDENTITY_ARGS}
-    identity["data_fingerprint"] = data_fingerprint(prepared_data(args))
+    identity["data_content_hash"] = data_content_hash(prepared_data(args))
     return identity
 
 
