@@ -6,6 +6,7 @@ DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` wh
 """
 import logging
 import os
+import signal
 import sys
 
 from data_provider.data_factory import data_fingerprint
@@ -48,11 +49,34 @@ def launch_local_workers(args):
     return launch(["--standalone", f"--nproc_per_node={nproc}", os.path.abspath(__file__), *sys.argv[1:]])
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM: like KeyboardInterrupt, no `except Exception` catches it."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_quietly():
+    """SIGINT and SIGTERM end a run with one line, never a traceback; the handlers they replace.
+
+    One process: Stopped, and main prints how to resume. A worker: killed at once, silently (the
+    launcher prints the line), even inside a collective, where a Python handler would wait.
+    """
+    handler = signal.SIG_DFL if distributed.launched_by_torchrun() else _stop
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.ddp and not distributed.launched_by_torchrun():
         return launch_local_workers(args)
     distributed.die_with_launcher()
+    previous = stop_quietly()
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
     if args.ignored_args and distributed.env_rank() == 0:
@@ -69,9 +93,17 @@ def main(argv=None):
     except UserError as problem:
         if distributed.env_rank() == 0:  # the process group may not exist
             print(f"error: {problem}", file=sys.stderr)
+        distributed.end_job_on_user_error()  # a restart would meet the same error
         return 2
+    except Stopped as stop:
+        from utils.launch import stopped_line
+
+        print(f"error: {stopped_line(signal.Signals(stop.signum).name)}", file=sys.stderr)
+        return 128 + stop.signum
     finally:
         distributed.cleanup()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def resolve(args):

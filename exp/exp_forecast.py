@@ -10,6 +10,7 @@ Distributed semantics, all owned here and in utils.distributed:
 """
 import logging
 import math
+import os
 import time
 
 import torch
@@ -18,12 +19,13 @@ from data_provider.data_factory import data_provider, prepared_data
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
-from exp.outputs import (OriginalScale, draw_forecasts, draw_training, require_one_scale, require_outputs_writable,
-                         save_window_errors)
+from exp.outputs import (OriginalScale, draw_forecasts, draw_training, output_path, require_one_scale,
+                         require_outputs_writable, save_window_errors)
 from utils import distributed
 from utils.checkpoint import (checkpoint_path, load_weights, require_writable, resume, save_best,
                               save_training_state)
 from utils.errors import require
+from utils.files import remove_stale_temporaries
 from utils.metrics import ErrorSums, batch_loss
 from utils.progress import RESULT, EpochProgress, progress_mode
 from utils.tools import EarlyStopping, LearningRateSchedule, eval_mode
@@ -38,6 +40,7 @@ class Exp_Forecast(Exp_Basic):
         the best validation weights in checkpoint.pth and end with them loaded."""
         args = self.args
         require_writable(args, "checkpoints", "results_dir")
+        self._remove_stale_temporaries(setting)
         require_outputs_writable(args, setting)  # results.jsonl and the setting's files, before training
         if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
@@ -76,6 +79,17 @@ class Exp_Forecast(Exp_Basic):
         return {"history": history, "stopped_epoch": history[-1]["epoch"], "best_vali_loss": stopper.best_loss,
                 "checkpoint": best_path, "train_windows": len(train_loader.dataset),
                 "optimizer_state_bytes": state_bytes}
+
+    def _remove_stale_temporaries(self, setting):
+        """Rank 0 removes the temp files a run killed mid-save left in this setting's folders (this
+        run holds the setting's lock, so they are nobody's live writes)."""
+        if distributed.is_main():
+            started = time.time()
+            for folder in (os.path.dirname(checkpoint_path(self.args, setting)), output_path(self.args, setting, "")):
+                removed = remove_stale_temporaries(folder, started)
+                if removed:
+                    logger.info(f"removed {len(removed)} unfinished temp file(s) a killed run left in {folder}: "
+                                + ", ".join(sorted(removed)))
 
     def _epoch_losses(self, epoch, vali_loader, test_loader):
         # evaluate (and save) one model: rank 0's running statistics on every rank

@@ -124,8 +124,8 @@ def _alive(pid):
 
 
 def _start_long_run(tmp_path, launcher, *extra):
-    """A 2-process run that trains for a long time, started by `launcher`; (process, its output lines)
-    once its first epoch has ended."""
+    """A run that trains for a long time (2 processes unless `launcher` is plain run.py); (process,
+    its output lines as they come, their reader thread) once its first epoch has ended."""
     import subprocess
     import sys
     import threading
@@ -133,19 +133,22 @@ def _start_long_run(tmp_path, launcher, *extra):
 
     from helpers import REPO, subprocess_env
 
-    cmd = [sys.executable, "run.py", "--ddp", "--nproc_per_node", "2"] if launcher == "run.py --ddp" else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "run.py"]
+    cmd = {"run.py": [sys.executable, "run.py"],
+           "run.py --ddp": [sys.executable, "run.py", "--ddp", "--nproc_per_node", "2"],
+           "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "run.py"]}[launcher]
     cmd += ["--train_epochs", 10000, "--patience", 10000, "--synthetic_rows", 1500, "--no_plots", *extra,
             *output_args(tmp_path)]
     proc = subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
     deadline = time.time() + 180
     while not any(line.startswith("epoch 1/") for line in lines):
         assert time.time() < deadline and proc.poll() is None, "".join(lines)
         time.sleep(0.2)
-    return proc, lines
+    return proc, lines, reader
 
 
 @pytest.mark.parametrize("launcher", ["run.py --ddp", "torchrun"])
@@ -154,7 +157,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path, launcher):
     import signal
     import time
 
-    proc, lines = _start_long_run(tmp_path, launcher)
+    proc, _, _ = _start_long_run(tmp_path, launcher)
     workers = _children(proc.pid)
     assert len(workers) == 2
     try:
@@ -171,3 +174,69 @@ def test_workers_die_with_a_killed_launcher(tmp_path, launcher):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_user_error_is_not_retried_under_max_restarts(tmp_path):
+    import sys
+    import time
+
+    from helpers import run_command
+
+    started = time.time()
+    proc = run_command([sys.executable, "-m", "utils.launch", "--standalone", "--nproc_per_node", "2",
+                        "--max_restarts", "3", "run.py", "--data", "custom", "--root_path", str(tmp_path),
+                        "--data_path", "missing.csv", "--no_plots", *map(str, output_args(tmp_path))])
+    seconds = time.time() - started
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert errors == [f"error: data file not found: {tmp_path / 'missing.csv'}; set --root_path and --data_path "
+                      "(or use --data synthetic)"], proc.stderr  # one attempt, no launcher summary
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert seconds < 60
+
+
+def test_temp_files_of_a_killed_save_are_removed_on_the_next_start(tmp_path):
+    import os
+    import time
+
+    args = make_args("--synthetic_rows", 1500, "--train_epochs", 1, "--no_plots", *output_args(tmp_path))
+    exp = make_experiment(args)
+    folders = [tmp_path / "checkpoints" / "s", tmp_path / "results" / "s"]
+    now = time.time()
+    for folder in folders:
+        folder.mkdir(parents=True)
+        for name, age in ((".tmp_killed.pth", 60), (".tmp_live.pth", -60), ("kept.tmp", 60)):
+            (folder / name).write_bytes(b"half")
+            os.utime(folder / name, (now - age, now - age))
+    exp.train("s")
+    for folder in folders:
+        names = set(os.listdir(folder))
+        assert ".tmp_killed.pth" not in names  # left by a run SIGKILLed mid-save
+        assert {".tmp_live.pth", "kept.tmp"} <= names  # written after this start / not atomic_write's
+
+
+@pytest.mark.parametrize("launcher", ["run.py --ddp", "run.py"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_stopped_run_ends_with_one_line_saying_how_to_resume(tmp_path, launcher, signal_name):
+    import signal
+    import time
+
+    signum = getattr(signal, signal_name)
+    proc, lines, reader = _start_long_run(tmp_path, launcher)
+    workers = _children(proc.pid) if launcher != "run.py" else []
+    try:
+        proc.send_signal(signum)
+        stopped = time.time()
+        proc.wait(timeout=30)
+        seconds = time.time() - stopped
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    output = "".join(lines)
+    assert proc.returncode == 128 + signum, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: stopped by {signal_name}; every finished epoch is saved: run the same command with "
+                      "--resume to continue after the last one"], output[-3000:]
+    assert "Traceback" not in output
+    assert seconds < 10
+    assert not any(map(_alive, workers))

@@ -49,6 +49,25 @@ def die_with_launcher():
         os._exit(1)
 
 
+USER_ERROR_SIGNAL = signal.SIGUSR1  # worker -> agent: a user error, restarting cannot help (utils.launch)
+
+
+def end_job_on_user_error():
+    """Under torchrun with restarts left (TORCHELASTIC_MAX_RESTARTS > 0), ask this node's agent to
+    stop instead of restarting the group into the same deterministic error (a missing file, a bad
+    argument). torchrun's agent has no such verdict of its own: it restarts on any non-zero exit.
+
+    Local rank 0 signals the agent (its parent): USER_ERROR_SIGNAL when the agent handles it (utils.launch
+    has it do so and ends with exit code 2), else SIGTERM (an external torchrun stops, printing its
+    own traceback). Every rank raises a UserError together, so every node's agent is told.
+    """
+    if (not launched_by_torchrun() or local_rank() != 0
+            or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0):
+        return
+    handled = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "").split(",")
+    os.kill(os.getppid(), USER_ERROR_SIGNAL if USER_ERROR_SIGNAL.name in handled else signal.SIGTERM)
+
+
 def is_dist():
     return dist.is_available() and dist.is_initialized()
 

@@ -5,12 +5,14 @@ A crash or a kill mid-write leaves the previous file (or none), never half of on
 import os
 import tempfile
 
+TEMP_PREFIX = ".tmp_"
+
 
 def atomic_write(path, write, binary=True):
     """Call write(f) on a temp file in `path`'s folder, fsync it, then rename it over `path`."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=os.path.splitext(path)[1])
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX, suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
@@ -22,3 +24,18 @@ def atomic_write(path, write, binary=True):
             os.remove(tmp)
         raise
     return path
+
+
+def remove_stale_temporaries(folder, older_than):
+    """Remove the temp files atomic_write left in `folder` (a process SIGKILLed mid-write) that were
+    last written before `older_than` (a time.time()); the names removed. The caller must be the
+    folder's only writer (utils.checkpoint.setting_lock), so no live write is touched."""
+    removed = []
+    for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+        if entry.name.startswith(TEMP_PREFIX) and entry.is_file() and entry.stat().st_mtime < older_than:
+            try:
+                os.remove(entry.path)
+                removed.append(entry.name)
+            except FileNotFoundError:
+                pass
+    return removed

@@ -5,22 +5,30 @@
 rendezvous); only a failed run ends differently: the workers have already printed
 what went wrong, so the launcher adds one line and exits with the workers' code. A
 rendezvous that fails before any worker starts (a node missing, MASTER_ADDR unreachable,
-the port taken) ends with one line that says what to check, and exit code 1.
+the port taken) ends with one line that says what to check, and exit code 1. A worker's
+user error ends the job at once, whatever --max_restarts (exit code 2); SIGTERM or SIGINT
+ends it with one line saying how to resume.
 """
 import os
+import signal
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError, RendezvousError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
-from utils.distributed import LAUNCHER_PID
+from utils.distributed import LAUNCHER_PID, USER_ERROR_SIGNAL
 
 
 def launch(torchrun_argv):
     """Run torchrun with these arguments; returns the exit code."""
     config = get_args_parser().parse_args(torchrun_argv)
+    handled = getattr(config, "signals_to_handle", None)  # torchrun's --signals_to_handle (recent torch)
+    if handled is not None and USER_ERROR_SIGNAL.name not in handled.split(","):
+        # the agent turns it into a SignalException, read below as "a worker's user error: no restart"
+        config.signals_to_handle = f"{handled},{USER_ERROR_SIGNAL.name}"
     # the workers' check that this process lives (utils.distributed.die_with_launcher); only for them
     os.environ[LAUNCHER_PID] = str(os.getpid())
     try:
@@ -33,9 +41,23 @@ def launch(torchrun_argv):
     except RendezvousError as failure:
         print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
         return 1
+    except SignalException as stop:
+        if stop.sigval == USER_ERROR_SIGNAL:  # utils.distributed.end_job_on_user_error: the worker said why
+            return 2
+        print(f"error: {stopped_line(stop.sigval.name)}", file=sys.stderr)
+        return 128 + stop.sigval
+    except KeyboardInterrupt:  # SIGINT before the agent took over its signals
+        print(f"error: {stopped_line('SIGINT')}", file=sys.stderr)
+        return 128 + signal.SIGINT
     finally:
         os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+def stopped_line(signal_name):
+    """The one line of a run stopped from outside (SIGTERM, SIGINT): what happened, how to go on."""
+    return (f"stopped by {signal_name}; every finished epoch is saved: run the same command with --resume to "
+            "continue after the last one")
 
 
 def rendezvous_problem(failure, config):
