@@ -36,7 +36,7 @@ UNDER_DDP = ("dropout of 1", "no local workers", "heads do not divide d_model", 
 
 def run_py(tmp_path, *argv, torchrun=False):
     """run.py with outputs in tmp_path; under torchrun's engine (utils.launch) with `torchrun`."""
-    launcher = ["-m", "utils.launch", "--standalone", "--nproc_per_node", "2"] if torchrun else []
+    launcher = ["-m", "utils.launch", "--standalone", "--nproc_per_node", "2", "--max_restarts", "2"] if torchrun else []
     cmd = [sys.executable, *launcher, "run.py", *map(str, argv), "--no_plots",
            "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")]
     started = time.time()
@@ -70,7 +70,8 @@ def test_bad_number_under_ddp_is_one_line_from_rank_0(tmp_path, case):
 
 
 def test_bad_number_under_torchrun_is_printed_once(tmp_path):
-    # every worker parses the command line; only rank 0 prints, and it is not stopped before it does
+    # every worker parses the command line; only rank 0 prints, it is not stopped before it does,
+    # and no restart parses it again
     proc, seconds = run_py(tmp_path, *FAST, "--ddp", "--learning_rate", -1, torchrun=True)
     assert_one_error(proc, seconds, "--learning_rate must be positive, got -1")
 

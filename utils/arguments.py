@@ -47,6 +47,7 @@ class Parser(argparse.ArgumentParser):
         from utils import distributed
 
         if distributed.env_rank() != 0:
+            distributed.end_job_on_user_error()  # another node's agent: restarting cannot help
             # under torchrun every worker parses the same command line, and the agent stops them
             # all once one exits: let rank 0 print first
             time.sleep(10)
@@ -58,6 +59,7 @@ class Parser(argparse.ArgumentParser):
             default = "" if action is None or action.default in (None, argparse.SUPPRESS) else f" ({action.default})"
             message = f"{flag}{' ' if reason.startswith('must') else ': '}{reason}; leave it out for the default{default}"
         print(f"error: {message}, or see python run.py --help", file=sys.stderr, flush=True)
+        distributed.end_job_on_user_error()
         sys.exit(2)
 
 
