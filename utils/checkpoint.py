@@ -139,7 +139,7 @@ def data_content_hash(data):
     computed once per process (the data is prepared once per process too). Unlike
     data_factory.data_fingerprint (the ranks' agreement) it cuts no windows and is cached:
     last.pth is written every epoch."""
-    cached = getattr(data, "_fingerprint", None)
+    cached = getattr(data, "_content_hash", None)
     if cached is None:
         digest = hashlib.blake2b(digest_size=8)
         for name in ("values", "marks", "series", "ends"):  # TableData and UnivariateData
@@ -150,7 +150,7 @@ def data_content_hash(data):
                     digest.update(np.ascontiguousarray(item).data)
                 else:
                     digest.update(f"{name}{item!r}".encode())
-        cached = data._fingerprint = digest.hexdigest()
+        cached = data._content_hash = digest.hexdigest()
     return cached
 
 
@@ -183,7 +183,8 @@ def launch_id():
         return None
     agent = os.getppid()
     try:  # the agent's start time (field 22 of /proc/PID/stat): a reused pid is another agent
-        started = open(f"/proc/{agent}/stat").read().rsplit(")", 1)[1].split()[19]
+        with open(f"/proc/{agent}/stat") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "?"
     return f"{run_id}/{socket.gethostname()}/{agent}/{started}"
