@@ -189,3 +189,12 @@ def test_repeated_dates_are_kept_in_place(tmp_path, caplog):
         table = read_file(str(tmp_path / "repeats.csv"))
     assert len(table.values) == 1500 and table.dates.iloc[50] == table.dates.iloc[49]
     assert "1 row(s) repeat the timestamp" in caplog.text
+
+
+def test_an_empty_date_is_refused_naming_its_row(tmp_path):
+    from data_provider.files import read_file
+    from utils.errors import UserError
+
+    _dated_csv(tmp_path, "holes.csv", lambda f: f.loc.__setitem__(([7, 9], "date"), None))
+    with pytest.raises(UserError, match=r"holes.csv: the 'date' column is empty in row 8 \(2 row\(s\) in all\); fill in"):
+        read_file(str(tmp_path / "holes.csv"))
