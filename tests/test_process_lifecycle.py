@@ -240,3 +240,18 @@ def test_a_stopped_run_ends_with_one_line_saying_how_to_resume(tmp_path, launche
     assert "Traceback" not in output
     assert seconds < 10
     assert not any(map(_alive, workers))
+
+
+def test_a_worker_whose_launcher_died_before_it_started_stops_at_once():
+    """The launcher died while the worker was starting: its parent is no longer the pid the launcher recorded."""
+    import sys
+
+    from helpers import run_command
+
+    code = "from utils import distributed; distributed.die_with_launcher(); print('still training')"
+    env = {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "TSL_LAUNCHER_PID": "999999999"}
+    proc = run_command([sys.executable, "-c", code], timeout=60, extra_env=env)
+    assert proc.returncode == 1 and "still training" not in proc.stdout
+    assert proc.stderr.strip() == "error: the launcher (pid 999999999) is gone; this worker stops"
+    proc = run_command([sys.executable, "-c", code], timeout=60, extra_env=dict(env, TSL_LAUNCHER_PID=""))
+    assert proc.returncode == 0 and "still training" in proc.stdout  # external torchrun: its parent is the agent

@@ -39,7 +39,7 @@ def die_with_launcher():
     """
     if not launched_by_torchrun():
         return
-    launcher = int(os.environ.get(LAUNCHER_PID, 0)) or os.getppid()
+    launcher = int(os.environ.get(LAUNCHER_PID) or 0) or os.getppid()
     if sys.platform.startswith("linux"):
         import ctypes
 
