@@ -44,12 +44,12 @@ def run_py(tmp_path, *argv, torchrun=False):
     return proc, time.time() - started
 
 
-def assert_one_error(proc, seconds, message):
+def assert_one_error(proc, seconds, message, limit=30):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:") and "worker(s) failed" not in line]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert seconds < 30
+    assert seconds < limit
 
 
 @pytest.mark.parametrize("case", BAD_NUMBERS)
@@ -66,14 +66,15 @@ def test_bad_number_under_ddp_is_one_line_from_rank_0(tmp_path, case):
     argv, message = BAD_NUMBERS[case]
     workers = [] if "--nproc_per_node" in argv else ["--nproc_per_node", 2]
     proc, seconds = run_py(tmp_path, *FAST, *argv, *([] if "--ddp" in argv else ["--ddp"]), *workers)
-    assert_one_error(proc, seconds, message)
+    # three interpreters start (launcher, 2 workers): about 15 s, up to 35 s on a busy 2-core machine
+    assert_one_error(proc, seconds, message, limit=45)
 
 
 def test_bad_number_under_torchrun_is_printed_once(tmp_path):
     # every worker parses the command line; only rank 0 prints, it is not stopped before it does,
     # and no restart parses it again
     proc, seconds = run_py(tmp_path, *FAST, "--ddp", "--learning_rate", -1, torchrun=True)
-    assert_one_error(proc, seconds, "--learning_rate must be positive, got -1")
+    assert_one_error(proc, seconds, "--learning_rate must be positive, got -1", limit=45)
 
 
 def _numeric_actions():
@@ -174,7 +175,7 @@ def test_repeated_dates_warn_once_with_count_and_first(tmp_path):
     # the data is read on both ranks; an error found after reading it ends the run before training
     argv = _dated_csv(tmp_path, "repeats.csv", repeat)
     proc, seconds = run_py(tmp_path, *argv, "--model", "PatchTST", "--d_model", 30, "--ddp", "--nproc_per_node", 2)
-    assert_one_error(proc, seconds, "d_model (30) must be divisible by n_heads (8)")
+    assert_one_error(proc, seconds, "d_model (30) must be divisible by n_heads (8)", limit=45)
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "repeat the timestamp" in line]
     assert warnings == [f"warning: {tmp_path / 'repeats.csv'}: 3 row(s) repeat the timestamp before them, the first "
                         "row 51 (2021-01-03 01:00:00); each row still counts as one step, so drop or merge them if "
