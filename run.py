@@ -21,6 +21,14 @@ from utils.errors import UserError
 logger = logging.getLogger("tsl")
 
 
+class MainFormatter(logging.Formatter):
+    """Rank 0's lines: the message alone, warnings and errors labelled ("warning: ...")."""
+
+    def format(self, record):
+        message = super().format(record)
+        return f"{record.levelname.lower()}: {message}" if record.levelno >= logging.WARNING else message
+
+
 def configure_logging(quiet=False):
     """Rank 0 logs progress (with --quiet only the results); other ranks only warnings, with their rank in front."""
     from utils.progress import RESULT
@@ -28,7 +36,7 @@ def configure_logging(quiet=False):
     handler = logging.StreamHandler(sys.stdout)
     rank = distributed.env_rank()
     if rank == 0:
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(MainFormatter())
         logger.setLevel(RESULT if quiet else logging.INFO)
     else:
         handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s: %(message)s"))
@@ -81,7 +89,7 @@ def main(argv=None):
     configure_logging(args.quiet)
     if args.ignored_args and distributed.env_rank() == 0:
         # rank 0 only, so a DDP job prints the line once; a warning, so --quiet keeps it (a typo must show)
-        logger.warning(f"warning: ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
+        logger.warning(f"ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
     try:
         problem = resolve(args)
         device = distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads)

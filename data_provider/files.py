@@ -85,7 +85,7 @@ def _parse_dates(column, path):
     repeats = np.flatnonzero(stamps[1:] == stamps[:-1])
     if len(repeats) and distributed.env_rank() == 0:  # every rank reads the file: warn once
         row = repeats[0] + 1
-        logger.warning(f"warning: {path}: {len(repeats)} row(s) repeat the timestamp before them, the first row "
+        logger.warning(f"{path}: {len(repeats)} row(s) repeat the timestamp before them, the first row "
                        f"{row + 1} ({dates.iloc[row]}); each row still counts as one step, so drop or merge them "
                        "if they are not")
     return dates

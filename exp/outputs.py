@@ -126,7 +126,7 @@ def finite_metrics(metrics):
         by_reason = {}
         for name in bad:
             by_reason.setdefault(_why_not_finite(name, metrics), []).append(f"{name} {metrics[name]}")
-        logger.warning("warning: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
+        logger.warning("; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
                        + " (written as null in metrics.json and results.jsonl)")
     return {k: None if k in bad else v for k, v in metrics.items()}
 

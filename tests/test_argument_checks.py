@@ -15,7 +15,7 @@ FAST = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_le
 
 # (arguments, the start of the message); each was a traceback, a hang or a silent run before
 BAD_NUMBERS = {
-    "negative learning rate": (["--learning_rate", -1], "--learning_rate must be positive, got -1"),
+    "negative learning rate": (["--learning_rate", -1], "--learning_rate must be >= 0, got -1"),
     "dropout of 1": (["--dropout", 1.5], "--dropout must be in [0, 1), got 1.5"),
     "NaN dropout": (["--dropout", "nan"], "--dropout must be in [0, 1), got nan"),
     "no synthetic rows": (["--synthetic_rows", 0], "--synthetic_rows must be positive, got 0"),
@@ -74,7 +74,7 @@ def test_bad_number_under_torchrun_is_printed_once(tmp_path):
     # every worker parses the command line; only rank 0 prints, it is not stopped before it does,
     # and no restart parses it again
     proc, seconds = run_py(tmp_path, *FAST, "--ddp", "--learning_rate", -1, torchrun=True)
-    assert_one_error(proc, seconds, "--learning_rate must be positive, got -1", limit=45)
+    assert_one_error(proc, seconds, "--learning_rate must be >= 0, got -1", limit=45)
 
 
 def _numeric_actions():

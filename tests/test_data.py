@@ -332,7 +332,7 @@ def test_future_input_warns_of_an_irregular_end_and_refuses_short_data(tmp_path,
     monkeypatch.setattr(table.logger, "warning", warnings.append)
     _, index, _ = prepared_data(args).future_input(data_factory.window_for(args, "test"), "h", "timeF")
     assert index[0] == pd.Timestamp("2021-01-05 10:00")
-    assert warnings == ["warning: the data's last two dates are 2021-01-05 02:00:00 and 2021-01-05 09:00:00, which "
+    assert warnings == ["the data's last two dates are 2021-01-05 02:00:00 and 2021-01-05 09:00:00, which "
                         "is not one --freq h step; forecast.csv continues at --freq h anyway"]
     args.seq_len = 200
     with pytest.raises(UserError, match="^--do_predict needs the last 200 rows as input; the data has 100$"):

@@ -167,7 +167,7 @@ def build_parser():
                    help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
                         "and metrics are exact sums, so it only changes speed)")
     g.add_argument("--patience", type=positive_int, default=3)
-    g.add_argument("--learning_rate", type=positive_float, default=1e-4)
+    g.add_argument("--learning_rate", type=non_negative_float, default=1e-4, help="0 keeps the initial weights (a baseline run)")
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
     g.add_argument("--weight_decay", type=non_negative_float, default=0.0)
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
