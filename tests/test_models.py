@@ -259,7 +259,7 @@ def test_same_seed_same_output_and_state_dict_round_trip(module, overrides):
 def reference_times_block(block, x, padding="zeros"):
     """TSLib's TimesBlock.forward written plainly: each of the top_k periods on its own (repeated
     periods included), each inception block as the mean of its separate convolutions; the last
-    grid row completed with zeros (TSLib's earlier code) or with the series' last steps (TSLib now)."""
+    grid row completed with zeros (TSLib's code since 2023-02-22) or with the series' last steps (its 2023-02-18 code)."""
     def inception(module, grid):
         return torch.stack([conv(grid) for conv in module.kernels], dim=-1).mean(-1)
 
