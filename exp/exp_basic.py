@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from exp.settings import model_class
+from exp.settings import build_model
 from utils import distributed
 from utils.tools import seed_everything
 
@@ -20,7 +20,7 @@ class Exp_Basic:
         seed_everything(args.seed)
         # raw_model: the plain module that is evaluated, saved and loaded; never a DDP or
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
-        self.raw_model, model = distributed.wrap_ddp(model_class(args)(args).to(device), device, args.sync_bn)
+        self.raw_model, model = distributed.wrap_ddp(build_model(args).to(device), device, args.sync_bn)
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         self._amp_dtype = AMP_DTYPES[args.amp_dtype] if args.use_amp else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.

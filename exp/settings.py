@@ -57,7 +57,6 @@ def resolve_args(args, world_size):
     if args.autoregressive:
         _check_tokens(args)
     _check_devices(args)
-    _check_model_builds(args, cls)
     return args
 
 
@@ -82,13 +81,13 @@ def _fill_shapes(args, data, cls):
     args.test_pred_len = args.test_pred_len or args.pred_len
 
 
-def _check_model_builds(args, cls):
-    """Models refuse impossible arguments in their constructor with ValueError (d_model not divisible
-    by n_heads, PatchTST's patch_len or TimeMixer's scales past seq_len): build one on the meta
-    device (no memory, no weights) so the refusal comes now, once, not from every rank."""
+def build_model(args):
+    """The Model of --model for resolved `args`, on the CPU. Models refuse impossible arguments in
+    their constructor with ValueError (d_model not divisible by n_heads, PatchTST's patch_len or
+    TimeMixer's scales past seq_len); that becomes the run's one line. Every rank builds the same
+    model from the same arguments, so every rank raises it together."""
     try:
-        with torch.device("meta"):
-            cls(args)
+        return model_class(args)(args)
     except ValueError as exc:
         raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
 
@@ -140,6 +139,6 @@ def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
         raise UserError(f"cannot read the run's arguments from {metrics_json_path} ({exc}); pass the "
                         "metrics.json that run.py wrote under --results_dir/<setting>/") from None
     args = argparse.Namespace(**saved)
-    model = model_class(args)(args)
+    model = build_model(args)
     load_weights(model, checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth"), map_location=device)
     return model.to(device).eval()

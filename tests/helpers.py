@@ -1,9 +1,11 @@
 """Shared test helpers: run the CLI as a user would, and run functions on several gloo ranks."""
 import json
 import os
+import runpy
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -42,16 +44,146 @@ def output_args(folder):
     return ["--checkpoints", folder / "checkpoints", "--results_dir", folder / "results"]
 
 
-def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False):
-    """`python run.py ...`, or under torchrun with `nproc` workers. Returns CompletedProcess.
-    Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second."""
+def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False, fresh=False):
+    """`python run.py ...`, or with `nproc` workers as torchrun starts them. Returns CompletedProcess.
+    Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second.
+
+    By default the processes are forked from a warm interpreter (see `fork_run_py`), which runs
+    run.py exactly as `python run.py` does but skips the ~5 s of imports each process pays;
+    `fresh` starts real interpreters (and the real torchrun agent), as tests of the launcher need."""
+    argv = [*map(str, args)] + ([] if plots else ["--no_plots"])
+    if outputs:
+        argv += map(str, output_args(tmp_path))
+    if not fresh:
+        return fork_run_py(argv, nproc=nproc, timeout=timeout)
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["run.py", *map(str, args)] + ([] if plots else ["--no_plots"])
-    if outputs:
-        cmd += map(str, output_args(tmp_path))
-    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd + ["run.py", *argv], cwd=REPO, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# What every run.py process imports (torch._dynamo comes with the first optimizer): loaded once
+# in the fork server, so each forked run starts warm.
+WARM_MODULES = ["run", "exp.exp_forecast", "exp.outputs", "torch._dynamo", "sklearn.preprocessing", "pandas"]
+_fork_context = None
+
+
+def warm_context():
+    """multiprocessing's forkserver, its server holding WARM_MODULES: children fork from it in
+    milliseconds. It starts with one thread per library (OMP_NUM_THREADS=1), so forking is safe."""
+    global _fork_context
+    if _fork_context is None:
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(WARM_MODULES)
+        saved = dict(os.environ)
+        os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        try:
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _fork_context = context
+    return _fork_context
+
+
+def _run_py_child(argv, env, stdout_path, stderr_path):
+    """In a forked child: become `python run.py argv` with `env`, streams to the two files."""
+    os.chdir(REPO)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = ["run.py", *argv]
+    code = 1
+    try:
+        runpy.run_path(str(REPO / "run.py"), run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if not isinstance(exit_.code, (int, type(None))):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _read_if_there(path):
+    """A child's stream; empty when it died before opening it."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def fork_run_py(argv, nproc=None, timeout=240, extra_env=None):
+    """run.py with `argv` in a process forked from the warm server, or `nproc` of them with the
+    environment torchrun gives its workers (ranks, local world, master address, run id).
+
+    Like torchrun's agent, once one process fails the others are stopped. Returns a CompletedProcess:
+    stdout and stderr are rank 0's followed by the others', the return code is 0 when every process
+    ended 0, else the first failure's (the agent would exit 1 with a summary of its own; tests of the
+    agent use fresh interpreters).
+    """
+    import tempfile
+    import uuid
+
+    context = warm_context()
+    env = subprocess_env()
+    env.update(extra_env or {})
+    workers = []
+    if nproc is not None:
+        port, run_id = free_port(), uuid.uuid4().hex
+        for rank in range(nproc):
+            workers.append(dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                                LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", ROLE_RANK=str(rank),
+                                ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0",
+                                TORCHELASTIC_MAX_RESTARTS="0"))
+    else:
+        workers.append(env)
+    with tempfile.TemporaryDirectory() as folder:
+        streams = [(os.path.join(folder, f"{rank}.out"), os.path.join(folder, f"{rank}.err"))
+                   for rank in range(len(workers))]
+        processes = [context.Process(target=_run_py_child, args=(argv, worker_env, *paths))
+                     for worker_env, paths in zip(workers, streams)]
+        for process in processes:
+            process.start()
+        first_failure = _wait_like_torchrun(processes, timeout)
+        late = [p for p in processes if p.is_alive()]
+        for process in late:
+            process.kill()
+            process.join()
+        out = "".join(_read_if_there(path) for path, _ in streams)
+        err = "".join(_read_if_there(path) for _, path in streams)
+    cmd = ["run.py", *argv]
+    if late:
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+    return subprocess.CompletedProcess(cmd, 0 if first_failure is None else first_failure.exitcode, out, err)
+
+
+def _wait_like_torchrun(processes, timeout):
+    """Wait for every process, or, as torchrun's agent does, stop the others (SIGTERM) once one ends
+    non-zero; the first to fail, or None. Processes still running at the deadline are left running."""
+    deadline = time.monotonic() + timeout
+    first_failure = None
+    while time.monotonic() < deadline and any(p.is_alive() for p in processes):
+        failed = [p for p in processes if p.exitcode not in (None, 0)]
+        if failed and first_failure is None:
+            first_failure = failed[0]
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+        time.sleep(0.02)
+    return first_failure or next((p for p in processes if p.exitcode not in (None, 0)), None)
 
 
 def run_command(cmd, timeout=240, extra_env=None):
@@ -68,6 +200,15 @@ def records(tmp_path):
 
 def assert_ok(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def assert_one_error_line(proc, message):
+    """run.py refused: exit code 2, exactly one `error:` line and it holds `message` (torchrun's agent
+    may add its own summary, "... worker(s) failed"), no traceback anywhere."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:") and "worker(s) failed" not in line]
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
 def free_port():
@@ -101,10 +242,9 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
     """Run fn(rank, world_size, *args) on `world_size` gloo processes; list of results by rank.
 
     fn must be a module-level function (it is pickled by reference)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue = warm_context().Queue()
     ctx_procs = mp.start_processes(_rank_entry, args=(world_size, free_port(), fn, args, queue),
-                                   nprocs=world_size, join=False, start_method="spawn")
+                                   nprocs=world_size, join=False, start_method="forkserver")
     results = {}
     for _ in range(world_size):
         rank, ok, value = queue.get(timeout=timeout)

@@ -1,0 +1,359 @@
+"""The bad-input catalogue: every bad input docs/reliability.md documents, as a probe run.py must refuse.
+
+A probe passes when run.py, on 1 and on 2 processes, exits with code 2 within PROBE_SECONDS, prints
+exactly one `error:` line (rank 0's) that holds the documented message, no traceback, and leaves every
+file in the probe's folder as it was: its inputs and the earlier outputs put under --checkpoints and
+--results_dir before it ran (no file written, changed or removed, no folder created).
+
+    python tests/bad_inputs.py        # every probe, one line each, and the count the README quotes
+
+tests/test_bad_input.py runs the same probes, one pytest case per probe and process count.
+"""
+import argparse
+import hashlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+if __name__ == "__main__":  # run as a script: the same imports conftest.py gives pytest
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from helpers import SMALL_TIMERXL, fork_run_py, output_args  # noqa: E402
+
+PROBE_SECONDS = 30  # about 1-3 s on 2 idle cores (warm processes); a loaded CI machine gets room
+SMALL = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str  # its row in docs/reliability.md's catalogue table
+    argv: object  # folder -> run.py arguments (writing any input files into folder)
+    message: str  # what the one error line must contain
+    processes: tuple = (1, 2)
+    shows: str = ""  # the input in words, for the docs table (default: its arguments)
+    without_gpu: bool = False  # a refusal only a machine without CUDA gives
+
+
+def fixed(*argv):
+    return lambda folder: list(argv)
+
+
+# ------------------------------------------------------------------ inputs the probes write
+def _csv(folder, name, frame):
+    frame.to_csv(folder / name, index=False)
+    return ["--data", "custom", "--root_path", folder, "--data_path", name]
+
+
+def _dated(rows=400, **columns):
+    frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h").astype(str)})
+    for name, values in columns.items():
+        frame[name] = values
+    return frame
+
+
+def _with_cells(name, column, rows_and_values):
+    def build(folder):
+        frame = _dated(a=np.arange(400.0), OT=np.ones(400))
+        frame[column] = frame[column].astype(object)
+        for row, value in rows_and_values:
+            frame.loc[row, column] = value
+        return _csv(folder, name, frame)
+    return build
+
+
+def _swapped_dates(folder):
+    frame = _dated(a=np.arange(400.0), OT=np.ones(400))
+    frame.loc[[100, 101], "date"] = frame.loc[[101, 100], "date"].to_numpy()
+    return _csv(folder, "unsorted.csv", frame)
+
+
+def _empty(folder):
+    (folder / "empty.csv").write_text("")
+    return ["--data", "custom", "--root_path", folder, "--data_path", "empty.csv"]
+
+
+def _file_in_the_way(option):
+    def build(folder):
+        (folder / "a_file").write_text("not a folder")
+        return [f"--{option}", folder / "a_file" / "sub"]
+    return build
+
+
+def _folder_in_the_way(folder):
+    (folder / "results" / "results.jsonl").unlink()
+    (folder / "results" / "results.jsonl").mkdir()
+    return list(SMALL)
+
+
+def _metrics_folder_in_the_way(folder):
+    from exp.settings import resolve_args, setting_name
+    from helpers import make_args
+
+    (folder / "results" / setting_name(resolve_args(make_args(*SMALL), 1), 0) / "metrics.json").mkdir(parents=True)
+    return list(SMALL)
+
+
+def _weights(folder, name, *argv):
+    """A checkpoint file holding the initial weights of the model `argv` describes."""
+    import torch
+
+    from exp.settings import build_model, resolve_args
+    from helpers import make_args
+
+    path = folder / name
+    torch.save(build_model(resolve_args(make_args(*argv), 1)).state_dict(), path)
+    return path
+
+
+def _other_model(folder):
+    return ["--is_training", 0, "--checkpoint", _weights(folder, "timerxl.pth", *SMALL_TIMERXL)]
+
+
+def _other_shape(folder):
+    return ["--is_training", 0, "--checkpoint", _weights(folder, "pl48.pth", "--pred_len", 48)]
+
+
+def _truncated(folder):
+    path = _weights(folder, "whole.pth")
+    (folder / "truncated.pth").write_bytes(path.read_bytes()[:100])
+    return ["--is_training", 0, "--checkpoint", folder / "truncated.pth"]
+
+
+def _corrupt_state(folder):
+    (folder / "last.pth").write_bytes(b"PK\x03\x04 definitely not a checkpoint")
+    return ["--resume", folder / "last.pth"]
+
+
+def _has_gpu():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+PROBES = [
+    # the data
+    Probe("missing file", lambda f: ["--data", "custom", "--root_path", f, "--data_path", "nope.csv"],
+          "data file not found"),
+    Probe("empty file", _empty, "empty.csv is empty", shows="a 0-byte CSV"),
+    Probe("unknown target", fixed("--target", "price"), "--target 'price' is not a column of the data"),
+    Probe("non-numeric column", _with_cells("text.csv", "a", [(0, "x")]), "column 'a' is not numeric (e.g. 'x' in row 1)", shows="a text cell"),
+    Probe("NaN values", _with_cells("nan.csv", "a", [(5, np.nan), (9, np.nan)]),
+          "NaN or infinite values in column(s) 'a' (2)", shows="two empty cells"),
+    Probe("inf values", _with_cells("inf.csv", "OT", [(7, np.inf)]), "NaN or infinite values in column(s) 'OT' (1)", shows="an `inf` cell"),
+    Probe("series too short", fixed("--synthetic_rows", 1000, "--pred_len", 200),
+          "the val split of synthetic has 196 rows, fewer than the 296"),
+    Probe("unparsable date", _with_cells("dates.csv", "date", [(10, "yesterday-ish")]),
+          "dates.csv: the 'date' column cannot be parsed as timestamps ('yesterday-ish' in row 11)",
+          shows="`yesterday-ish` in `date`"),
+    Probe("empty date", _with_cells("holes.csv", "date", [(7, None), (9, None)]),
+          "holes.csv: the 'date' column is empty in row 8 (2 row(s) in all)", shows="two empty dates"),
+    Probe("dates out of order", _swapped_dates,
+          "unsorted.csv: dates are not increasing: row 102 (2021-01-05 04:00:00) comes after row 101 (2021-01-05 05:00:00)",
+          shows="two rows swapped"),
+    Probe("MS on univariate", lambda f: [*_csv(f, "uni.csv", _dated(OT=np.sin(np.arange(400.0)))), "--features", "MS"],
+          "--features MS needs covariates", shows="one column, `--features MS`"),
+    Probe("unknown data", fixed("--data", "ETTh3"), "unknown --data 'ETTh3'; choose one of ETTh1"),
+    Probe("enc_in the data contradicts", fixed(*SMALL, "--enc_in", 3), "--enc_in 3 does not match the data"),
+    Probe("dec_in the data contradicts", fixed(*SMALL, "--dec_in", 3), "--dec_in 3 does not match the data"),
+    Probe("c_out the data contradicts", fixed(*SMALL, "--model", "TSMixer", "--c_out", 3), "--c_out 3 does not match the data"),
+    # numbers out of range (checked as the command line is parsed)
+    Probe("batch size", fixed("--batch_size", 0), "--batch_size must be positive, got 0"),
+    Probe("negative learning rate", fixed("--learning_rate", -1), "--learning_rate must be >= 0, got -1"),
+    Probe("dropout of 1.5", fixed("--dropout", 1.5), "--dropout must be in [0, 1), got 1.5"),
+    Probe("NaN dropout", fixed("--dropout", "nan"), "--dropout must be in [0, 1), got nan"),
+    Probe("no synthetic rows", fixed("--synthetic_rows", 0), "--synthetic_rows must be positive, got 0"),
+    Probe("no synthetic channels", fixed("--synthetic_channels", -2), "--synthetic_channels must be positive, got -2"),
+    Probe("negative test horizon", fixed("--model", "TimerXL", "--test_pred_len", -24), "--test_pred_len must be positive, got -24"),
+    Probe("moving average of 0", fixed("--moving_avg", 0), "--moving_avg must be positive, got 0"),
+    Probe("no dist timeout", fixed("--dist_timeout", 0), "--dist_timeout must be positive, got 0"),
+    Probe("no local workers", fixed("--ddp", "--nproc_per_node", 0), "--nproc_per_node must be positive, got 0", (1,)),
+    Probe("negative seed", fixed("--seed", -1), "--seed must be in [0, 4294967296), got -1"),
+    Probe("seed past the largest with --itr", fixed("--seed", 4294967295, "--itr", 2), "passes the largest seed"),
+    Probe("subset ratio", fixed("--subset_rand_ratio", 0), "--subset_rand_ratio must be in (0, 1], got 0"),
+    Probe("accumulation steps", fixed("--accumulation_steps", 0), "--accumulation_steps must be positive, got 0"),
+    Probe("unknown choice", fixed("--embed", "nope"), "--embed: invalid choice: 'nope'"),
+    # arguments that contradict each other
+    Probe("label longer than input", fixed("--seq_len", 48, "--label_len", 96), "--label_len must be between 0 and --seq_len (48)"),
+    Probe("no batch left to train", fixed("--train_drop_last", "--batch_size", 100000),
+          "--train_drop_last leaves no training batch"),
+    Probe("token multiple", fixed("--model", "TimerXL", "--seq_len", 100),
+          "--seq_len (100) must be a multiple of --input_token_len (24)"),
+    Probe("heads do not divide d_model", fixed(*SMALL, "--model", "PatchTST", "--d_model", 30, "--n_heads", 8),
+          "model PatchTST cannot be built with these arguments: d_model (30) must be divisible by n_heads (8)"),
+    Probe("patch longer than input", fixed(*SMALL, "--model", "PatchTST", "--patch_len", 64),
+          "seq_len 48 is too short for patch_len 64 with stride 8"),
+    Probe("TimeMixer scales past input", fixed(*SMALL, "--model", "TimeMixer", "--down_sampling_layers", 3,
+                                               "--down_sampling_window", 4, "--down_sampling_method", "avg"),
+          "seq_len 48 is too short for 3 down-sampling layers of window 4"),
+    Probe("unknown model", fixed("--model", "Nope"), "unknown --model 'Nope'; available: DLinear, "),
+    Probe("unknown loss", fixed("--loss", "Huber"), "unknown --loss 'Huber'; choose one of"),
+    Probe("unknown lradj", fixed("--lradj", "fancy"), "unknown --lradj 'fancy'; choose one of type1"),
+    Probe("unknown lr_scaling", fixed("--lr_scaling", "cubic"), "unknown --lr_scaling 'cubic'; choose one of none, linear, sqrt"),
+    # where the run writes
+    Probe("unwritable checkpoints", _file_in_the_way("checkpoints"), "is not a writable folder",
+          shows="`--checkpoints` under a regular file"),
+    Probe("unwritable results_dir", _file_in_the_way("results_dir"), "is not a writable folder",
+          shows="`--results_dir` under a regular file"),
+    Probe("results.jsonl is a folder", _folder_in_the_way, "results.jsonl is not a file (a folder?)",
+          shows="a folder named `results.jsonl`"),
+    Probe("metrics.json is a folder", _metrics_folder_in_the_way, "metrics.json is a folder where this run writes its metrics.json",
+          shows="a folder where the run's `metrics.json` goes"),
+    # checkpoints and training states
+    Probe("missing checkpoint", lambda f: ["--is_training", 0, "--checkpoint", f / "none.pth"], "checkpoint not found", shows="`--is_training 0 --checkpoint none.pth`"),
+    Probe("truncated checkpoint", _truncated, "truncated, corrupt", shows="a checkpoint cut after 100 bytes"),
+    Probe("checkpoint of another model", _other_model, "does not fit model DLinear: missing: Linear_Seasonal.bias",
+          shows="a TimerXL checkpoint given to DLinear"),
+    Probe("checkpoint of another shape", _other_shape, "mis-shaped: Linear_Seasonal.bias (file (48,), model (96,))",
+          shows="a `--pred_len 48` checkpoint for `--pred_len 96`"),
+    Probe("corrupt training state", _corrupt_state, "truncated or corrupt", shows="`--resume` of a garbage `last.pth`"),
+    # what only a GPU runs, refused where there is none
+    Probe("sync_bn on CPU", fixed("--sync_bn", "--model", "PatchTST", *SMALL), "--sync_bn needs GPUs", (2,), without_gpu=True),
+    Probe("fp16 on CPU", fixed("--use_amp", "--amp_dtype", "fp16"), "--amp_dtype fp16 needs a GPU", without_gpu=True),
+]
+DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
+if _has_gpu():
+    PROBES = [probe for probe in PROBES if not probe.without_gpu]
+BY_NAME = {probe.name: probe for probe in PROBES}
+assert len(BY_NAME) == len(PROBES), "probe names must be unique"
+
+
+# ------------------------------------------------------------------ running one
+@dataclass
+class Outcome:
+    probe: Probe
+    processes: int
+    seconds: float
+    returncode: object  # None when it hung
+    errors: list = field(default_factory=list)  # the `error:` lines
+    stderr: str = ""
+    traceback: bool = False
+    touched: list = field(default_factory=list)  # paths written, changed, removed or created
+
+    def problems(self):
+        """What breaks the promise, in words (empty when the probe passed)."""
+        found = []
+        if self.returncode is None:
+            found.append(f"no exit within {PROBE_SECONDS} s")
+        elif self.returncode != 2:
+            found.append(f"exit code {self.returncode}, not 2")
+        if len(self.errors) != 1:
+            found.append(f"{len(self.errors)} error lines, not 1")
+        elif self.probe.message not in self.errors[0]:
+            found.append(f"message {self.errors[0]!r} lacks {self.probe.message!r}")
+        if self.traceback:
+            found.append("a traceback")
+        if self.touched:
+            found.append(f"files touched: {', '.join(self.touched)}")
+        if self.returncode is not None and self.seconds >= PROBE_SECONDS:
+            found.append(f"took {self.seconds:.1f} s")
+        return found
+
+    def report(self):
+        return "\n".join([f"{self.probe.name} on {self.processes} process(es): {'; '.join(self.problems())}",
+                          "stderr:", self.stderr[-3000:]])
+
+
+def snapshot(folder):
+    """Every path under folder: a folder's marker, or a file's size, modification time and content hash."""
+    state = {}
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_dir():
+            state[str(path)] = "folder"
+        else:
+            data = path.read_bytes()
+            state[str(path)] = (len(data), path.stat().st_mtime_ns, hashlib.sha256(data).hexdigest())
+    return state
+
+
+def earlier_outputs(folder):
+    """What a folder holds after earlier runs: a record, a run's metrics, a checkpoint and a training state."""
+    old = "long_term_forecast_earlier_run_seed1_0"
+    (folder / "results" / old).mkdir(parents=True)
+    (folder / "results" / "results.jsonl").write_text('{"earlier": "result"}\n')
+    (folder / "results" / old / "metrics.json").write_text('{"mse": 0.5}\n')
+    (folder / "checkpoints" / old).mkdir(parents=True)
+    (folder / "checkpoints" / old / "checkpoint.pth").write_bytes(b"earlier weights")
+    (folder / "checkpoints" / old / "last.pth").write_bytes(b"earlier training state")
+
+
+def run_probe(probe, processes, folder):
+    """Run `probe` on `processes` run.py processes (several: as torchrun starts them) in `folder`."""
+    folder = Path(folder)
+    earlier_outputs(folder)
+    argv = [str(a) for a in probe.argv(folder)]
+    if not any(a in ("--checkpoints", "--results_dir") for a in argv):
+        argv += map(str, output_args(folder))
+    before = snapshot(folder)
+    started = time.time()
+    try:
+        proc = fork_run_py(argv + ["--no_plots"], nproc=processes if processes > 1 else None, timeout=PROBE_SECONDS)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as expired:
+        code, out, err = None, expired.output or "", expired.stderr or ""
+    seconds = time.time() - started
+    after = snapshot(folder)
+    touched = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    return Outcome(probe, processes, seconds, code, errors, err, "Traceback" in out + err,
+                   [str(Path(p).relative_to(folder)) for p in touched])
+
+
+def cases():
+    """(probe, process count) pairs, the pytest parameters."""
+    return [(probe, n) for probe in PROBES for n in probe.processes]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help="probes to run (default: all)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print docs/reliability.md's catalogue table (each message as run.py printed it)")
+    options = parser.parse_args(argv)
+    chosen = options.names
+    unknown = [name for name in chosen if name not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown probe(s): {', '.join(unknown)}")
+    outcomes = []
+    for probe, processes in cases():
+        if chosen and probe.name not in chosen:
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            outcome = run_probe(probe, processes, folder)
+        outcomes.append(outcome)
+        problems = outcome.problems()
+        print(f"{'ok  ' if not problems else 'FAIL'} {outcome.seconds:5.1f} s  {processes}p  {probe.name}"
+              + (f": {'; '.join(problems)}" if problems else ""), flush=True)
+    inputs = len({o.probe.name for o in outcomes})
+    one_line = sum(o.returncode == 2 and len(o.errors) == 1 and o.probe.message in o.errors[0] for o in outcomes)
+    print(f"{inputs} bad inputs, {len(outcomes)} runs (1 and 2 processes): {one_line} one-line errors, "
+          f"{sum(o.traceback for o in outcomes)} tracebacks, {sum(o.returncode is None for o in outcomes)} hangs, "
+          f"{sum(len(o.touched) for o in outcomes)} files touched; slowest {max(o.seconds for o in outcomes):.1f} s")
+    if options.markdown:
+        print(markdown_table(outcomes))
+    return 0 if all(not o.problems() for o in outcomes) else 1
+
+
+def markdown_table(outcomes):
+    rows = ["| probe | input | message |", "|---|---|---|"]
+    for outcome in outcomes:
+        probe = outcome.probe
+        if outcome.processes != probe.processes[0] or not outcome.errors:
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            shows = probe.shows or "`" + " ".join(map(str, probe.argv(Path(folder)))).replace(folder, "...") + "`"
+        message = outcome.errors[0].removeprefix("error: ")
+        message = re.sub(r"/tmp/[^ ]*?/", ".../", message).replace("|", "\\|")
+        message = message if len(message) <= 240 else message[:240] + " ..."
+        rows.append(f"| {probe.name} | {shows} | {message} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
