@@ -1,6 +1,7 @@
 """Shared test helpers: run the CLI as a user would, and run functions on several gloo ranks."""
 import json
 import os
+import queue as queue_module
 import runpy
 import socket
 import subprocess
@@ -247,7 +248,11 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
                                    nprocs=world_size, join=False, start_method="forkserver")
     results = {}
     for _ in range(world_size):
-        rank, ok, value = queue.get(timeout=timeout)
+        try:
+            rank, ok, value = queue.get(timeout=timeout)
+        except queue_module.Empty:
+            ok, value = False, f"no answer within {timeout} s (a hang?)"
+            rank = next(r for r in range(world_size) if r not in results)
         if not ok:
             for process in ctx_procs.processes:
                 process.kill()

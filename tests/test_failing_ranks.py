@@ -46,10 +46,13 @@ def _evaluate_small(rank, world, argv):
     return exp.vali(vali_loader), len(vali_loader.sampler)
 
 
-def test_ranks_without_windows_contribute_nothing():
-    argv = ["--synthetic_rows", 970]  # 2 validation windows
+@pytest.mark.parametrize("rows, shards", [(970, [0, 1, 1]), (1000, [1, 2, 2])])
+def test_ranks_without_windows_contribute_nothing(rows, shards):
+    # 2 validation windows on 3 ranks: one holds none; 5 windows: shards of 1 and 2, so a mean of the
+    # ranks' means (or one that counts the empty rank) would differ from the single-process loss
+    argv = ["--synthetic_rows", rows]
     (reference, n), = run_on_ranks(_evaluate_small, 1, argv)
-    assert n == 2
+    assert n == sum(shards)
     results = run_on_ranks(_evaluate_small, 3, argv)
-    assert [count for _, count in results] == [0, 1, 1]
+    assert [count for _, count in results] == shards
     assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _ in results)

@@ -61,8 +61,18 @@ def test_inverse_metrics_are_the_scaled_ones_times_the_scale(offset_run):
 def test_pictures_after_a_run_and_none_with_no_plots(offset_run):
     tmp, _, argv, _, record = offset_run
     folder = tmp / "results" / record["setting"]
-    for name in ("forecast.png", "training_curves.png"):
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+
+    from utils.plots import COLORS
+
+    # not just a PNG: its curves are drawn (pixels in each curve's colour; a figure of axes alone has none)
+    for name, curves in (("forecast.png", ["forecast"]), ("training_curves.png", ["train", "vali"])):
         assert (folder / name).read_bytes()[:8] == PNG
+        pixels = imread(folder / name)[..., :3]
+        for curve in curves:
+            drawn = (np.abs(pixels - np.array(to_rgb(COLORS[curve]))).max(axis=-1) < 0.08).sum()
+            assert drawn > 300, (name, curve, drawn)
     # The same checkpoint tested on 2 processes: --inverse metrics equal the 1-process ones exactly.
     ddp = tmp / "ddp"
     checkpoint = tmp / "checkpoints" / record["setting"] / "checkpoint.pth"
@@ -97,3 +107,34 @@ def test_do_predict_on_undated_data_counts_steps_and_inverts_the_scaler(tmp_path
         scaled = exp.raw_model.eval()(x, torch.zeros(1, 48, 0), dec, torch.zeros(1, 36, 0))[0, -12:].numpy()
     np.testing.assert_allclose(forecast[["x0", "x1", "OT"]].to_numpy(), data.scaler.inverse_transform(scaled),
                                rtol=1e-5, atol=1e-4)
+
+
+def _ms_data(folder):
+    """Three columns on very different scales: a channel mix-up on the original scale cannot hide."""
+    frame = make_synthetic(rows=1200, channels=3, seed=5)
+    frame[["x0", "x1", "OT"]] = frame[["x0", "x1", "OT"]] * [50.0, 0.2, 3.0] + [1000.0, -5.0, 40.0]
+    frame.to_csv(folder / "ms.csv", index=False)
+    return frame, ["--data", "custom", "--root_path", folder, "--data_path", "ms.csv", "--features", "MS",
+                   "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--num_threads", 1]
+
+
+def test_ms_inverse_metrics_use_the_targets_scale(tmp_path):
+    frame, argv = _ms_data(tmp_path)
+    assert_ok(run_cli(tmp_path, *argv, "--train_epochs", 1, "--inverse"))
+    record = records(tmp_path)[-1]
+    scale = frame["OT"].iloc[: int(len(frame) * 0.7)].std(ddof=0)  # the target's StandardScaler scale_
+    assert record["mse_orig"] == pytest.approx(record["mse"] * scale ** 2, rel=1e-4)
+    assert record["mae_orig"] == pytest.approx(record["mae"] * scale, rel=1e-4)
+
+
+def test_the_forecast_picture_draws_the_target_on_its_own_scale(tmp_path, monkeypatch):
+    from exp import outputs
+
+    frame, argv = _ms_data(tmp_path)
+    exp = make_experiment(make_args(*argv, "--results_dir", tmp_path / "results"))
+    drawn = {}
+    monkeypatch.setattr(outputs.plots, "plot_forecasts", lambda path, windows, *rest: drawn.setdefault("w", windows))
+    outputs.draw_forecasts(exp, "picture")
+    test_rows = frame["OT"].iloc[-int(len(frame) * 0.2) - 48:].to_numpy()  # the test split and its first input
+    first = drawn["w"][0]
+    np.testing.assert_allclose(first["history"] + first["truth"], test_rows[:72], rtol=1e-5)

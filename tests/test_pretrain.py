@@ -7,7 +7,7 @@ from torch.utils.data import DistributedSampler
 
 from data_provider.data_factory import data_provider, prepared_data
 from data_provider.synthetic import make_synthetic
-from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 from utils.errors import UserError
 
 TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--seq_len", 96, "--num_threads", 1]
@@ -77,6 +77,17 @@ def test_ett_named_files_get_ett_borders_and_every_series_its_own_scaler(tmp_pat
     assert len(data_provider(args, "train")[0]) == 2 * (8640 - 192 + 1) + (700 - 192 + 1)
 
 
+def _few_shot_windows(rank, world):
+    args = make_args("--synthetic_rows", 1500, "--subset_rand_ratio", 0.2, "--ddp")
+    args.autoregressive = False
+    return data_provider(args, "train")[0].indices.tolist()
+
+
+def test_few_shot_subset_is_the_same_on_every_rank():
+    first, second = run_on_ranks(_few_shot_windows, 2)
+    assert len(first) == 172 and first == second
+
+
 def test_few_shot_subset_is_random_deterministic_and_train_only():
     def build(*argv):
         args = make_args("--synthetic_rows", 1500, *argv)
@@ -88,7 +99,7 @@ def test_few_shot_subset_is_random_deterministic_and_train_only():
     assert [len(few[f]) for f in ("val", "test")] == [len(full[f]) for f in ("val", "test")]
     chosen = few["train"].indices
     assert chosen.tolist() == sorted(set(chosen.tolist())) and chosen.max() >= len(full["train"]) // 2
-    assert torch.equal(chosen, build("--subset_rand_ratio", 0.2)["train"].indices)  # same on every rank
+    assert torch.equal(chosen, build("--subset_rand_ratio", 0.2)["train"].indices)  # same again
     assert not torch.equal(chosen, build("--subset_rand_ratio", 0.2, "--seed", 1)["train"].indices)
     for part, whole in zip(few["train"].__getitems__([0, 5, 171]), full["train"].__getitems__(chosen[[0, 5, 171]])):
         torch.testing.assert_close(part, whole, rtol=0, atol=0)

@@ -96,6 +96,29 @@ def test_resume_of_a_finished_run_trains_no_more(tmp_path):
     _assert_same_run(first, second)
 
 
+# DLinear at a learning rate this high overshoots: validation goes up and down, and patience 2 stops the
+# run early. Split it just before its last epoch, where the count of epochs without improvement is 1 and
+# the best epoch lies behind: a resume that forgot either would train on or keep another checkpoint.
+OVERSHOOT = ["--synthetic_rows", 1500, "--learning_rate", 0.05, "--lradj", "constant", "--patience", 2]
+
+
+def test_resume_keeps_the_best_loss_and_the_patience_count(tmp_path):
+    assert_ok(run_cli(tmp_path / "straight", *OVERSHOOT, "--train_epochs", 10))
+    reference = records(tmp_path / "straight")[-1]
+    vali, stop = [epoch["vali_loss"] for epoch in reference["history"]], reference["stopped_epoch"]
+    split = stop - 1
+    assert stop < 10 and vali.index(min(vali)) < split - 1, vali  # the case this test needs
+    assert_ok(run_cli(tmp_path / "split", *OVERSHOOT, "--train_epochs", split))
+    proc = run_cli(tmp_path / "split", *OVERSHOOT, "--train_epochs", 10, "--resume")
+    assert_ok(proc)
+    resumed = records(tmp_path / "split")[-1]
+    assert resumed["stopped_epoch"] == stop  # the count went on
+    _assert_same_run(resumed, reference)  # and no later epoch replaced the best one's weights
+    setting = reference["setting"]
+    assert ((tmp_path / "split" / "checkpoints" / setting / "checkpoint.pth").read_bytes()
+            == (tmp_path / "straight" / "checkpoints" / setting / "checkpoint.pth").read_bytes())
+
+
 # ---------------------------------------------------------------- elastic restarts
 def _worker_pids(launcher_pid):
     """Worker processes started by torchrun's agent, as {local_rank: pid}."""

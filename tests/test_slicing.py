@@ -22,6 +22,14 @@ def test_direct_model_scores_the_horizon_of_every_channel():
     torch.testing.assert_close(true, batch[1][:, -24:])
 
 
+def test_a_direct_windows_target_rows_follow_its_input_rows():
+    exp, _ = _exp_and_batch("--model", "DLinear", "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
+    dataset, _ = data_provider(exp.args, "train")
+    x, y, _, _ = dataset.__getitems__([0, 96])  # window 96 starts where window 0's input ends
+    torch.testing.assert_close(y[0, :48], x[0, -48:])  # the label part: the input's last label_len rows
+    torch.testing.assert_close(y[0, 48:], x[1, :24])  # the horizon: the next pred_len rows
+
+
 @pytest.mark.parametrize("flag", ["--features MS", "--covariate"])
 def test_ms_and_covariate_score_only_the_target_channel(flag):
     exp, batch = _exp_and_batch("--model", "DLinear", *flag.split())
@@ -40,13 +48,21 @@ def test_token_model_scores_every_token_against_its_next_steps():
         torch.testing.assert_close(true[:, n], full[:, (n + 1) * 24:(n + 1) * 24 + 48])
 
 
-def test_last_token_and_valid_last():
-    exp, batch = _exp_and_batch(*TIMERXL, "--valid_last")
-    assert forward(exp.raw_model, batch, exp.args, "train", exp.device)[0].shape == (4, 4, 48, 7)
-    assert forward(exp.raw_model, batch, exp.args, "val", exp.device)[0].shape == (4, 1, 48, 7)
-    exp, batch = _exp_and_batch(*TIMERXL, "--last_token", "--covariate")
-    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
+def test_last_token_and_valid_last_score_the_last_token():
+    exp, batch = _exp_and_batch(*TIMERXL, "--valid_last", "--dropout", 0)
+    model = exp.raw_model.eval()
+    every_pred, every_true = forward(model, batch, exp.args, "train", exp.device)  # training scores all 4 tokens
+    assert every_pred.shape == (4, 4, 48, 7)
+    pred, true = forward(model, batch, exp.args, "val", exp.device)
+    torch.testing.assert_close(pred, every_pred[:, -1:])  # validation: the last token only, as it is
+    torch.testing.assert_close(true, every_true[:, -1:])
+    exp, batch = _exp_and_batch(*TIMERXL, "--last_token", "--covariate", "--dropout", 0)
+    model = exp.raw_model.eval()
+    pred, true = forward(model, batch, exp.args, "train", exp.device)
     assert pred.shape == true.shape == (4, 1, 48, 1)
+    x, y = batch[0], batch[1]
+    torch.testing.assert_close(true[:, 0, :, 0], y[:, -48:, -1])  # the last token's next 48 steps of the target
+    torch.testing.assert_close(pred[:, 0, :, 0], model(x, None, None, None)[:, -48:, -1])
 
 
 @pytest.mark.parametrize("horizon", [48, 60, 200])

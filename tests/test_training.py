@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from helpers import assert_ok, make_args, records, run_cli
+from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
@@ -60,3 +60,71 @@ def test_learning_rate_schedules(lradj, expected):
 
     args = make_args("--lradj", lradj, "--learning_rate", 1e-3, "--train_epochs", 4)
     assert [learning_rate_for_epoch(args, e) for e in (1, 2, 3, 4)] == pytest.approx(expected)
+
+
+# DLinear at a learning rate this high overshoots: validation is best at epoch 1 and worse after it
+OVERSHOOT = ["--synthetic_rows", 1500, "--learning_rate", 0.05, "--lradj", "constant"]
+
+
+def test_the_final_test_scores_the_best_epoch_not_the_last(tmp_path):
+    assert_ok(run_cli(tmp_path, *OVERSHOOT, "--train_epochs", 3, "--patience", 5))
+    record = records(tmp_path)[-1]
+    vali = [epoch["vali_loss"] for epoch in record["history"]]
+    best = vali.index(min(vali))
+    assert best < len(vali) - 1, f"the test needs a last epoch worse than the best: {vali}"
+    # the test ran on the best epoch's weights: its validation and test losses are that epoch's
+    assert record["vali_loss"] == pytest.approx(vali[best], rel=1e-12)
+    assert record["mse"] == pytest.approx(record["history"][best]["test_loss"], rel=1e-12)
+
+
+def _train_order(rank, world, tmp, argv):
+    """Every training batch's window starts, epoch by epoch, as the training loop draws them."""
+    from exp.exp_forecast import Exp_Forecast
+
+    args = make_args(*argv, "--checkpoints", tmp / "ck", "--results_dir", tmp / "res", "--no_plots")
+    exp = make_experiment(args)
+    seen, train_step = [], Exp_Forecast.train_step
+
+    def spy(self, micro_batches, optimizer):
+        seen.extend(batch[0][:, 0, 0].tolist() for batch in micro_batches)  # x's first value names the window
+        return train_step(self, micro_batches, optimizer)
+
+    Exp_Forecast.train_step = spy
+    try:
+        exp.train("order")
+    finally:
+        Exp_Forecast.train_step = train_step
+    return seen
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_every_epoch_draws_a_new_order_of_the_same_windows(tmp_path, world):
+    argv = ["--synthetic_rows", 1500, "--train_epochs", 2, "--batch_size", 64, *(["--ddp"] if world > 1 else [])]
+    epochs = [[], []]  # every rank's windows, epoch by epoch
+    for rank, batches in enumerate(run_on_ranks(_train_order, world, tmp_path / str(world), argv)):
+        half = len(batches) // 2
+        assert batches[:half] != batches[half:], f"rank {rank}: epoch 2 repeated epoch 1's order"
+        for epoch, part in zip(epochs, (batches[:half], batches[half:])):
+            epoch.extend(v for batch in part for v in batch)
+    # together the ranks see every window each epoch (but the up to world - 1 that even shards leave out)
+    assert len(epochs[0]) == len(epochs[1]) and len(set(epochs[0]) ^ set(epochs[1])) <= 2 * (world - 1)
+
+
+def _stop_alone(rank, world, tmp):
+    """Rank 1 alone decides to stop after epoch 1 (as a rank holding another loss would)."""
+    from utils import tools
+
+    args = make_args("--synthetic_rows", 1500, "--train_epochs", 3, "--patience", 10, "--ddp",
+                     "--checkpoints", tmp / "ck", "--results_dir", tmp / "res", "--no_plots")
+    exp = make_experiment(args)
+    if rank == 1:
+        tools.EarlyStopping.should_stop = property(lambda self: True)
+    return len(exp.train("alone")["history"])
+
+
+def test_a_rank_that_decides_to_stop_alone_stops_every_rank():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:  # no hang: each rank trains exactly one epoch
+        assert run_on_ranks(_stop_alone, 2, Path(tmp), timeout=90) == [1, 1]
