@@ -4,7 +4,10 @@ data_factory.prepared_data picks the class once, from --data: TableData (ETT, cu
 synthetic: one multivariate series) or UnivariateData (a corpus of single series). The
 experiment reads only these members, so it never asks which kind it holds.
 """
+import hashlib
 from abc import ABC, abstractmethod
+
+import numpy as np
 
 
 class ForecastData(ABC):
@@ -21,7 +24,30 @@ class ForecastData(ABC):
     """
 
     MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates",
-               "window_dataset", "forecast_date", "future_input")
+               "window_dataset", "forecast_date", "future_input", "content_hash")
+
+    @abstractmethod
+    def content(self):
+        """Everything the windows are cut from, as (name, numpy array or plain value) pairs:
+        the scaled rows, time features and split borders."""
+
+    def content_hash(self):
+        """A short hash of the prepared data (content(), the columns, the scaler's statistics),
+        computed once: last.pth records it every epoch and the ranks compare it before training."""
+        cached = getattr(self, "_content_hash", None)
+        if cached is None:
+            digest = hashlib.blake2b(repr((list(self.columns), self.mark_dim)).encode(), digest_size=8)
+            parts = list(self.content())
+            if self.scaler is not None:
+                parts += [("mean", self.scaler.mean_), ("scale", self.scaler.scale_)]
+            for name, part in parts:
+                if isinstance(part, np.ndarray):
+                    digest.update(f"{name}{part.dtype}{part.shape}".encode())
+                    digest.update(np.ascontiguousarray(part).data)
+                else:
+                    digest.update(f"{name}{part!r}".encode())
+            cached = self._content_hash = digest.hexdigest()
+        return cached
 
     @abstractmethod
     def window_dataset(self, flag, window, with_marks=True):

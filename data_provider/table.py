@@ -31,6 +31,9 @@ class TableData(ForecastData):
         self.dates = dates
         self.ends = ends  # row where train, val, test end
 
+    def content(self):
+        return [("values", self.values), ("marks", self.marks), ("ends", tuple(self.ends))]
+
     @property
     def mark_dim(self):
         return self.marks.shape[1]

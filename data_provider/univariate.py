@@ -58,6 +58,9 @@ class UnivariateData(ForecastData):
         self.series = series  # list of float32 [T_i] arrays
         self.ends = ends  # row where train, val, test end, per series
 
+    def content(self):
+        return [*(("series", series) for series in self.series), ("ends", tuple(map(tuple, self.ends)))]
+
     def window_dataset(self, flag, window, with_marks=True):
         """Every window of split `flag` of every series, as one data set."""
         i = SPLITS.index(flag)

@@ -1,4 +1,5 @@
 """Data provider: splits, scaling, windows, file formats, sharding."""
+import copy
 import subprocess
 import sys
 
@@ -288,6 +289,12 @@ def test_both_kinds_answer_every_member_of_the_data_interface(tmp_path, kind):
     else:
         future, index, last_row = data.future_input(window, args.freq, args.embed)
         assert len(future) == 1 and len(index) == 24
+    digest = data.content_hash()  # what last.pth records and the ranks compare: cached, and the content's
+    assert len(digest) == 16 and data.content_hash() is digest
+    changed = copy.deepcopy(data)  # never the per-process cached data itself
+    changed._content_hash = None
+    (changed.series[0] if kind == "univariate" else changed.values)[3] += 1e-3
+    assert changed.content_hash() != digest
 
 
 @pytest.mark.parametrize("kind", ["dated", "undated"])

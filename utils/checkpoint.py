@@ -3,14 +3,12 @@ resume from (last.pth), which carries the run's identity; the lock that keeps tw
 of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import socket
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 from utils import distributed
@@ -134,32 +132,12 @@ def _identity_args():
 IDENTITY_ARGS = _identity_args()
 
 
-def data_content_hash(data):
-    """A short hash of the prepared data: the scaled values, the time features and the split borders,
-    computed once per process (the data is prepared once per process too). Unlike
-    data_factory.data_fingerprint (the ranks' agreement) it cuts no windows and is cached:
-    last.pth is written every epoch."""
-    cached = getattr(data, "_content_hash", None)
-    if cached is None:
-        digest = hashlib.blake2b(digest_size=8)
-        for name in ("values", "marks", "series", "ends"):  # TableData and UnivariateData
-            part = getattr(data, name, None)
-            for item in (part if isinstance(part, list) else [part]):
-                if isinstance(item, np.ndarray):
-                    digest.update(f"{name}{item.dtype}{item.shape}".encode())
-                    digest.update(np.ascontiguousarray(item).data)
-                else:
-                    digest.update(f"{name}{item!r}".encode())
-        cached = data._content_hash = digest.hexdigest()
-    return cached
-
-
 def run_identity(args):
     """What decides a run's trajectory: IDENTITY_ARGS' values and the data's content hash."""
     from data_provider.data_factory import prepared_data  # cached: the run has prepared it already
 
     identity = {name: getattr(args, name, None) for name in IDENTITY_ARGS}
-    identity["data_content_hash"] = data_content_hash(prepared_data(args))
+    identity["data_content_hash"] = prepared_data(args).content_hash()
     return identity
 
 
