@@ -322,3 +322,14 @@ class TimesBlock(nn.Module):
         main(["--tslib", str(tmp_path / "tail")])  # zeros by default
     with pytest.raises(UserError, match="with zeros, not tail"):
         main(["--tslib", str(tmp_path / "zeros"), "--padding", "tail"])
+
+
+def test_every_module_mutation_testing_mutates_has_targeted_tests():
+    from benchmarks.mutation import REPO, _module_paths, targets_for
+
+    for root in _module_paths():
+        modules = [root] if root.endswith(".py") else sorted(
+            str(p.relative_to(REPO)) for p in (REPO / root).rglob("*.py"))
+        for module in modules:
+            if (REPO / module).read_text().strip():  # an empty __init__.py has nothing to mutate
+                assert all((REPO / test).exists() for test in targets_for(module)), module
