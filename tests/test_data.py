@@ -111,6 +111,23 @@ def test_synthetic_is_deterministic_from_seed():
     assert not np.allclose(a, b)
 
 
+def test_synthetic_series_carry_the_daily_and_weekly_cycles_they_promise():
+    from data_provider.synthetic import make_synthetic
+
+    frame = make_synthetic(rows=2000)
+    weekly = []
+    for column in frame.columns[1:]:
+        x = frame[column].to_numpy() - frame[column].mean()
+
+        def correlation(lag):
+            return np.corrcoef(x[:-lag], x[lag:])[0, 1]
+
+        assert correlation(24) > correlation(12), column  # a day apart alike, half a day apart not
+        if column != "OT":  # a week apart more alike than 3 days apart (the same hour of day both)
+            weekly.append(correlation(168) - correlation(72))
+    assert np.mean(weekly) > 0.1, weekly  # about 0.29; about 0 without the weekly cycle
+
+
 def test_batched_gather_equals_per_window_slices():
     values = np.random.default_rng(0).normal(size=(300, 3)).astype(np.float32)
     marks = np.random.default_rng(1).normal(size=(300, 4)).astype(np.float32)
