@@ -41,11 +41,12 @@ def _is_number(text):
 
 
 def _frame_to_table(frame, path):
+    require(len(frame) > 0, f"{path} has a header but no data rows; check the file")
     dates = None
     if "date" in frame.columns:
         dates = _parse_dates(frame["date"], path)
         frame = frame.drop(columns=["date"])
-    require(frame.shape[1] > 0 and len(frame) > 0, f"{path} has no numeric data rows; check the file")
+    require(frame.shape[1] > 0, f"{path} has no numeric columns, only 'date'; check the file")
     for col in frame.columns:
         if not pd.api.types.is_numeric_dtype(frame[col]):
             bad = frame[col][pd.to_numeric(frame[col], errors="coerce").isna() & frame[col].notna()]

@@ -128,6 +128,18 @@ def test_synthetic_series_carry_the_daily_and_weekly_cycles_they_promise():
     assert np.mean(weekly) > 0.1, weekly  # about 0.29; about 0 without the weekly cycle
 
 
+def test_the_built_in_data_set_is_the_one_the_documented_figures_came_from():
+    # every figure in the docs measured on --data synthetic assumes these exact series: a change to
+    # data_provider/synthetic.py must be deliberate (and the figures re-measured), never incidental
+    from data_provider.synthetic import make_synthetic
+
+    frame = make_synthetic().drop(columns=["date"])
+    assert frame.mean().round(4).to_dict() == {"x0": 0.0292, "x1": -1.4076, "x2": 1.4494, "x3": -0.0213,
+                                               "x4": 0.3908, "x5": -1.9764, "OT": -1.671}
+    assert frame.std().round(4).to_dict() == {"x0": 1.3294, "x1": 0.7525, "x2": 1.3465, "x3": 0.6632,
+                                              "x4": 0.8212, "x5": 1.3369, "OT": 1.1377}
+
+
 def test_batched_gather_equals_per_window_slices():
     values = np.random.default_rng(0).normal(size=(300, 3)).astype(np.float32)
     marks = np.random.default_rng(1).normal(size=(300, 4)).astype(np.float32)
