@@ -31,7 +31,7 @@ TARGETS = {
     "exp/settings.py": ["test_argument_checks.py", "test_run_identity.py", "test_bad_input.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
-    "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_failing_ranks.py", "test_exactness_cli.py",
+    "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_failing_ranks.py", "test_exactness_cli.py",
                             "test_resume_and_restart.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py"],

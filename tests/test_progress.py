@@ -1,7 +1,7 @@
 """Progress output: a bar on a terminal, plain periodic lines in logs, nothing with --quiet."""
 import io
 
-from helpers import assert_ok, run_cli
+from helpers import assert_ok, records, run_cli
 from utils.progress import EpochProgress, progress_mode
 
 
@@ -44,6 +44,8 @@ def test_run_logs_epoch_summaries_and_quiet_keeps_only_the_result(tmp_path):
     assert progress and "steps, loss" in progress[0]  # plain lines: the test's output is not a terminal
     summary = [line for line in proc.stdout.splitlines() if line.startswith("epoch 2/2:")]
     assert summary and "samples/s" in summary[0] and "best vali" in summary[0] and " lr " in summary[0]
+    state_bytes = records(tmp_path)[-1]["optimizer_state_bytes"]  # Adam: two moments per parameter
+    assert f"optimizer state per rank: {state_bytes[0] / 2**20:.2f} MiB" in proc.stdout
 
     quiet = run_cli(tmp_path, *argv, "--quiet")
     assert_ok(quiet)
