@@ -30,6 +30,15 @@ def test_etth1_split_sizes_match_the_benchmark_convention():
     assert sizes == {"train": 8449, "val": 2785, "test": 2785}
 
 
+@pytest.mark.parametrize("name, rows_per_hour", [("ETTh1", 1), ("ETTh2", 1), ("ETTm1", 4), ("ETTm2", 4)])
+def test_ett_borders_are_tslibs_12_4_4_months(name, rows_per_hour):
+    from data_provider.splits import split_ends
+
+    month = 30 * 24 * rows_per_hour  # TSLib's Dataset_ETT_hour / Dataset_ETT_minute borders
+    assert split_ends(name, 20 * month + 5) == [12 * month, 16 * month, 20 * month]
+    assert split_ends("custom", 1000) == [700, 800, 1000]  # other data: 70 / 10 / 20 %
+
+
 @needs_etth1
 def test_scaler_uses_training_rows_only():
     args = make_args(*ETTH1_ARGS)

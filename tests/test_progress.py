@@ -1,5 +1,6 @@
 """Progress output: a bar on a terminal, plain periodic lines in logs, nothing with --quiet."""
 import io
+import re
 
 from helpers import assert_ok, records, run_cli
 from utils.progress import EpochProgress, progress_mode
@@ -51,3 +52,13 @@ def test_run_logs_epoch_summaries_and_quiet_keeps_only_the_result(tmp_path):
     assert_ok(quiet)
     assert [line.split(":")[0].split(" ")[0] for line in quiet.stdout.splitlines()] == ["test"]
     assert "steps, loss" not in quiet.stderr
+
+
+def test_the_logged_rate_is_every_process_together(tmp_path):
+    proc = run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500, "--ddp", nproc=2)
+    assert_ok(proc)
+    record = records(tmp_path)[-1]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("epoch 1/1:"))
+    rate = float(re.search(r" (\d+) samples/s", line).group(1))
+    # both ranks' windows over the training time, which is shorter than the epoch's (that adds evaluation)
+    assert rate >= 0.9 * record["train_windows"] / record["history"][0]["seconds"], line
