@@ -10,6 +10,7 @@ a new test, or a line in EQUIVALENT saying why no test can tell it apart.
     python -m benchmarks.mutation init /tmp/mutation.sqlite --sample 60   # every mutant, or a seeded sample
     cosmic-ray exec benchmarks/mutation.toml /tmp/mutation.sqlite         # mutates files in place: use a clean clone
     python -m benchmarks.mutation report /tmp/mutation.sqlite --out benchmarks/results/mutation.md
+    python -m benchmarks.mutation recheck /tmp/mutation.sqlite   # survivors again, after new tests
 
 Not part of CI's run (see README, Tests).
 """
@@ -18,7 +19,6 @@ import os
 import random
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,36 +92,69 @@ def _module_paths():
     return tomllib.loads(CONFIG.read_text())["cosmic-ray"]["module-path"]
 
 
-def report(session):
-    """The kill rate and every survivor, as markdown."""
+def report(session, rechecked=None):
+    """The kill rate and every survivor, as markdown; with `rechecked` (recheck's answers) also the
+    rate after the tests written for the survivors."""
     from cosmic_ray.work_db import use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     with use_db(session) as db:
         done = [(item, result) for item, result in db.completed_work_items
                 if result.worker_outcome != WorkerOutcome.SKIPPED]
-        pending = db.num_work_items - db.num_results
-    outcomes = Counter()
-    survivors = []
-    for item, result in done:
-        mutation = item.mutations[0]
-        key = f"{mutation.module_path}:{mutation.start_pos[0]}:{mutation.operator_name}"
-        if result.test_outcome == TestOutcome.SURVIVED:
-            outcomes["equivalent" if key in EQUIVALENT else "survived"] += 1
-            survivors.append((key, EQUIVALENT.get(key), result.diff or ""))
-        else:
-            outcomes["killed"] += 1
-    judged = outcomes["killed"] + outcomes["survived"]
-    rate = outcomes["killed"] / judged if judged else float("nan")
+        total = db.num_work_items
+    killed = sum(result.test_outcome != TestOutcome.SURVIVED for _, result in done)
+    found = survivors(session)
+    equivalent = [key for key, _ in found if key in EQUIVALENT]
+    later = [key for key, _ in found if (rechecked or {}).get(key) == "killed"]
+    judged = len(done) - len(equivalent)
     lines = ["# Mutation testing of the core", "",
-             f"Modules: {', '.join(_module_paths())}. Run with `python -m benchmarks.mutation` (its docstring).", "",
-             f"- mutants run: {len(done)} ({pending} pending)",
-             f"- killed: {outcomes['killed']}, survived: {outcomes['survived']}, equivalent: {outcomes['equivalent']}",
-             f"- kill rate of non-equivalent mutants: {rate:.1%}", "", "## Survivors", ""]
-    for key, reason, diff in sorted(survivors):
-        lines += [f"### `{key}`", "", f"Equivalent: {reason}" if reason else "Not yet triaged.", "",
-                  "```diff", diff.strip(), "```", ""]
+             f"Modules: {', '.join(_module_paths())}. Commands: `benchmarks/mutation.py`'s docstring.", "",
+             f"- mutants: {total} in all; run: {len(done)} (a seeded random sample)",
+             f"- killed: {killed}; survived: {len(found)}, of which equivalent: {len(equivalent)}",
+             f"- kill rate of non-equivalent mutants: {killed / judged:.1%}" if judged else "- nothing run"]
+    if rechecked is not None and judged:
+        lines.append(f"- after the tests written for the survivors (`recheck`): {(killed + len(later)) / judged:.1%}")
+    lines += ["", "## Survivors", ""]
+    for key, diff in found:
+        status = (f"Equivalent: {EQUIVALENT[key]}" if key in EQUIVALENT
+                  else f"Recheck: {rechecked[key]}" if rechecked and key in rechecked else "Not yet triaged.")
+        lines += [f"### `{key}`", "", status, "", "```diff", (diff or "").replace("--- mutation diff ---", "").strip(),
+                  "```", ""]
     return "\n".join(lines) + "\n"
+
+
+def survivors(session):
+    """(key, diff) of every mutant that survived in `session`."""
+    from cosmic_ray.work_db import use_db
+    from cosmic_ray.work_item import TestOutcome
+
+    with use_db(session) as db:
+        found = []
+        for item, result in db.completed_work_items:
+            if result.test_outcome == TestOutcome.SURVIVED:
+                mutation = item.mutations[0]
+                found.append((f"{mutation.module_path}:{mutation.start_pos[0]}:{mutation.operator_name}", result.diff))
+    return sorted(found)
+
+
+def recheck(session):
+    """Apply each survivor's diff to this (clean) checkout, run its targeted tests, undo it: which
+    survivors today's tests kill. A diff that no longer applies means the code there has changed."""
+    if mutated_files():
+        raise SystemExit("recheck needs a checkout without uncommitted changes to .py files")
+    results = {}
+    for key, diff in survivors(session):
+        patch = "\n".join(line for line in diff.splitlines() if not line.startswith("--- mutation diff"))
+        applied = subprocess.run(["git", "apply", "-"], cwd=REPO, input=patch + "\n", text=True, capture_output=True)
+        if applied.returncode:
+            results[key] = "code changed (diff no longer applies)"
+            continue
+        try:
+            results[key] = "killed" if run_targeted_tests() else "survived"
+        finally:
+            subprocess.run(["git", "checkout", "--", *mutated_files()], cwd=REPO, check=True)
+        print(f"{results[key]:>9}  {key}", flush=True)
+    return results
 
 
 def main(argv=None):
@@ -136,13 +169,19 @@ def main(argv=None):
     p_report.add_argument("session")
     p_report.add_argument("--out", help="write the markdown here")
     p_report.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p_report.add_argument("--recheck", action="store_true", help="first run every survivor against today's tests")
+    p_recheck = sub.add_parser("recheck", help="run each survivor again against today's tests")
+    p_recheck.add_argument("session")
     args = parser.parse_args(argv)
+    if args.command == "recheck":
+        recheck(args.session)
+        return 0
     if args.command == "test":
         return run_targeted_tests()
     if args.command == "init":
         init(args.session, args.sample, args.seed)
         return 0
-    text = report(args.session)
+    text = report(args.session, recheck(args.session) if args.recheck else None)
     if args.out:
         if os.path.exists(args.out) and not args.overwrite:
             parser.error(f"{args.out} exists; pass --overwrite to replace it")
