@@ -50,12 +50,9 @@ def rollout(model, batch, args, device):
     x, y, x_mark, y_mark = on_device(batch, device)
     out_len, horizon, history = args.output_token_len, args.test_pred_len, x.shape[1]
     steps = math.ceil(horizon / out_len)
-    marks = None
-    if "x_mark_enc" in args.model_inputs:
-        marks = torch.cat([x_mark, y_mark], dim=1)
-        missing = history + steps * out_len - marks.shape[1]
-        if missing > 0:  # the last partial step reads calendar features past the target
-            marks = torch.cat([marks, marks[:, -1:].expand(-1, missing, -1)], dim=1)
+    # step s reads the marks of its input rows, s * out_len onwards: the last step's input ends at
+    # (steps - 1) * out_len + history < history + horizon, within the window's own marks
+    marks = torch.cat([x_mark, y_mark], dim=1) if "x_mark_enc" in args.model_inputs else None
     preds = []
     for step in range(steps):
         window_marks = None if marks is None else marks[:, step * out_len: step * out_len + history]

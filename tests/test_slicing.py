@@ -84,6 +84,33 @@ def test_rollout_feeds_predictions_back():
     torch.testing.assert_close(pred, torch.cat([first, second], dim=1))
 
 
+class MarkReader(torch.nn.Module):
+    """A token model that reads time features: it records the marks each roll-out step gives it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec):
+        assert x_mark_enc.shape[:2] == x_enc.shape[:2]
+        self.seen.append(x_mark_enc)
+        return x_enc
+
+
+@pytest.mark.parametrize("horizon", [48, 60, 100])
+def test_rollout_gives_each_step_the_marks_of_its_input_rows(horizon):
+    exp = make_experiment(make_args(*TIMERXL, "--test_pred_len", horizon))
+    exp.args.model_inputs = ("x_enc", "x_mark_enc")
+    dataset, _ = data_provider(exp.args, "test")
+    x, y, x_mark, y_mark = batch = dataset.__getitems__([0, 3])
+    model = MarkReader()
+    pred, _ = forward(model, batch, exp.args, "test", exp.device)
+    assert pred.shape[1] == horizon and len(model.seen) == -(-horizon // 48)
+    every = torch.cat([x_mark, y_mark], dim=1)  # the window's input and horizon rows
+    for step, marks in enumerate(model.seen):
+        torch.testing.assert_close(marks, every[:, step * 48:step * 48 + 96], rtol=0, atol=0)
+
+
 def test_nonautoregressive_needs_long_enough_tokens():
     from utils.errors import UserError
 

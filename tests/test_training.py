@@ -128,3 +128,16 @@ def test_a_rank_that_decides_to_stop_alone_stops_every_rank():
 
     with tempfile.TemporaryDirectory() as tmp:  # no hang: each rank trains exactly one epoch
         assert run_on_ranks(_stop_alone, 2, Path(tmp), timeout=90) == [1, 1]
+
+
+def test_an_epochs_train_loss_is_the_mean_over_every_training_element(tmp_path):
+    from data_provider.data_factory import data_provider
+
+    # learning rate 0 and no dropout (DLinear): the weights never move, so the epoch's train loss is
+    # the model's MSE over the whole training split, which evaluation computes independently
+    args = make_args("--synthetic_rows", 1500, "--learning_rate", 0, "--train_epochs", 1, "--no_plots",
+                     "--checkpoints", tmp_path / "ck", "--results_dir", tmp_path / "res")
+    exp = make_experiment(args)
+    result = exp.train("lr0")
+    _, train_loader = data_provider(exp.args, "train")
+    assert result["history"][0]["train_loss"] == pytest.approx(exp.vali(train_loader, "train"), rel=1e-6)
