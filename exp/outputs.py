@@ -211,7 +211,7 @@ def predict(exp, setting):
         return None
     dataset, index, last_row = data.future_input(window_for(args, "test"), args.freq, args.embed)
     pred, _ = _forecast(exp, dataset.__getitems__([0]))
-    forecast = OriginalScale(data.scaler, exp.device)(pred)[0, -len(index):].cpu().double().numpy()
+    forecast = OriginalScale(data.scaler, exp.device)(pred)[0].cpu().double().numpy()  # len(index) rows
     frame = pd.DataFrame(forecast, columns=data.columns[-forecast.shape[1]:])
     frame.insert(0, index.name, index)
     path = atomic_write(output_path(args, setting, "forecast.csv"),

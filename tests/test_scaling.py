@@ -150,6 +150,16 @@ def test_global_batch_and_scaled_rate_are_logged_and_recorded(tmp_path):
     assert state["global_step"] == math.ceil(micro_batches / 2)
 
 
+@pytest.mark.parametrize("scaling", ["none", "linear", "sqrt"])
+def test_the_opening_line_names_the_scaling_in_use(scaling):
+    from exp.exp_forecast import training_summary
+    from exp.settings import resolve_args
+
+    args = resolve_args(make_args("--synthetic_rows", 1500, "--lr_scaling", scaling, "--base_batch_size", 16), 1)
+    line = training_summary(args, "s", 100)
+    assert (f"(--lr_scaling {scaling}: 0.0001 at batch 16)" in line) == (scaling != "none"), line
+
+
 # ---------------------------------------------------------------- SyncBatchNorm
 PATCHTST = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 1,
             "--synthetic_rows", 1500, "--num_threads", 1]
