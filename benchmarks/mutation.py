@@ -38,7 +38,7 @@ TARGETS = {
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_resume_and_restart.py", "test_bad_input.py"],
     "data_provider/": ["test_data.py", "test_window_loader.py", "test_pretrain.py", "test_slicing.py",
-                       "test_argument_checks.py"],
+                       "test_argument_checks.py", "test_bad_input.py"],
 }
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
