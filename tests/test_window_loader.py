@@ -56,6 +56,19 @@ def _train_batch_sizes(rank, world, argv):
     return [batch[0].shape[0] for batch in loader]
 
 
+def test_train_drop_last_accepts_exactly_one_full_batch():
+    from utils.errors import UserError
+
+    args = make_args("--synthetic_rows", 1500, "--train_drop_last")
+    args.autoregressive = False
+    windows = len(data_provider(args, "train")[0])
+    args.batch_size = windows  # one full batch: trains
+    assert len(data_provider(args, "train")[1]) == 1
+    args.batch_size = windows + 1  # none: refused
+    with pytest.raises(UserError, match="leaves no training batch"):
+        data_provider(args, "train")
+
+
 def test_train_drop_last_gives_every_rank_the_same_full_batches():
     """Uneven shards (3 ranks): DistributedSampler pads every rank to one count, so every rank
     drops the same short batch and runs the same number of DDP steps."""
