@@ -11,10 +11,12 @@ a new test, or a line in EQUIVALENT saying why no test can tell it apart.
     cosmic-ray exec benchmarks/mutation.toml /tmp/mutation.sqlite         # mutates files in place: use a clean clone
     python -m benchmarks.mutation report /tmp/mutation.sqlite --out benchmarks/results/mutation.md
     python -m benchmarks.mutation recheck /tmp/mutation.sqlite   # survivors again, after new tests
+    python -m benchmarks.mutation report /tmp/mutation.sqlite --recheck --out benchmarks/results/mutation.md
 
 Not part of CI's run (see README, Tests).
 """
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -31,8 +33,8 @@ TARGETS = {
     "exp/settings.py": ["test_argument_checks.py", "test_run_identity.py", "test_bad_input.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
-    "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_failing_ranks.py",
-                            "test_exactness_cli.py", "test_resume_and_restart.py"],
+    "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
+                            "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py"],
@@ -140,23 +142,28 @@ def survivors(session):
     return sorted(found)
 
 
-def recheck(session):
-    """Apply each survivor's diff to this (clean) checkout, run its targeted tests, undo it: which
-    survivors today's tests kill. A diff that no longer applies means the code there has changed."""
+def recheck(session, only=()):
+    """Apply each survivor's diff (or those in `only`) to this clean checkout, run its targeted tests,
+    undo it: which survivors today's tests kill (a diff that no longer applies: the code there is
+    gone). The answers are kept beside the session, in SESSION.recheck.json, for `report --recheck`."""
     if mutated_files():
         raise SystemExit("recheck needs a checkout without uncommitted changes to .py files")
-    results = {}
+    store = Path(session + ".recheck.json")
+    results = json.loads(store.read_text()) if store.exists() else {}
     for key, diff in survivors(session):
+        if only and key not in only:
+            continue
         patch = "\n".join(line for line in diff.splitlines() if not line.startswith("--- mutation diff"))
         applied = subprocess.run(["git", "apply", "-"], cwd=REPO, input=patch + "\n", text=True, capture_output=True)
         if applied.returncode:
             results[key] = "code changed (diff no longer applies)"
-            continue
-        try:
-            results[key] = "killed" if run_targeted_tests() else "survived"
-        finally:
-            subprocess.run(["git", "checkout", "--", *mutated_files()], cwd=REPO, check=True)
+        else:
+            try:
+                results[key] = "killed" if run_targeted_tests() else "survived"
+            finally:
+                subprocess.run(["git", "checkout", "--", *mutated_files()], cwd=REPO, check=True)
         print(f"{results[key]:>9}  {key}", flush=True)
+        store.write_text(json.dumps(results, indent=1, sort_keys=True))
     return results
 
 
@@ -172,19 +179,26 @@ def main(argv=None):
     p_report.add_argument("session")
     p_report.add_argument("--out", help="write the markdown here")
     p_report.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    p_report.add_argument("--recheck", action="store_true", help="first run every survivor against today's tests")
+    p_report.add_argument("--recheck", action="store_true", help="include recheck's answers (SESSION.recheck.json)")
     p_recheck = sub.add_parser("recheck", help="run each survivor again against today's tests")
     p_recheck.add_argument("session")
+    p_recheck.add_argument("--only", nargs="*", default=(), help="just these survivors (module:line:operator)")
     args = parser.parse_args(argv)
     if args.command == "recheck":
-        recheck(args.session)
+        recheck(args.session, args.only)
         return 0
     if args.command == "test":
         return run_targeted_tests()
     if args.command == "init":
         init(args.session, args.sample, args.seed)
         return 0
-    text = report(args.session, recheck(args.session) if args.recheck else None)
+    rechecked = None
+    if args.recheck:
+        store = Path(args.session + ".recheck.json")
+        if not store.exists():
+            parser.error(f"no {store}: run `python -m benchmarks.mutation recheck {args.session}` first")
+        rechecked = json.loads(store.read_text())
+    text = report(args.session, rechecked)
     if args.out:
         if os.path.exists(args.out) and not args.overwrite:
             parser.error(f"{args.out} exists; pass --overwrite to replace it")
