@@ -99,7 +99,7 @@ def env_world_size():
     return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
-def setup(ddp, use_gpu, gpu=0, timeout_s=600, threads=0):
+def setup(ddp, use_gpu, gpu, timeout_s, threads):
     """The torch.device this process computes on; with `ddp`, after joining the process group
     that torchrun's env:// variables describe (nccl on GPU, gloo on CPU).
 
