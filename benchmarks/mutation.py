@@ -6,7 +6,7 @@ which runs the tests that pin the mutated module (TARGETS; the whole suite per m
 2 cores). A mutant the tests fail on is killed; one they pass survives, and each survivor is triaged:
 a new test, or a line in EQUIVALENT saying why no test can tell it apart.
 
-    pip install cosmic-ray
+    pip install -e ".[mutation]"                                          # cosmic-ray
     python -m benchmarks.mutation init /tmp/mutation.sqlite --sample 60   # every mutant, or a seeded sample
     cosmic-ray exec benchmarks/mutation.toml /tmp/mutation.sqlite         # mutates files in place: use a clean clone
     python -m benchmarks.mutation report /tmp/mutation.sqlite --out benchmarks/results/mutation.md
