@@ -94,3 +94,24 @@ def test_error_sums_match_numpy_reference():
     assert metrics["rmse"] == pytest.approx(((p - t) ** 2).mean() ** 0.5)
     assert metrics["mape"] == pytest.approx(abs((p - t) / t).mean())
     assert metrics["mspe"] == pytest.approx((((p - t) / t) ** 2).mean())
+
+
+def test_torchrun_workers_split_the_cores_and_keep_at_least_one(monkeypatch):
+    import os
+
+    from utils import distributed
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    before = torch.get_num_threads()
+    try:
+        for cores, local, expected in ((8, 2, 4), (2, 3, 1)):  # more workers than cores: one thread each
+            monkeypatch.setattr(os, "cpu_count", lambda: cores)
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+            distributed._set_threads(0)
+            assert torch.get_num_threads() == expected, (cores, local)
+        distributed._set_threads(3)  # --num_threads wins
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+

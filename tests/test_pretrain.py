@@ -103,6 +103,10 @@ def test_few_shot_subset_is_random_deterministic_and_train_only():
     assert not torch.equal(chosen, build("--subset_rand_ratio", 0.2, "--seed", 1)["train"].indices)
     for part, whole in zip(few["train"].__getitems__([0, 5, 171]), full["train"].__getitems__(chosen[[0, 5, 171]])):
         torch.testing.assert_close(part, whole, rtol=0, atol=0)
+    for part, whole in zip(few["train"][171], full["train"][int(chosen[171])]):  # one window, by index
+        torch.testing.assert_close(part, whole, rtol=0, atol=0)
+    with pytest.raises(IndexError):
+        few["train"][172]
     # DDP shards the subset, not the full set: two ranks together see exactly the chosen windows
     shards = [list(DistributedSampler(few["train"], num_replicas=2, rank=r, shuffle=True, seed=3)) for r in (0, 1)]
     assert sorted(set(shards[0] + shards[1])) == list(range(172))
