@@ -48,6 +48,9 @@ EQUIVALENT = {
     "utils/checkpoint.py:265:core/ReplaceBinaryOperator_Sub_BitXor":
         "`- {None}` -> `^ {None}` may add None to this launch's ids, but last.pth's `launches` never holds None "
         "(save_training_state drops it), so the intersection, the only use, is the same",
+    "data_provider/data_factory.py:40:core/ReplaceFalseWithTrue":
+        "the data fingerprint reads only len() of each split's windows; with_marks decides whether batches "
+        "carry time features, not how many windows there are",
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",

@@ -233,6 +233,16 @@ def test_npy_and_dateless_csv(tmp_path):
         np.testing.assert_allclose(data.scaler.mean_, array[:280].mean(axis=0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("embed", ["fixed", "learned"])
+def test_integer_time_features_for_tslibs_fixed_and_learned_embeddings(embed):
+    from data_provider.timefeatures import time_features
+
+    dates = pd.Series(pd.date_range("2021-03-05 06:00", periods=3, freq="15min"))
+    np.testing.assert_array_equal(time_features(dates, "h", embed), [[3, 5, 4, 6]] * 3)  # month, day, weekday, hour
+    np.testing.assert_array_equal(time_features(dates, "15min", embed)[:, -1], [0, 1, 2])  # + quarter hour
+    assert time_features(dates, "h", "none").shape == (3, 0)
+
+
 def test_dated_custom_csv_gets_time_features(tmp_path):
     frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=500, freq="15min"),
                           "load": np.arange(500.0), "OT": np.sin(np.arange(500.0))})
