@@ -45,6 +45,8 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "exp/exp_basic.py:27:core/ReplaceComparisonOperator_Eq_Is":
+        "`self._amp_dtype == torch.float16` -> `is`: torch dtypes are singletons, so the two agree",
     "utils/checkpoint.py:265:core/ReplaceBinaryOperator_Sub_BitXor":
         "`- {None}` -> `^ {None}` may add None to this launch's ids, but last.pth's `launches` never holds None "
         "(save_training_state drops it), so the intersection, the only use, is the same",
