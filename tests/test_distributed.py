@@ -115,3 +115,21 @@ def test_torchrun_workers_split_the_cores_and_keep_at_least_one(monkeypatch):
     finally:
         torch.set_num_threads(before)
 
+
+def test_a_loaded_optimizer_state_keeps_this_optimizers_kernel():
+    # a state saved by a --zero run (foreach kernel) resumed without --zero (fused), and back
+    from utils import distributed
+
+    def adam(**kernel):
+        weight = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.Adam([weight], lr=1e-3, **kernel)
+        weight.sum().backward()
+        optimizer.step()
+        return optimizer
+
+    for saved_kernel, kernel in (({"foreach": True}, {"fused": True}), ({"fused": True}, {"foreach": True})):
+        optimizer = adam(**kernel)
+        distributed.load_optimizer_state(optimizer, adam(**saved_kernel).state_dict())
+        group = optimizer.param_groups[0]
+        assert (bool(group["fused"]), bool(group["foreach"])) == (bool(kernel.get("fused")), bool(kernel.get("foreach")))
+
