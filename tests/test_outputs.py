@@ -138,3 +138,5 @@ def test_the_forecast_picture_draws_the_target_on_its_own_scale(tmp_path, monkey
     test_rows = frame["OT"].iloc[-int(len(frame) * 0.2) - 48:].to_numpy()  # the test split and its first input
     first = drawn["w"][0]
     np.testing.assert_allclose(first["history"] + first["truth"], test_rows[:72], rtol=1e-5)
+    n = len(test_rows) - 72 + 1  # four windows spread from the first test window to the last
+    assert [w["label"].split(",")[0] for w in drawn["w"]] == [f"test window {i} of {n}" for i in (1, 73, 145, n)]
