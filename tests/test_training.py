@@ -141,3 +141,13 @@ def test_an_epochs_train_loss_is_the_mean_over_every_training_element(tmp_path):
     result = exp.train("lr0")
     _, train_loader = data_provider(exp.args, "train")
     assert result["history"][0]["train_loss"] == pytest.approx(exp.vali(train_loader, "train"), rel=1e-6)
+
+
+def test_load_trained_model_names_a_missing_or_unreadable_metrics_file(tmp_path):
+    from exp.settings import load_trained_model
+    from utils.errors import UserError
+
+    (tmp_path / "cut.json").write_text('{"args": ')
+    for path in (tmp_path / "none.json", tmp_path / "cut.json"):
+        with pytest.raises(UserError, match="cannot read the run's arguments from .*; pass the metrics.json"):
+            load_trained_model(path)
