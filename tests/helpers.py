@@ -6,8 +6,10 @@ import runpy
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
+import uuid
 from pathlib import Path
 
 import torch.multiprocessing as mp
@@ -125,7 +127,7 @@ def _read_if_there(path):
         return ""
 
 
-def fork_run_py(argv, nproc=None, timeout=240, extra_env=None):
+def fork_run_py(argv, nproc=None, timeout=240):
     """run.py with `argv` in a process forked from the warm server, or `nproc` of them with the
     environment torchrun gives its workers (ranks, local world, master address, run id).
 
@@ -134,12 +136,8 @@ def fork_run_py(argv, nproc=None, timeout=240, extra_env=None):
     ended 0, else the first failure's (the agent would exit 1 with a summary of its own; tests of the
     agent use fresh interpreters).
     """
-    import tempfile
-    import uuid
-
     context = warm_context()
     env = subprocess_env()
-    env.update(extra_env or {})
     workers = []
     if nproc is not None:
         port, run_id = free_port(), uuid.uuid4().hex
