@@ -49,7 +49,7 @@ class Exp_Forecast(Exp_Basic):
         best_path = checkpoint_path(args, setting)
         optimizer = self.make_optimizer()
         stopper = EarlyStopping(args.patience)
-        history, step, stopped, first_epoch = resume(args, setting, self.raw_model, optimizer, stopper, self.device)
+        history, step, stopped, first_epoch = resume(args, setting, self.raw_model, optimizer, stopper)
         schedule = LearningRateSchedule(args, steps_per_epoch=-(-len(train_loader) // args.accumulation_steps))
         logger.info(training_summary(args, setting, len(train_loader.dataset)))
         state_bytes = None  # optimizer state per rank, measured once it exists (after the first epoch)

@@ -32,12 +32,13 @@ class TimesBlock(nn.Module):
     def dominant_periods(self, x: torch.Tensor):
         """(periods, weights): top_k periods chosen from the whole batch's mean amplitude spectrum (as
         TSLib), and each sample's softmax over its own amplitudes at those frequencies, [B, k]."""
-        amplitude = torch.fft.rfft(x, dim=1).abs().mean(-1)  # [B, T // 2 + 1]
+        # in fp32: cuFFT takes half precision only at power-of-two lengths (CUDA autocast does not upcast)
+        amplitude = torch.fft.rfft(x.float(), dim=1).abs().mean(-1)  # [B, T // 2 + 1]
         k = min(self.top_k, amplitude.shape[1] - 1)
         # Frequency 0 is the mean level, not a period: rank only the others.
         _, top = torch.topk(amplitude[:, 1:].mean(0), k)
         top = top + 1
-        weights = torch.softmax(amplitude[:, top], dim=1)  # gradients flow through the amplitudes, as in TSLib
+        weights = torch.softmax(amplitude[:, top], dim=1).to(x.dtype)  # gradients flow through the amplitudes, as in TSLib
         # The only host sync of the block: the grid shapes below need Python integers.
         periods = (x.shape[1] // top).tolist()
         return periods, weights

@@ -380,6 +380,28 @@ def check_windows_independent(spec):
                         "batch_dependent = 'why' if the method needs it")
 
 
+def check_half_precision(spec):
+    """In bfloat16 throughout (the model and its inputs, no autocast), the training and the test forward
+    run and give finite outputs. CUDA autocast leaves some ops in half precision that CPU autocast
+    upcasts (cuFFT then takes power-of-two lengths only), so an op that needs fp32 must say so itself."""
+    title = "runs in half precision"
+    exp = build_experiment(spec)
+    model = exp.raw_model.to(torch.bfloat16)
+    batch = tuple(None if t is None else t.to(torch.bfloat16) for t in first_windows(exp, "train", 2))
+    test_batch = tuple(None if t is None else t.to(torch.bfloat16) for t in first_windows(exp, "test", 2))
+    model.eval()
+    for stage, inputs in (("train", batch), ("test", test_batch)):
+        try:
+            with torch.no_grad():
+                pred, _ = forward(model, inputs, exp.args, stage, exp.device)
+        except Exception as exc:
+            raise violation(spec, title, f"the {stage} forward of a bfloat16 model on bfloat16 inputs fails "
+                            f"({describe_error(exc)}); cast to float before an op half precision lacks (e.g. "
+                            "torch.fft: `torch.fft.rfft(x.float(), ...)`) and back with `.to(x.dtype)`") from None
+        if not torch.isfinite(pred.float()).all():
+            raise violation(spec, title, f"the {stage} forward in bfloat16 gives non-finite values")
+
+
 def check_template(spec):
     """Module docstring, bool `autoregressive`, forward(x_enc, x_mark_enc, x_dec, x_mark_dec), runs on CPU."""
     title = "template and CPU"
@@ -477,6 +499,11 @@ def test_windows_independent(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_half_precision(name):
+    check_half_precision(ModelSpec(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_template_and_cpu(name):
     check_template(ModelSpec(name))
 
@@ -516,6 +543,7 @@ BROKEN_MODELS = {
                     forward="        out = out * self.scale\n"),
     "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
     "BatchMixing": dict(forward="        out = out - out.mean(0, keepdim=True)  # statistics over the batch\n"),
+    "HalfFFT": dict(forward="        out = out + torch.fft.rfft(x_enc, dim=1).abs().mean()  # no fp32 cast\n"),
     "EmptyBatchReason": dict(attributes='    autoregressive = False\n    batch_dependent = ""\n'),
     "Undeclared": dict(attributes='    autoregressive = False\n    inputs_used = ("x_enc",)\n',
                        forward="        if x_mark_enc is not None:  # reads time features it does not declare\n"
@@ -545,6 +573,7 @@ BREAKAGE_CASES = {
     "NoTemplate": (check_template, "template and CPU", "no docstring"),
     "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
     "BatchMixing": (check_windows_independent, "windows are independent", "changes with the other windows"),
+    "HalfFFT": (check_half_precision, "runs in half precision", "Unsupported dtype BFloat16"),
     "EmptyBatchReason": (check_windows_independent, "windows are independent", "non-empty reason"),
 }
 

@@ -9,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from helpers import (REPO, SMALL_TIMERXL as TIMERXL, assert_ok, free_port, output_args as _outputs, records,
                      run_cli, run_command, subprocess_env)
@@ -117,6 +119,76 @@ def test_resume_keeps_the_best_loss_and_the_patience_count(tmp_path):
     setting = reference["setting"]
     assert ((tmp_path / "split" / "checkpoints" / setting / "checkpoint.pth").read_bytes()
             == (tmp_path / "straight" / "checkpoints" / setting / "checkpoint.pth").read_bytes())
+
+
+def _on_meta(value):
+    """`value` (a loaded state) with every tensor moved to the meta device: no host code can read it."""
+    if torch.is_tensor(value):
+        return value.to("meta")
+    if isinstance(value, dict):
+        return {k: _on_meta(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_meta(v) for v in value)
+    return value
+
+
+def test_resume_reads_the_training_state_onto_the_cpu(tmp_path, monkeypatch):
+    """A GPU run read last.pth with map_location=its device: the NumPy generator's key came back as
+    a CUDA tensor and `.numpy()` crashed every --resume and elastic restart, and every rank held the
+    whole optimizer state on its GPU. The CPU stands in for that GPU here: a torch.load asked for any
+    device but the CPU puts the tensors on `meta`, where the host cannot read them either."""
+    from exp.settings import setting_name
+    from helpers import make_args, make_experiment
+    from utils import checkpoint
+    from utils.tools import EarlyStopping
+
+    argv = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24, *_outputs(tmp_path)]
+    assert_ok(run_cli(tmp_path, *argv[:-4], "--train_epochs", 1))
+    args = make_args(*argv, "--resume")
+    exp = make_experiment(args)
+    saved = torch.load(checkpoint.checkpoint_path(args, setting_name(args, 0), "last.pth"), weights_only=True)
+    real_load = torch.load
+
+    def load_as_a_gpu_host_would(f, map_location=None, **options):
+        state = real_load(f, map_location="cpu", **options)
+        return state if map_location in (None, "cpu") or torch.device(map_location).type == "cpu" else _on_meta(state)
+
+    monkeypatch.setattr(torch, "load", load_as_a_gpu_host_would)
+    optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
+    history, step, stopped, first_epoch = checkpoint.resume(args, setting_name(args, 0), exp.raw_model,
+                                                            optimizer, stopper)
+    assert (first_epoch, step, len(history)) == (2, saved["global_step"], 1)
+    for name, value in exp.raw_model.state_dict().items():
+        assert torch.equal(value, saved["model"][name]), name
+    moments = [optimizer.state[p]["exp_avg"] for p in exp.raw_model.parameters()]
+    assert [m.device.type for m in moments] == ["cpu"] * len(moments)
+    assert torch.equal(moments[0], saved["optimizer"]["state"][0]["exp_avg"])
+    assert torch.equal(torch.get_rng_state(), saved["rng"][0]["torch"])
+    assert np.array_equal(np.random.get_state()[1], saved["rng"][0]["numpy"][1].numpy().astype(np.uint32))
+
+
+def test_a_restart_on_a_node_with_fewer_gpus_restores_this_process_generator(monkeypatch):
+    """last.pth kept every visible GPU's generator per rank and a resume set them all back, so a
+    restart on a node with fewer GPUs raised IndexError. Emulated: CUDA "available" with 8 devices
+    when saving and 1 when restoring; a process keeps and restores its own device's generator only."""
+    from utils.tools import rng_state, set_rng_state
+
+    gpus = {"count": 8, "restored": []}
+    generator = torch.arange(16, dtype=torch.uint8)
+
+    def set_all(states):
+        if len(states) > gpus["count"]:
+            raise IndexError("list index out of range")
+
+    for name, fake in {"is_available": lambda: True, "is_initialized": lambda: True,
+                       "device_count": lambda: gpus["count"], "get_rng_state": lambda device="cuda": generator,
+                       "get_rng_state_all": lambda: [generator] * gpus["count"], "set_rng_state_all": set_all,
+                       "set_rng_state": lambda state, device="cuda": gpus["restored"].append(state)}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    state = rng_state()
+    gpus["count"] = 1
+    set_rng_state(state)
+    assert len(gpus["restored"]) == 1 and torch.equal(gpus["restored"][0], generator)
 
 
 # ---------------------------------------------------------------- elastic restarts

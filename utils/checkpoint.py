@@ -195,12 +195,14 @@ def save_training_state(path, model, optimizer, stopper, args, epoch, step, hist
         }, path)
 
 
-def read_training_state(path, map_location="cpu"):
-    """The full training state that save_training_state wrote (last.pth)."""
+def read_training_state(path):
+    """The full training state that save_training_state wrote (last.pth), on the CPU: the loads move
+    each value where it belongs (a model's to its device, a --zero rank's optimizer shard only), and
+    the generators' states must be CPU tensors."""
     if not os.path.isfile(path):
         raise UserError(f"training state not found: {path}; pass --resume without a path to continue the setting's last.pth")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise UserError(f"cannot read training state {path}: it is truncated or corrupt ({type(exc).__name__}); "
                         "delete it to start over") from None
@@ -224,12 +226,12 @@ def identity_problem(path, state, args):
             + ". Use the same arguments, or another --checkpoints folder")
 
 
-def load_training_state(path, model, optimizer, stopper, args, device, state=None):
+def load_training_state(path, model, optimizer, stopper, args, state=None):
     """Continue from last.pth: model (strictly), optimizer, early stopping and every random
     generator as the interrupted run left them, once rank 0 has checked that it is this run's
     (same identity); returns the state read."""
     if state is None:
-        state = read_training_state(path, map_location=device)
+        state = read_training_state(path)
     distributed.raise_on_every_rank(lambda: identity_problem(path, state, args), on="main")
     model.load_state_dict(state["model"], strict=True)
     distributed.load_optimizer_state(optimizer, state["optimizer"])  # full state: with or without --zero
@@ -266,7 +268,7 @@ def _written_by_another_launch(state):
     return distributed.broadcast_object(not ours & set(state.get("launches", ())))
 
 
-def resume(args, setting, model, optimizer, stopper, device):
+def resume(args, setting, model, optimizer, stopper):
     """(history, global step, stopped, first epoch): those of the run to continue (loaded into
     model, optimizer and stopper), or a fresh start's. Every rank must see the same state."""
     fresh = [], 0, False, 1
@@ -277,14 +279,14 @@ def resume(args, setting, model, optimizer, stopper, device):
                              "node shares, or copy last.pth to every node")
     if not path:
         return fresh
-    state = read_training_state(path, map_location=device)
+    state = read_training_state(path)
     # Without --resume only an elastic restart gets here: it continues what its own launch wrote;
     # a last.pth from an earlier launch means the first attempt died before saving an epoch.
     if args.resume is None and _written_by_another_launch(state):
         logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
                     f"(stopped before it saved an epoch); starting from epoch 1")
         return fresh
-    state = load_training_state(path, model, optimizer, stopper, args, device, state=state)
+    state = load_training_state(path, model, optimizer, stopper, args, state=state)
     return state["history"], state["global_step"], state["stopped"], state["epoch"] + 1
 
 

@@ -141,22 +141,25 @@ def seed_everything(seed):
 
 
 def rng_state():
-    """This process's random generators, in types that `torch.load(weights_only=True)` accepts."""
+    """This process's random generators, in types that `torch.load(weights_only=True)` accepts: with
+    CUDA, only this process's own device's generator (a process uses one GPU, and a restart may see
+    fewer of them)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
 def set_rng_state(state):
+    """Restore rng_state()'s generators, whatever device the saved tensors were loaded onto."""
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        torch.cuda.set_rng_state(state["cuda"].cpu())  # onto the current device
