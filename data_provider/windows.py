@@ -63,6 +63,11 @@ class WindowDataset(Dataset):
         self._store(self.data.to(device), self.marks.to(device))
         return self
 
+    @property
+    def device(self):
+        """Where batches are gathered, hence where their indices should be."""
+        return self.data.device
+
     def __getitems__(self, indices):
         """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
         starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
@@ -93,6 +98,10 @@ class WindowSelection(Dataset):
         self.base.to(device)
         self.indices = self.indices.to(device)
         return self
+
+    @property
+    def device(self):
+        return self.indices.device
 
     def __getitems__(self, indices):
         """One index lookup, then the base's one gather per tensor."""
@@ -142,8 +151,9 @@ class WindowLoader:
             self.sampler.set_epoch(epoch)
 
     def batch_indices(self):
-        """The epoch's batches as index tensors (the last one may be short, unless drop_last)."""
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        """The epoch's batches as index tensors (the last one may be short, unless drop_last), on the
+        data's device: one copy per epoch, not a blocking host-to-GPU copy before every batch."""
+        order = torch.tensor(list(self.sampler), dtype=torch.long).to(self.dataset.device)
         if self.drop_last:
             order = order[:len(self) * self.batch_size]
         return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch

@@ -95,3 +95,20 @@ def test_loader_skips_time_features_of_a_model_that_reads_none():
     pred_full, true_full = forward(exp.raw_model, full, exp.args, "val", exp.device)
     torch.testing.assert_close(pred_lean, pred_full, rtol=0, atol=0)
     torch.testing.assert_close(true_lean, true_full, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("subset", [1.0, 0.5], ids=["windows", "few-shot selection"])
+def test_an_epochs_batch_indices_live_where_the_split_does(subset):
+    """A split kept on the GPU got each batch's indices from the host: a blocking copy every step.
+    On the meta device (the CPU's stand-in for a GPU), every batch's index tensor and the batch
+    itself are where the split is, so only the epoch's order crossed over, once."""
+    args = make_args("--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24,
+                     "--subset_rand_ratio", subset)
+    make_experiment(args)
+    dataset, loader = data_provider(args, "train")
+    dataset.to("meta")
+    assert dataset.device == torch.device("meta")
+    batches = loader.batch_indices()
+    assert len(batches) == len(loader) > 1
+    assert {indices.device.type for indices in batches} == {"meta"}
+    assert {part.device.type for batch in loader for part in batch if part is not None} == {"meta"}
