@@ -256,11 +256,14 @@ def ddp_training_steps(rank, world_size, specs):
             _, loader = data_provider(exp.args, "train")  # a different shard on every rank
             loader.set_epoch(1)
             exp.model.train()
+            buffers = {name: b.clone() for name, b in exp.raw_model.named_buffers()}
             for _, batch in zip(range(DDP_STEPS), loader):
                 optimizer.zero_grad(set_to_none=True)
                 exp.backward(training_loss(exp, exp.model, batch))
                 exp.optimizer_step(optimizer)
-            results[spec.name] = {"digests": parameter_digests(exp.raw_model)}
+            changed = [name for name, b in exp.raw_model.named_buffers() if not torch.equal(b, buffers[name])]
+            results[spec.name] = {"digests": parameter_digests(exp.raw_model), "changed_buffers": changed,
+                                  "broadcasts_buffers": exp.model.broadcast_buffers}
         except Exception as exc:
             results[spec.name] = {"error": describe_error(exc)}
         exp = optimizer = None
@@ -283,6 +286,14 @@ def check_ddp_step(spec, per_rank):
         raise violation(spec, title, f"parameters differ between ranks after the steps: {shown(differing)}; "
                         "a parameter changed outside the all-reduced gradient (in-place updates in forward, "
                         "rank-dependent initialisation after construction, or a gradient DDP did not reduce)")
+    # DDP re-broadcasts buffers before every forward only when training changes some (BatchNorm's running
+    # statistics): a constant table sent every step is wasted bandwidth, a changing buffer not sent diverges
+    changed, broadcasts = outcomes[0]["changed_buffers"], outcomes[0]["broadcasts_buffers"]
+    if bool(changed) != broadcasts:
+        raise violation(spec, title, f"training changed the buffers {shown(changed) if changed else '(none)'} but "
+                        f"DDP {'re-broadcasts' if broadcasts else 'does not re-broadcast'} buffers every step; a buffer "
+                        "that training updates must be BatchNorm-style running statistics (running_mean, "
+                        "track_running_stats), which utils.distributed.has_running_statistics detects")
 
 
 def check_same_seed(spec):

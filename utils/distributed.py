@@ -331,18 +331,28 @@ def convert_sync_batchnorm(module):
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
 
+def has_running_statistics(module):
+    """Whether training changes some buffer of `module`: BatchNorm's (and SyncBatchNorm's) running
+    statistics. Other buffers (positional tables, masks) are fixed functions of the configuration."""
+    return any(getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None
+               for m in module.modules())
+
+
 def wrap_ddp(module, device, sync_bn=False):
     """(module to evaluate and save, module to train): `module` itself twice without a
     process group; else the (SyncBatchNorm-converted) module and its DDP wrapper.
 
-    DDP broadcasts rank 0's parameters at construction, so every rank starts equal.
+    DDP broadcasts rank 0's parameters and buffers at construction, so every rank starts equal;
+    before every forward it broadcasts the buffers again only where training changes them (a
+    Transformer's positional tables would cost ~10 MiB a step for nothing).
     """
     if not is_dist():
         return module, module
     if sync_bn:
         module = convert_sync_batchnorm(module)
     device_ids = [device.index] if device.type == "cuda" else None
-    return module, DistributedDataParallel(module, device_ids=device_ids)
+    return module, DistributedDataParallel(module, device_ids=device_ids,
+                                           broadcast_buffers=has_running_statistics(module))
 
 
 def ddp_module(model):
