@@ -16,7 +16,7 @@ from exp.settings import resolve_args, setting_name
 from utils import distributed
 from utils.arguments import describe_ignored, parse_args
 from utils.checkpoint import checkpoint_path, setting_lock
-from utils.errors import UserError
+from utils.errors import NodeError, UserError
 
 logger = logging.getLogger("tsl")
 
@@ -99,7 +99,8 @@ def main(argv=None):
         require_same_data(args)
         return run_experiments(args, device)
     except UserError as problem:
-        if distributed.env_rank() == 0:  # the process group may not exist
+        # the process group may not exist: rank 0 says why, or each machine's first process what is wrong there
+        if distributed.env_rank() == 0 or (isinstance(problem, NodeError) and distributed.local_rank() == 0):
             print(f"error: {problem}", file=sys.stderr)
         distributed.end_job_on_user_error()  # a restart would meet the same error
         return 2

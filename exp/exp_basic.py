@@ -6,7 +6,7 @@ import torch
 
 from exp.settings import build_model
 from utils import distributed
-from utils.tools import seed_everything
+from utils.tools import seed_everything, set_precision
 
 logger = logging.getLogger("tsl")
 
@@ -17,6 +17,7 @@ class Exp_Basic:
     def __init__(self, args, device):
         """`args` from exp.settings.resolve_args, `device` from utils.distributed.setup."""
         self.args, self.device = args, device
+        set_precision(args.tf32, args.deterministic)
         seed_everything(args.seed)
         # raw_model: the plain module that is evaluated, saved and loaded; never a DDP or
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.

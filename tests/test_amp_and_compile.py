@@ -1,5 +1,7 @@
 """--use_amp and --compile change speed, never results: bf16 AMP trains to nearly the fp32 result, a
 compiled model saves plain checkpoints, and fp16 AMP is refused on CPU."""
+import os
+
 import pytest
 import torch
 
@@ -28,3 +30,52 @@ def test_compiled_training_saves_plain_checkpoints(tmp_path):
 def test_fp16_is_refused_on_cpu():
     with pytest.raises(UserError, match="--amp_dtype fp16 needs a GPU"):
         make_experiment(make_args("--use_amp", "--amp_dtype", "fp16", "--use_gpu", "false"))
+
+
+@pytest.fixture
+def restore_precision():
+    yield
+    from utils.tools import set_precision
+
+    set_precision(False, False)
+
+
+@pytest.mark.parametrize("tf32, deterministic", [(False, False), (True, False), (False, True)])
+def test_precision_is_what_the_arguments_say(tf32, deterministic, monkeypatch, restore_precision):
+    """PyTorch's own default gives cuDNN convolutions TF32 on Ampere+ GPUs (matmuls not): TimesNet,
+    TimeMixer and the token embeddings computed in TF32 unasked. Each experiment sets both kernels'
+    precision and determinism from --tf32 and --deterministic."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.backends.cudnn.allow_tf32 = not tf32  # the opposite of what the run asks for
+    torch.set_float32_matmul_precision("highest" if tf32 else "high")
+    torch.use_deterministic_algorithms(not deterministic)
+    make_experiment(make_args("--synthetic_rows", 1500, *(["--tf32"] if tf32 else []),
+                              *(["--deterministic"] if deterministic else [])))
+    assert torch.backends.cudnn.allow_tf32 is tf32
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+    assert torch.are_deterministic_algorithms_enabled() is deterministic
+    assert torch.backends.cudnn.deterministic is deterministic and torch.backends.cudnn.benchmark is False
+    assert ("CUBLAS_WORKSPACE_CONFIG" in os.environ) is deterministic
+
+
+def test_deterministic_runs_train_every_model_and_are_recorded(tmp_path):
+    """--deterministic makes PyTorch refuse kernels without a deterministic version: every zoo model's
+    training step has one (on this CPU), and metrics.json records both precision switches."""
+    from data_provider.data_factory import data_provider
+    from models import available_models
+    from test_model_contract import CONTRACT_ARGS
+    from utils.tools import set_precision
+
+    try:
+        for name in available_models():
+            exp = make_experiment(make_args("--model", name, *CONTRACT_ARGS, "--deterministic"))
+            assert torch.are_deterministic_algorithms_enabled()
+            _, loader = data_provider(exp.args, "train")
+            loss, _ = exp.train_step([next(iter(loader))], exp.make_optimizer())
+            assert torch.isfinite(loss), name
+    finally:
+        set_precision(False, False)
+    assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500, "--deterministic"))
+    recorded = records(tmp_path)[-1]["args"]
+    assert (recorded["deterministic"], recorded["tf32"]) == (True, False)

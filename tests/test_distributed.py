@@ -133,3 +133,66 @@ def test_a_loaded_optimizer_state_keeps_this_optimizers_kernel():
         group = optimizer.param_groups[0]
         assert (bool(group["fused"]), bool(group["foreach"])) == (bool(kernel.get("fused")), bool(kernel.get("foreach")))
 
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """CUDA as a machine with `gpus["visible"]` GPUs would answer; the devices set and the process groups
+    started are recorded instead of happening."""
+    from utils import distributed
+
+    gpus = {"visible": 1, "set": [], "groups": []}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["visible"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: gpus["set"].append(torch.device(device)))
+    monkeypatch.setattr(distributed, "_init_process_group", lambda cuda, device, timeout: gpus["groups"].append(device))
+    monkeypatch.setattr(distributed, "_set_threads", lambda threads: None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return gpus
+
+
+@pytest.mark.parametrize("visible, local_rank, processes, expected", [
+    (1, 3, 4, 0),  # one GPU shown to each process (SLURM --gpus-per-task=1): its only one
+    (2, 1, 2, 1),  # one process per GPU: its LOCAL_RANK's
+    (8, 0, 1, 0),
+])
+def test_a_ddp_process_computes_on_its_local_gpu(fake_gpus, monkeypatch, visible, local_rank, processes, expected):
+    """A process whose LOCAL_RANK is past the GPUs it sees (one GPU per task) got set_device(LOCAL_RANK):
+    a raw "invalid device ordinal"."""
+    from utils import distributed
+
+    fake_gpus["visible"] = visible
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    device = distributed.setup(True, True, None, 60, 1)
+    assert device == torch.device("cuda", expected)
+    assert fake_gpus["set"] == [device] and fake_gpus["groups"] == [device]
+
+
+@pytest.mark.parametrize("local_rank", [0, 3])
+def test_more_processes_than_gpus_stop_every_process_of_the_machine(fake_gpus, monkeypatch, local_rank):
+    from utils import distributed
+    from utils.errors import NodeError
+
+    fake_gpus["visible"] = 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(NodeError, match=r"runs 4 processes but shows 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=4,5\); "
+                                        r"start at most 2 per machine \(--nproc_per_node 2\)"):
+        distributed.setup(True, True, None, 60, 1)
+    assert fake_gpus["set"] == [] and fake_gpus["groups"] == []  # nothing touched a GPU or waited for peers
+
+
+def test_gpu_picks_the_device_of_a_single_process_run(fake_gpus):
+    """--gpu was parsed and never used: every single-process run computed on GPU 0."""
+    from utils import distributed
+    from utils.errors import UserError
+
+    fake_gpus["visible"] = 2
+    assert distributed.setup(False, True, None, 60, 1) == torch.device("cuda", 0)
+    assert distributed.setup(False, True, 1, 60, 1) == torch.device("cuda", 1)
+    assert fake_gpus["set"] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    with pytest.raises(UserError, match="--gpu 2 is not a GPU of this machine: it shows 2 GPU"):
+        distributed.setup(False, True, 2, 60, 1)
+    assert distributed.setup(False, False, 1, 60, 1) == torch.device("cpu")  # --use_gpu false

@@ -175,6 +175,11 @@ def build_parser():
     g.add_argument("--use_amp", action="store_true", help="mixed precision: bf16 autocast (CPU and GPU)")
     g.add_argument("--amp_dtype", default="bf16", choices=["bf16", "fp16"], help="fp16 (GPU only) adds loss scaling")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")
+    g.add_argument("--tf32", action="store_true",
+                   help="GPU: TF32 matmuls and convolutions (faster on Ampere+, ~1e-3 relative error); off: exact fp32, as the CPU")
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels only (torch.use_deterministic_algorithms, cuBLAS workspace, cuDNN): "
+                        "bit-identical repeats on GPU, somewhat slower")
     g.add_argument("--num_threads", type=non_negative_int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
 
     g = p.add_argument_group("fine-tuning (OpenLTM)")
@@ -187,7 +192,8 @@ def build_parser():
     g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
     g.add_argument("--no_use_gpu", dest="use_gpu", action="store_false", default=argparse.SUPPRESS,
                    help="TSLib's spelling of --use_gpu false")
-    g.add_argument("--gpu", type=non_negative_int, default=0, help="GPU index without DDP")
+    g.add_argument("--gpu", type=non_negative_int, default=None,
+                   help="the GPU of a single-process run (default 0); under --ddp each process uses its LOCAL_RANK's")
     g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
     g.add_argument("--nproc_per_node", type=positive_int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
     g.add_argument("--dist_timeout", type=positive_int, default=600, help="seconds a collective may wait")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from utils.errors import UserError
+from utils.errors import NodeError, UserError
 
 
 def launched_by_torchrun():
@@ -103,21 +103,46 @@ def setup(ddp, use_gpu, gpu, timeout_s, threads):
     """The torch.device this process computes on; with `ddp`, after joining the process group
     that torchrun's env:// variables describe (nccl on GPU, gloo on CPU).
 
-    Without DDP: CUDA device `gpu` (--gpu) when `use_gpu` and CUDA is there, else the CPU.
+    On CUDA (`use_gpu` and a GPU visible): without DDP the GPU `gpu` (--gpu, default 0), under DDP
+    the GPU of this process's LOCAL_RANK (cuda_device_index); it becomes the current device.
     `threads` torch threads (0: under torchrun, the cores split between local processes).
     """
     cuda = use_gpu and torch.cuda.is_available()
-    if not ddp:
-        device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
-    elif cuda:
-        torch.cuda.set_device(local_rank())
-        device = torch.device("cuda", local_rank())
-    else:
-        device = torch.device("cpu")
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", cuda_device_index(ddp, gpu))
+        torch.cuda.set_device(device)  # the current device: its generator, its NCCL communicator
     if ddp and not is_dist():
         _init_process_group(cuda, device, timeout_s)
     _set_threads(threads)
     return device
+
+
+def cuda_device_index(ddp, gpu=None):
+    """The visible GPU this process computes on, or a NodeError that says why there is none.
+
+    Under DDP: LOCAL_RANK's GPU, or GPU 0 when each process sees exactly one (SLURM
+    --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per process). Every process of a machine
+    decides from the same counts, so they all refuse together.
+    """
+    visible = torch.cuda.device_count()
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"{visible} GPU(s)" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+    if not ddp:
+        index = 0 if gpu is None else gpu
+        if index >= visible:
+            raise UserError(f"--gpu {index} is not a GPU of this machine: it shows {seen}, numbered 0 to "
+                            f"{visible - 1}; choose one of those")
+        return index
+    if visible == 1:
+        return 0
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank() + 1))
+    if max(processes, local_rank() + 1) > visible:
+        raise NodeError(f"LOCAL_RANK {local_rank()} has no GPU of its own on {socket.gethostname()}: it runs "
+                        f"{processes} processes but shows {seen}; start at most {visible} per machine "
+                        f"(--nproc_per_node {visible}), or show each process exactly one GPU (SLURM "
+                        "--gpus-per-task=1, or CUDA_VISIBLE_DEVICES per process)")
+    return local_rank()
 
 
 def _init_process_group(cuda, device, timeout_s):

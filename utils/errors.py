@@ -12,3 +12,8 @@ class UserError(Exception):
 def require(condition, message):
     if not condition:
         raise UserError(message)
+
+
+class NodeError(UserError):
+    """A problem of one machine (its GPUs), found before the processes can talk to each other: the
+    first process of every machine that has it prints the line (run.py), not global rank 0 alone."""

@@ -1,6 +1,7 @@
 """Training-loop helpers: learning-rate schedules, early stopping, seeding, eval mode."""
 import contextlib
 import math
+import os
 import random
 
 import numpy as np
@@ -132,6 +133,25 @@ def eval_mode(model):
         yield model
     finally:
         model.train(was_training)
+
+
+def set_precision(tf32, deterministic):
+    """The float32 precision and determinism of every kernel, as --tf32 and --deterministic say.
+
+    PyTorch's defaults differ between kernels: cuDNN convolutions use TF32 on Ampere and newer GPUs
+    while matmuls do not, so TimesNet, TimeMixer and the token embeddings computed in TF32 unasked.
+    Both are set explicitly here. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts, which
+    is after this (no matmul has run on the GPU yet); a value the user set is kept.
+    """
+    # through the calls whose flags PyTorch and torch.compile read back (the cuDNN convolutions' and
+    # RNNs' fp32_precision, cuBLAS's and oneDNN's matmul precision: each set alike)
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: another run, another kernel
 
 
 def seed_everything(seed):
