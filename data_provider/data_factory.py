@@ -3,6 +3,8 @@
 The data set is prepared once per process (`prepared_data`), as the class that --data names;
 both classes answer the interface of data_provider.interface.ForecastData.
 """
+import logging
+
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -15,6 +17,7 @@ from utils import distributed
 from utils.arguments import DATA_ARGS
 from utils.errors import require
 
+logger = logging.getLogger("tsl")
 _prepared_cache = {}
 
 
@@ -56,16 +59,45 @@ def window_for(args, flag):
     return Window(args.seq_len, args.seq_len - args.label_len, args.label_len + args.pred_len)
 
 
+DATA_ON_DEVICE = ("auto", "always", "never")
+AUTO_SHARE_OF_FREE_MEMORY = 0.25  # auto keeps the data on the GPU when it takes at most this share of its free memory
+_placement_cache = {}
+
+
+def keeps_data_on_device(args, device):
+    """Whether the splits live on `device` (a GPU), so that a batch is one gather there and nothing
+    crosses PCIe per step: --data_on_device always, or auto when there are no loader workers and
+    the prepared data takes at most a quarter of the GPU's free memory (each rank decides for its
+    own GPU; results are the same either way). Decided once per process and data set."""
+    if device is None or torch.device(device).type != "cuda" or args.data_on_device == "never":
+        return False
+    if args.data_on_device == "always":
+        return True
+    if args.num_workers > 0:
+        return False
+    key = (_cache_key(args), str(device))
+    if key not in _placement_cache:
+        needed = prepared_data(args).nbytes()
+        free, _ = torch.cuda.mem_get_info(device)
+        _placement_cache[key] = fits = needed <= AUTO_SHARE_OF_FREE_MEMORY * free
+        logger.info(f"data {'on' if fits else 'off'} the GPU (--data_on_device auto): {needed / 2**20:.1f} MiB "
+                    f"against {free / 2**20:.0f} MiB free on {device}"
+                    + ("" if fits else "; batches are gathered in host memory and copied each step (--num_workers "
+                                       "N gathers them in pinned memory in parallel)"))
+    return _placement_cache[key]
+
+
 def data_provider(args, flag, device=None):
-    """(dataset, loader) of one split. With a CUDA `device` and no loader workers the split
-    lives on the GPU, so building a batch is one gather on the device and nothing crosses PCIe."""
+    """(dataset, loader) of one split. On a GPU the split lives there when keeps_data_on_device
+    says so; otherwise batches are gathered in host memory (pinned, when workers gather them)."""
     if flag not in SPLITS:
         raise ValueError(f"flag must be one of {SPLITS}, got {flag!r}")
     reads_marks = "x_mark_enc" in args.model_inputs or "x_mark_dec" in args.model_inputs
     dataset = prepared_data(args).window_dataset(flag, window_for(args, flag), with_marks=reads_marks)
     if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
         dataset = few_shot_subset(dataset, args.subset_rand_ratio, args.seed)
-    if device is not None and torch.device(device).type == "cuda" and args.num_workers == 0:
+    on_device = keeps_data_on_device(args, device)
+    if on_device:
         dataset.to(device)
     require(args.batch_size > 0, f"--batch_size must be positive, got {args.batch_size}")
     batch_size = args.batch_size
@@ -83,4 +115,5 @@ def data_provider(args, flag, device=None):
                 f"fewer than --batch_size {batch_size}; lower --batch_size or drop --train_drop_last")
     else:
         sampler, drop_last = ShardSampler(len(dataset)), False  # every window is scored
-    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, drop_last)
+    feeds_gpu = device is not None and torch.device(device).type == "cuda" and not on_device
+    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, drop_last, pin_memory=feeds_gpu)

@@ -24,7 +24,7 @@ class ForecastData(ABC):
     """
 
     MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates",
-               "window_dataset", "forecast_date", "future_input", "content_hash")
+               "window_dataset", "forecast_date", "future_input", "content_hash", "nbytes")
 
     @abstractmethod
     def content(self):
@@ -48,6 +48,11 @@ class ForecastData(ABC):
                     digest.update(f"{name}{part!r}".encode())
             cached = self._content_hash = digest.hexdigest()
         return cached
+
+    def nbytes(self):
+        """Bytes of the arrays the windows are cut from: about what a GPU holds when the splits
+        live there (val and test overlap train by one input length each)."""
+        return sum(part.nbytes for _, part in self.content() if isinstance(part, np.ndarray))
 
     @abstractmethod
     def window_dataset(self, flag, window, with_marks=True):

@@ -136,14 +136,15 @@ class WindowLoader:
 
     Without workers a batch is an index tensor cut from the epoch's order and gathered in
     one operation: no per-batch index lists, no collation. With --num_workers the same
-    batches come from a torch DataLoader (workers gather them).
+    batches come from a torch DataLoader (workers gather them, into pinned memory for a GPU).
     """
 
-    def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False):
+    def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False, pin_memory=False):
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
+        # pin_memory: workers' batches land in page-locked memory, so the copy to the GPU runs asynchronously
         self._worker_loader = DataLoader(
             dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last), collate_fn=_identity,
-            num_workers=num_workers, persistent_workers=True) if num_workers > 0 else None
+            num_workers=num_workers, persistent_workers=True, pin_memory=pin_memory) if num_workers > 0 else None
 
     def set_epoch(self, epoch):
         """Reshuffle the training order (DistributedSampler semantics); no-op for val/test."""

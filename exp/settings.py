@@ -112,6 +112,9 @@ def _check_devices(args):
             "drop --sync_bn or use --use_gpu true on CUDA")
     require(not (args.use_amp and args.amp_dtype == "fp16" and not cuda),
             "--amp_dtype fp16 needs a GPU; on CPU use bf16 (the default)")
+    require(not (args.data_on_device == "always" and args.num_workers > 0),
+            f"--data_on_device always gathers batches on the GPU, which --num_workers {args.num_workers} loader "
+            "processes cannot do; drop --num_workers, or use --data_on_device auto or never")
     require(not (args.ddp and args.gpu is not None),
             f"--gpu {args.gpu} picks the GPU of a single-process run; under --ddp each process uses the GPU of "
             "its LOCAL_RANK: drop --gpu (set CUDA_VISIBLE_DEVICES to choose which GPUs the job sees)")

@@ -112,3 +112,40 @@ def test_an_epochs_batch_indices_live_where_the_split_does(subset):
     assert len(batches) == len(loader) > 1
     assert {indices.device.type for indices in batches} == {"meta"}
     assert {part.device.type for batch in loader for part in batch if part is not None} == {"meta"}
+
+
+@pytest.fixture
+def a_gpu_with(monkeypatch):
+    """A CUDA device whose free memory the test sets; moving a split there is recorded, not done."""
+    import data_provider.data_factory as factory
+    from data_provider.windows import WindowDataset, WindowSelection
+
+    gpu = {"free": 0, "moved": []}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (gpu["free"], 80 * 2**30))
+    for cls in (WindowDataset, WindowSelection):
+        monkeypatch.setattr(cls, "to", lambda self, device: gpu["moved"].append(self.split) or self)
+    factory._placement_cache.clear()
+    yield gpu
+    factory._placement_cache.clear()
+
+
+@pytest.mark.parametrize("mode, workers, free_mib, on_gpu", [
+    ("auto", 0, 1000, True),   # the 1500-row data (~0.1 MiB) fits a quarter of the free memory
+    ("auto", 0, 0.2, False),   # it does not: batches are gathered in host memory
+    ("auto", 2, 1000, False),  # loader workers gather in host memory
+    ("never", 0, 1000, False),
+    ("always", 0, 0.2, True),
+])
+def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_gpu):
+    """Every rank copied train, val and test whole to its GPU (a large corpus ran out of memory), and
+    the only escape, --num_workers, gathered batches in pageable memory. --data_on_device decides, and
+    workers feeding a GPU pin their batches."""
+    a_gpu_with["free"] = int(free_mib * 2**20)
+    args = make_args("--synthetic_rows", 1500, "--data_on_device", mode, "--num_workers", workers)
+    make_experiment(args)
+    gpu = torch.device("cuda", 0)
+    loaders = [data_provider(args, flag, gpu)[1] for flag in ("train", "val", "test")]
+    assert a_gpu_with["moved"] == (["train", "val", "test"] if on_gpu else [])
+    for loader in loaders:
+        pinned = loader._worker_loader.pin_memory if loader._worker_loader is not None else False
+        assert pinned is (workers > 0 and not on_gpu)

@@ -172,6 +172,9 @@ def build_parser():
     g.add_argument("--weight_decay", type=non_negative_float, default=0.0)
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
     g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
+    g.add_argument("--data_on_device", default="auto", choices=("auto", "always", "never"),
+                   help="GPU: keep the splits in GPU memory (auto: without --num_workers, when they take at most "
+                        "a quarter of the free memory)")
     g.add_argument("--use_amp", action="store_true", help="mixed precision: bf16 autocast (CPU and GPU)")
     g.add_argument("--amp_dtype", default="bf16", choices=["bf16", "fp16"], help="fp16 (GPU only) adds loss scaling")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")

@@ -107,9 +107,9 @@ NOT_IDENTITY = {
     # where the files lie, not what they hold: the data's content hash is checked
     DATA_GROUP: ("root_path",),
     # speed only: validation and test metrics are exact sums whatever the batch, loader workers and
-    # threads do not reorder batches, and --compile runs the same model (rounding only; a run must
-    # be able to continue without the compiler)
-    "optimisation": ("eval_batch_size", "num_workers", "num_threads", "compile"),
+    # threads do not reorder batches, where batches are gathered changes no value, and --compile runs
+    # the same model (rounding only; a run must be able to continue without the compiler)
+    "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and --zero shards the same Adam state
     "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero"),
