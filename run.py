@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 
 from data_provider.data_factory import data_fingerprint
 from exp.exp_forecast import Exp_Forecast
@@ -104,6 +105,14 @@ def main(argv=None):
             print(f"error: {problem}", file=sys.stderr)
         distributed.end_job_on_user_error()  # a restart would meet the same error
         return 2
+    except Exception:
+        if not distributed.launched_by_torchrun():
+            raise  # one process: Python prints the traceback and exits 1, as usual
+        # A bug, possibly on this rank alone: leave at once, without destroying the process group (NCCL's
+        # shutdown can wait for peers that wait in a collective for this rank: a hang until the watchdog).
+        # torchrun's agent sees the exit and stops the other ranks.
+        traceback.print_exc()
+        distributed.exit_process(1)
     except Stopped as stop:
         from utils.launch import stopped_line
 

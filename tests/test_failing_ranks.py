@@ -8,7 +8,10 @@ import pytest
 from helpers import REPO, make_args, make_experiment, output_args as _outputs, run_command, run_on_ranks
 
 FAULT = '''
-import os, sys
+import os, sys, time
+if "RANK" in os.environ:  # a worker: NCCL's shutdown, which may wait for peers stuck in a collective
+    import torch.distributed
+    torch.distributed.destroy_process_group = lambda *args, **kwargs: time.sleep(3600)
 if os.environ.get("RANK") == "1":
     sys.path.insert(0, os.environ["TSL_REPO"])
     import exp.forward
@@ -24,6 +27,9 @@ if os.environ.get("RANK") == "1":
 
 
 def test_a_raising_rank_ends_the_whole_job_promptly(tmp_path):
+    """The raising rank leaves at once, without destroying its process group: under NCCL that shutdown
+    can block while the other ranks wait in a collective (emulated: a destroy_process_group that never
+    returns), and the job then ended only at the watchdog."""
     (tmp_path / "sitecustomize.py").write_text(FAULT)  # injected from outside the code under test
     started = time.time()
     proc = run_command([sys.executable, "run.py", "--ddp", "--nproc_per_node", "3", "--dist_timeout", "5",
