@@ -49,7 +49,8 @@ class Exp_Forecast(Exp_Basic):
         best_path = checkpoint_path(args, setting)
         optimizer = self.make_optimizer()
         stopper = EarlyStopping(args.patience)
-        history, step, stopped, first_epoch = resume(args, setting, self.raw_model, optimizer, stopper)
+        history, step, stopped, first_epoch = resume(
+            args, setting, self.raw_model, optimizer, stopper, self.grad_scaler)
         schedule = LearningRateSchedule(args, steps_per_epoch=-(-len(train_loader) // args.accumulation_steps))
         logger.info(training_summary(args, setting, len(train_loader.dataset)))
         state_bytes = None  # optimizer state per rank, measured once it exists (after the first epoch)
@@ -67,7 +68,7 @@ class Exp_Forecast(Exp_Basic):
             history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
                             "lr": optimizer.param_groups[0]["lr"], "seconds": time.time() - started})
             save_training_state(checkpoint_path(args, setting, "last.pth"), self.raw_model, optimizer, stopper,
-                                args, epoch, step, history, stopped)
+                                args, epoch, step, history, stopped, self.grad_scaler)
             logger.info(epoch_line(args, history[-1], samples_per_s, stopper, improved))
             if stopped:
                 logger.info(f"early stopping after epoch {epoch}")

@@ -191,6 +191,32 @@ def test_a_restart_on_a_node_with_fewer_gpus_restores_this_process_generator(mon
     assert len(gpus["restored"]) == 1 and torch.equal(gpus["restored"][0], generator)
 
 
+def test_resume_keeps_the_fp16_loss_scale(tmp_path):
+    """last.pth had no GradScaler state: a resumed or restarted fp16 run began again at a loss scale of
+    2**16 and left the uninterrupted run's trajectory. (fp16 runs only on GPUs; the scaler's state is
+    the same on the CPU.)"""
+    from exp.settings import setting_name
+    from helpers import make_args, make_experiment
+    from utils import checkpoint
+    from utils.tools import EarlyStopping
+
+    args = make_args("--synthetic_rows", 1500, *_outputs(tmp_path))
+    exp = make_experiment(args)
+    path = tmp_path / "last.pth"
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0, "_growth_tracker": 7})  # as after some backoffs
+    optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
+    checkpoint.save_training_state(path, exp.raw_model, optimizer, stopper, args, 1, 10, [], False, scaler)
+    resumed = torch.amp.GradScaler("cpu")
+    checkpoint.load_training_state(path, exp.raw_model, optimizer, stopper, args, grad_scaler=resumed)
+    assert (resumed.get_scale(), resumed.state_dict()["_growth_tracker"]) == (1024.0, 7)
+    without_amp = torch.amp.GradScaler("cpu", enabled=False)  # a bf16 or fp32 run saves and loads none
+    checkpoint.save_training_state(path, exp.raw_model, optimizer, stopper, args, 1, 10, [], False, without_amp)
+    assert torch.load(path, weights_only=True)["grad_scaler"] is None
+    checkpoint.load_training_state(path, exp.raw_model, optimizer, stopper, args, grad_scaler=without_amp)
+    assert without_amp.get_scale() == 1.0  # a disabled scaler's scale, untouched
+
+
 # ---------------------------------------------------------------- elastic restarts
 def _worker_pids(launcher_pid):
     """Worker processes started by torchrun's agent, as {local_rank: pid}."""

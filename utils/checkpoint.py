@@ -172,15 +172,17 @@ def restart_count():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
-def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped):
+def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped, grad_scaler=None):
     """last.pth: everything needed to continue exactly where `epoch` ended. A collective: every
-    rank calls it (its generators and, under --zero, its optimizer shard go in); rank 0 writes."""
+    rank calls it (its generators and, under --zero, its optimizer shard go in); rank 0 writes.
+    `grad_scaler`: fp16's loss scale (the same on every rank: it follows the all-reduced gradients)."""
     rng, launches = zip(*distributed.gather_objects((rng_state(), launch_id())))
     optimizer_state = distributed.optimizer_state_dict(optimizer)  # consolidated under --zero (a collective)
     if distributed.is_main():
         save_atomic({
             "model": model.state_dict(),
             "optimizer": optimizer_state,
+            "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None and grad_scaler.is_enabled() else None,
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
             "early_stopping": stopper.state_dict(),
             "epoch": epoch,  # also the sampler epoch: set_epoch(epoch) reproduces the order
@@ -226,7 +228,7 @@ def identity_problem(path, state, args):
             + ". Use the same arguments, or another --checkpoints folder")
 
 
-def load_training_state(path, model, optimizer, stopper, args, state=None):
+def load_training_state(path, model, optimizer, stopper, args, state=None, grad_scaler=None):
     """Continue from last.pth: model (strictly), optimizer, early stopping and every random
     generator as the interrupted run left them, once rank 0 has checked that it is this run's
     (same identity); returns the state read."""
@@ -235,6 +237,8 @@ def load_training_state(path, model, optimizer, stopper, args, state=None):
     distributed.raise_on_every_rank(lambda: identity_problem(path, state, args), on="main")
     model.load_state_dict(state["model"], strict=True)
     distributed.load_optimizer_state(optimizer, state["optimizer"])  # full state: with or without --zero
+    if grad_scaler is not None and grad_scaler.is_enabled() and state.get("grad_scaler"):
+        grad_scaler.load_state_dict(state["grad_scaler"])  # else fp16 would start again from 2**16
     stopper.load_state_dict(state["early_stopping"])
     if len(state["rng"]) == distributed.world_size():
         set_rng_state(state["rng"][distributed.rank()])
@@ -268,7 +272,7 @@ def _written_by_another_launch(state):
     return distributed.broadcast_object(not ours & set(state.get("launches", ())))
 
 
-def resume(args, setting, model, optimizer, stopper):
+def resume(args, setting, model, optimizer, stopper, grad_scaler=None):
     """(history, global step, stopped, first epoch): those of the run to continue (loaded into
     model, optimizer and stopper), or a fresh start's. Every rank must see the same state."""
     fresh = [], 0, False, 1
@@ -286,7 +290,7 @@ def resume(args, setting, model, optimizer, stopper):
         logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
                     f"(stopped before it saved an epoch); starting from epoch 1")
         return fresh
-    state = load_training_state(path, model, optimizer, stopper, args, state=state)
+    state = load_training_state(path, model, optimizer, stopper, args, state=state, grad_scaler=grad_scaler)
     return state["history"], state["global_step"], state["stopped"], state["epoch"] + 1
 
 

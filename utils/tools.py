@@ -181,5 +181,5 @@ def set_rng_state(state):
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():  # this process computes on CUDA
         torch.cuda.set_rng_state(state["cuda"].cpu())  # onto the current device
