@@ -67,6 +67,9 @@ class Exp_Forecast(Exp_Basic):
             improved, stopped = self._early_stopping(stopper, vali_loss, best_path)
             history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
                             "lr": optimizer.param_groups[0]["lr"], "seconds": time.time() - started})
+            peak = distributed.peak_gpu_mib(self.device)
+            if peak is not None:
+                history[-1]["peak_gpu_mib"] = peak  # per rank, so far
             save_training_state(checkpoint_path(args, setting, "last.pth"), self.raw_model, optimizer, stopper,
                                 args, epoch, step, history, stopped, self.grad_scaler)
             logger.info(epoch_line(args, history[-1], samples_per_s, stopper, improved))
@@ -205,6 +208,9 @@ class Exp_Forecast(Exp_Basic):
             metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
         metrics["vali_loss"] = vali_loss
         metrics["test_windows"] = len(test_loader.dataset)
+        peak = distributed.peak_gpu_mib(self.device)
+        if peak is not None:
+            metrics["peak_gpu_mib"] = peak  # per rank, over the whole run
         logger.log(RESULT, result_line(setting, metrics))
         draw_forecasts(self, setting)
         return metrics
@@ -226,7 +232,8 @@ def epoch_line(args, record, samples_per_s, stopper, improved):
     return (f"epoch {record['epoch']}/{args.train_epochs}: train {record['train_loss']:.6f} "
             f"vali {record['vali_loss']:.6f} test {record['test_loss']:.6f} lr {record['lr']:.3g} "
             f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
-            + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})"))
+            + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
+            + (f", peak GPU memory {max(record['peak_gpu_mib']):.0f} MiB" if "peak_gpu_mib" in record else ""))
 
 
 def result_line(setting, metrics):

@@ -4,7 +4,7 @@
 # `python -m utils.launch` is torchrun itself (same arguments, elastic agent and c10d
 # rendezvous) that ends a failed run with one line instead of a launcher traceback.
 #
-#   bash scripts/ddp_forecast.sh                                    # 2 local processes, DLinear
+#   bash scripts/ddp_forecast.sh                       # one process per GPU (2 without CUDA), DLinear
 #   NPROC_PER_NODE=4 MODEL=TimerXL bash scripts/ddp_forecast.sh --train_epochs 5
 #   MAX_RESTARTS=3 bash scripts/ddp_forecast.sh      # survive worker crashes: restart and resume
 #   # two machines: run on each, NODE_RANK=0 on the one at MASTER_ADDR (docs/scaling.md)
@@ -18,7 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NPROC_PER_NODE=${NPROC_PER_NODE:-2}
+# default: one process per visible GPU, or 2 on a machine without CUDA
+NPROC_PER_NODE=${NPROC_PER_NODE:-$(python -c "import torch; print(torch.cuda.device_count() or 2)")}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}

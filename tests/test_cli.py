@@ -33,6 +33,17 @@ def test_ddp_forecast_script_runs_as_is(tmp_path):
     assert record["world_size"] == 2 and record["model"] == "TimerXL" and record["args"]["d_model"] == 32
 
 
+def test_ddp_forecast_script_starts_one_process_per_gpu(tmp_path):
+    """It started 2 processes on an 8-GPU node. Here torch reports 3 GPUs to the script (the workers,
+    seeing no CUDA, compute on the CPU)."""
+    (tmp_path / "sitecustomize.py").write_text("import torch\ntorch.cuda.device_count = lambda: 3\n")
+    proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1", "--synthetic_rows", "1500",
+                        "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
+                       extra_env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(tmp_path)})
+    assert_ok(proc)
+    assert records(tmp_path)[-1]["world_size"] == 3
+
+
 def test_legacy_local_rank_argument_is_accepted(tmp_path):
     assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--local_rank", 0, "--synthetic_rows", 1500))
 

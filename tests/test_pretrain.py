@@ -185,6 +185,23 @@ def test_adaptation_loads_every_weight_strictly(pretrained):
     assert all(torch.equal(v, before[k]) for k, v in other.raw_model.state_dict().items())
 
 
+def _fine_tune_start_reading_on_rank_0_only(rank, world, checkpoint):
+    from exp.adaptation import load_pretrained
+
+    exp = make_experiment(make_args(*TIMERXL, "--features", "S", "--synthetic_rows", 1500, "--ddp"))
+    if rank > 0:  # another node, which does not see rank 0's disk: reading the file here is the bug
+        torch.load = lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError(f"rank {rank} read {args[0]}"))
+    load_pretrained(exp.raw_model, str(checkpoint), exp.device)
+    return {k: v.numpy().copy() for k, v in exp.raw_model.state_dict().items()}  # numpy: pickled by value
+
+
+def test_pretrained_weights_are_read_by_rank_0_and_broadcast(pretrained):
+    """Fine-tuning on several nodes needs the pre-trained file on rank 0's disk only."""
+    saved = torch.load(pretrained[3], weights_only=True)
+    for state in run_on_ranks(_fine_tune_start_reading_on_rank_0_only, 2, pretrained[3]):
+        assert sorted(state) == sorted(saved) and all(np.array_equal(state[k], saved[k].numpy()) for k in saved)
+
+
 # ---------------------------------------------------------------- bad input
 def test_missing_or_foreign_pretrained_file_fails_on_every_rank(tmp_path, pretrained):
     argv = ["--synthetic_rows", 1500, "--train_epochs", 1, "--num_threads", 1, "--ddp", "--nproc_per_node", 2]

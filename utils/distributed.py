@@ -240,6 +240,14 @@ def gather_objects(obj):
     return out
 
 
+def peak_gpu_mib(device):
+    """Every rank's peak GPU memory so far in MiB (torch.cuda.max_memory_allocated), in rank order;
+    None when the run computes on the CPU. A collective on GPUs: every rank calls it."""
+    if device.type != "cuda":
+        return None
+    return gather_objects(round(torch.cuda.max_memory_allocated(device) / 2**20, 1))
+
+
 def gather_on_main(obj):
     """List of every rank's object, in rank order, on rank 0; None on the other ranks (which
     then hold no copy of what only rank 0 needs)."""
