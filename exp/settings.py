@@ -112,6 +112,9 @@ def _check_devices(args):
             "drop --sync_bn or use --use_gpu true on CUDA")
     require(not (args.use_amp and args.amp_dtype == "fp16" and not cuda),
             "--amp_dtype fp16 needs a GPU; on CPU use bf16 (the default)")
+    # GPUs before Ampere (V100, T4) have no bfloat16: CUDA autocast would fail at the first forward
+    require(not (args.use_amp and args.amp_dtype == "bf16" and cuda and not torch.cuda.is_bf16_supported()),
+            "--use_amp uses bfloat16, which this GPU does not support; add --amp_dtype fp16 (with loss scaling)")
     require(not (args.data_on_device == "always" and args.num_workers > 0),
             f"--data_on_device always gathers batches on the GPU, which --num_workers {args.num_workers} loader "
             "processes cannot do; drop --num_workers, or use --data_on_device auto or never")

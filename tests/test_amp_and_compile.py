@@ -79,3 +79,14 @@ def test_deterministic_runs_train_every_model_and_are_recorded(tmp_path):
     assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500, "--deterministic"))
     recorded = records(tmp_path)[-1]["args"]
     assert (recorded["deterministic"], recorded["tf32"]) == (True, False)
+
+
+def test_bf16_amp_is_refused_on_a_gpu_without_bfloat16(monkeypatch):
+    """A V100 or T4 has no bfloat16: CUDA autocast failed at the first forward with a traceback."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    from exp.settings import resolve_args
+
+    with pytest.raises(UserError, match="--use_amp uses bfloat16, which this GPU does not support; add --amp_dtype fp16"):
+        resolve_args(make_args("--use_amp", "--synthetic_rows", 1500), 1)
+    resolve_args(make_args("--use_amp", "--amp_dtype", "fp16", "--synthetic_rows", 1500), 1)  # fp16 is fine there
