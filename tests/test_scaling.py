@@ -190,33 +190,6 @@ def test_sync_bn_conversion_keeps_plain_batchnorm_keys():
     assert distributed.convert_sync_batchnorm(plain) is plain  # no process group: unchanged
 
 
-def _batchnorm_statistics(rank, world, full_batch):
-    from utils import distributed
-
-    device = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6)).to(device)
-    raw, ddp = distributed.wrap_ddp(module, device, sync_bn=True)  # the experiment's own wrapping
-    assert isinstance(raw[1], torch.nn.SyncBatchNorm)
-    ddp.train()
-    ddp(full_batch.chunk(world)[rank].to(device))
-    return raw[1].running_mean.cpu().numpy(), raw[1].running_var.cpu().numpy()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="PyTorch's SyncBatchNorm runs only on GPU tensors (DDP refuses it on CPU)")
-def test_sync_bn_statistics_over_two_ranks_equal_the_full_batch():
-    full_batch = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) * 3 + 1
-    torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
-    reference.train()
-    reference(full_batch)
-    for mean, var in run_on_ranks(_batchnorm_statistics, 2, full_batch):
-        mean, var = torch.from_numpy(mean), torch.from_numpy(var)
-        torch.testing.assert_close(mean, reference[1].running_mean, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(var, reference[1].running_var, rtol=1e-5, atol=1e-6)
-
-
 def test_tst_schedule_is_torchs_one_cycle_as_a_function_of_the_step():
     from utils.tools import one_cycle_learning_rate
 

@@ -1,0 +1,40 @@
+"""The GPU tier (python -m pytest -m gpu): every test under tests/gpu is marked `gpu`, and is skipped with a
+reason where there is no CUDA device, or fewer GPUs than its `gpus(n)` mark asks for.
+
+Its tests start real torchrun jobs (fresh interpreters, nccl, one GPU per process) and compare numbers, so
+they take minutes; on a CPU-only machine the whole tier is skipped, never failed.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+NO_CUDA = "no CUDA device here: the GPU tier needs one (python -m pytest -m gpu on a GPU machine)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs; skipped with a reason on fewer")
+
+
+def _under_this_folder(item):
+    return HERE in Path(str(item.path)).resolve().parents
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m gpu` selects by marker (_pytest.mark's own modifyitems)
+def pytest_collection_modifyitems(config, items):
+    ours = [item for item in items if _under_this_folder(item)]
+    if not ours:
+        return
+    cuda = torch.cuda.is_available()
+    count = torch.cuda.device_count() if cuda else 0
+    for item in ours:
+        item.add_marker(pytest.mark.gpu)
+        if not cuda:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA))
+            continue
+        needed = max((int(mark.args[0]) for mark in item.iter_markers("gpus")), default=1)
+        if count < needed:
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs {needed} CUDA GPUs, this machine has {count}: run it where "
+                       f"torch.cuda.device_count() >= {needed}"))
