@@ -53,6 +53,10 @@ EQUIVALENT = {
     "data_provider/data_factory.py:40:core/ReplaceFalseWithTrue":
         "the data fingerprint reads only len() of each split's windows; with_marks decides whether batches "
         "carry time features, not how many windows there are",
+    "utils/metrics.py:96:core/ReplaceUnaryOperator_USub_UAdd":
+        "`pred.transpose(-1, -2)` -> `transpose(-1, +2)` in the layout test of batch_loss: the test only picks "
+        "the contiguous layout for speed (a 3-D pred then keeps its strided one; for 4-D the two are the same "
+        "swap); the loss is the mean over the same elements in either layout (to float32 rounding of the summation order)",
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",

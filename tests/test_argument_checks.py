@@ -136,3 +136,15 @@ def test_an_empty_date_is_refused_naming_its_row(tmp_path):
     _dated_csv(tmp_path, "holes.csv", lambda f: f.loc.__setitem__(([7, 9], "date"), None))
     with pytest.raises(UserError, match=r"holes.csv: the 'date' column is empty in row 8 \(2 row\(s\) in all\); fill in"):
         read_file(str(tmp_path / "holes.csv"))
+
+
+def test_the_itr_loop_may_reach_the_largest_seed_but_not_pass_it():
+    """--itr N runs seeds seed .. seed + N - 1; the last one may be the largest numpy accepts."""
+    from exp.settings import resolve_args
+    from utils.arguments import SEED_LIMIT
+    from utils.errors import UserError
+
+    rows = ["--synthetic_rows", 1500, "--synthetic_seed", 0]
+    resolve_args(make_args("--seed", SEED_LIMIT - 3, "--itr", 3, *rows), 1)
+    with pytest.raises(UserError, match="passes the largest seed"):
+        resolve_args(make_args("--seed", SEED_LIMIT - 2, "--itr", 3, *rows), 1)

@@ -233,6 +233,33 @@ def test_npy_and_dateless_csv(tmp_path):
         np.testing.assert_allclose(data.scaler.mean_, array[:280].mean(axis=0), rtol=1e-6)
 
 
+def test_time_features_are_tslibs_calendar_fractions():
+    """timeF: each feature is (value - first) / (count - 1) - 0.5 as TSLib's; 2021-03-07 is a Sunday, day 66
+    of the year (an even day: day - 1 and day ^ 1 differ), ISO week 9."""
+    from data_provider.timefeatures import time_features
+
+    dates = pd.Series([pd.Timestamp("2021-03-07 07:08:09")])
+    second, minute, hour, weekday, monthday, yearday = 9 / 59, 8 / 59, 7 / 23, 6 / 6, 6 / 30, 65 / 365
+    np.testing.assert_allclose(time_features(dates, "s")[0] + 0.5,
+                               [second, minute, hour, weekday, monthday, yearday], rtol=1e-6)
+    np.testing.assert_allclose(time_features(dates, "15min")[0] + 0.5, [minute, hour, weekday, monthday, yearday],
+                               rtol=1e-6)
+    np.testing.assert_allclose(time_features(dates, "w")[0] + 0.5, [monthday, 8 / 52], rtol=1e-6)
+    np.testing.assert_allclose(time_features(dates, "m")[0] + 0.5, [2 / 11], rtol=1e-6)
+    assert time_features(dates, "y").shape == (1, 0)
+
+
+def test_future_dates_continue_at_freq():
+    from data_provider.timefeatures import future_dates, freq_offset
+
+    assert list(future_dates("2018-06-26 19:45", "15min", 2)) == [pd.Timestamp("2018-06-26 20:00"),
+                                                                   pd.Timestamp("2018-06-26 20:15")]
+    assert list(future_dates("2020-01-31", "m", 3)) == list(pd.to_datetime(["2020-02-29", "2020-03-31", "2020-04-30"]))
+    assert list(future_dates("2020-01-03", "b", 1)) == [pd.Timestamp("2020-01-06")]  # Friday -> Monday
+    assert pd.Timestamp("2021-01-01") + freq_offset("120min") == pd.Timestamp("2021-01-01 02:00")  # 3 digits
+    assert len(future_dates("2021-01-01", "h", 5)) == 5  # an odd horizon too
+
+
 @pytest.mark.parametrize("embed", ["fixed", "learned"])
 def test_integer_time_features_for_tslibs_fixed_and_learned_embeddings(embed):
     from data_provider.timefeatures import time_features

@@ -7,18 +7,10 @@ import pytest
 import torch
 
 from data_provider.synthetic import make_synthetic
-from data_provider.timefeatures import future_dates
 from exp.outputs import predict
 from helpers import assert_ok, make_args, make_experiment, records, run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def test_future_dates_continue_at_freq():
-    assert list(future_dates("2018-06-26 19:45", "15min", 2)) == [pd.Timestamp("2018-06-26 20:00"),
-                                                                   pd.Timestamp("2018-06-26 20:15")]
-    assert list(future_dates("2020-01-31", "m", 3)) == list(pd.to_datetime(["2020-02-29", "2020-03-31", "2020-04-30"]))
-    assert list(future_dates("2020-01-03", "b", 1)) == [pd.Timestamp("2020-01-06")]  # Friday -> Monday
 
 
 OFFSET = 1000.0

@@ -22,6 +22,19 @@ def test_direct_model_scores_the_horizon_of_every_channel():
     torch.testing.assert_close(true, batch[1][:, -24:])
 
 
+def test_a_direct_model_that_returns_the_label_part_too_is_scored_on_its_last_pred_len_steps():
+    """TSLib's encoder-decoder models return label_len + pred_len steps; only the horizon is scored."""
+    exp, batch = _exp_and_batch("--model", "DLinear", "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
+    y = batch[1]  # [B, label_len + pred_len, C]
+
+    def returns_label_and_horizon(x, x_mark_enc, x_dec, x_mark_dec):
+        return y * 2  # a forecast of every decoder step
+
+    pred, true = forward(returns_label_and_horizon, batch, exp.args, "train", exp.device)
+    torch.testing.assert_close(pred, 2 * y[:, -24:])
+    torch.testing.assert_close(true, y[:, -24:])
+
+
 def test_a_direct_windows_target_rows_follow_its_input_rows():
     exp, _ = _exp_and_batch("--model", "DLinear", "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
     dataset, _ = data_provider(exp.args, "train")
