@@ -100,8 +100,11 @@ class Exp_Forecast(Exp_Basic):
         distributed.broadcast_buffers(self.raw_model)
         vali_loss = self.vali(vali_loader, "val")
         test_loss = self._loss_of(self.evaluate(test_loader, "test"))
-        require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after epoch {epoch}: training "
-                "diverged; lower --learning_rate or check the data for extreme values")
+        fp16 = self.args.use_amp and self.args.amp_dtype == "fp16"
+        require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after epoch {epoch}: "
+                + ("the fp16 forward overflowed (fp16 ends at 65504) or training diverged; use --amp_dtype bf16 "
+                   "or drop --use_amp, or lower --learning_rate" if fp16 else
+                   "training diverged; lower --learning_rate or check the data for extreme values"))
         return vali_loss, test_loss
 
     def _early_stopping(self, stopper, vali_loss, best_path):

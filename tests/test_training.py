@@ -151,3 +151,19 @@ def test_load_trained_model_names_a_missing_or_unreadable_metrics_file(tmp_path)
     for path in (tmp_path / "none.json", tmp_path / "cut.json"):
         with pytest.raises(UserError, match="cannot read the run's arguments from .*; pass the metrics.json"):
             load_trained_model(path)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_a_non_finite_validation_loss_stops_the_run_saying_why(fp16):
+    """NaN weights (a diverged run), and under fp16 AMP the likelier cause, its overflow, named."""
+    from data_provider.data_factory import data_provider
+    from utils.errors import UserError
+
+    exp = make_experiment(make_args("--synthetic_rows", 1500))
+    exp.args.use_amp, exp.args.amp_dtype = fp16, "fp16" if fp16 else "bf16"  # the message reads the arguments
+    with torch.no_grad():
+        next(exp.raw_model.parameters()).fill_(float("nan"))
+    loaders = [data_provider(exp.args, flag)[1] for flag in ("val", "test")]
+    expected = "the fp16 forward overflowed .* use --amp_dtype bf16" if fp16 else "training diverged; lower --learning_rate"
+    with pytest.raises(UserError, match=f"validation loss is nan after epoch 3: {expected}"):
+        exp._epoch_losses(3, *loaders)
