@@ -158,6 +158,21 @@ def survivors(session):
     return sorted(found)
 
 
+def apply_diff(diff):
+    """git apply a mutant's diff to the checkout; False if it no longer applies. cosmic-ray's diff of a
+    file's last line ends with a blank context line the file does not have: retried without it."""
+    lines = [line for line in diff.splitlines() if not line.startswith("--- mutation diff")]
+    attempts = [lines]
+    if lines and not lines[-1].strip():
+        attempts.append(lines[:-1])
+    for attempt in attempts:
+        applied = subprocess.run(["git", "apply", "--recount", "-"], cwd=REPO, input="\n".join(attempt) + "\n",
+                                 text=True, capture_output=True)
+        if applied.returncode == 0:
+            return True
+    return False
+
+
 def recheck(session, only=()):
     """Apply each survivor's diff (or those in `only`) to this clean checkout, run its targeted tests,
     undo it: which survivors today's tests kill (a diff that no longer applies: the code there is
@@ -169,9 +184,7 @@ def recheck(session, only=()):
     for key, diff in survivors(session):
         if only and key not in only:
             continue
-        patch = "\n".join(line for line in diff.splitlines() if not line.startswith("--- mutation diff"))
-        applied = subprocess.run(["git", "apply", "-"], cwd=REPO, input=patch + "\n", text=True, capture_output=True)
-        if applied.returncode:
+        if not apply_diff(diff):
             results[key] = "code changed (diff no longer applies)"
         else:
             try:
