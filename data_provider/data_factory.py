@@ -8,6 +8,7 @@ import logging
 import torch
 from torch.utils.data import DistributedSampler
 
+from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
@@ -27,12 +28,13 @@ def _cache_key(args):
 
 def prepared_data(args):
     """The scaled data of args' data set (a ForecastData), read once per process."""
-    known = DATASETS + (UNIVARIATE,)
+    known = DATASETS + (UNIVARIATE, CORPUS)
     require(args.data in known, f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file)")
     key = _cache_key(args)
     if key not in _prepared_cache:
         _prepared_cache.clear()
-        _prepared_cache[key] = prepare_univariate(args) if args.data == UNIVARIATE else prepare_table(args)
+        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus}.get(args.data, prepare_table)
+        _prepared_cache[key] = prepare(args)
     return _prepared_cache[key]
 
 

@@ -130,3 +130,8 @@ def read_file(path):
     """The Table of one file, read once per process while the file is unchanged."""
     return _read_file(path, os.path.getmtime(path))
 
+
+def read_file_once(path):
+    """The Table of one file, not kept: for reading many files one after another (a corpus build)."""
+    return _read_file.__wrapped__(path, None)
+

@@ -92,21 +92,29 @@ class UnivariateData(ForecastData):
                         "use --data custom on one file")
 
 
+def scaled_series(path, values, scale=True):
+    """Each channel of one file's [T, C] values as a series of its own: a list of (float32 values,
+    split ends, mean, std), scaled with the file's training rows' statistics (StandardScaler treats
+    columns independently, so each series gets its own); mean 0 and std 1 when not scaled."""
+    ends = _file_ends(path, len(values))
+    mean, std = np.zeros(values.shape[1]), np.ones(values.shape[1])
+    if scale and ends[0] > 0:
+        # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data
+        from sklearn.preprocessing import StandardScaler
+
+        scaler = StandardScaler().fit(values[:ends[0]])
+        values, mean, std = scaler.transform(values), scaler.mean_, scaler.scale_
+    return [(np.ascontiguousarray(values[:, c], dtype=np.float32), ends, float(mean[c]), float(std[c]))
+            for c in range(values.shape[1])]
+
+
 def prepare_univariate(args):
     """Read every matched file; split and scale each of its channels as a series of its own."""
     require(args.features != "MS", "--data univariate makes every channel a series of its own, so there are no "
                                    "covariates for --features MS; use --features S")
     series, ends = [], []
     for path in matching_files(args.root_path, args.data_path):
-        table = read_file(path)
-        values, file_ends = table.values, _file_ends(path, len(table.values))
-        if args.scale and file_ends[0] > 0:
-            # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data
-            from sklearn.preprocessing import StandardScaler
-
-            # StandardScaler treats columns independently: each series gets its own training statistics
-            values = StandardScaler().fit(values[:file_ends[0]]).transform(values)
-        for c in range(values.shape[1]):
-            series.append(np.ascontiguousarray(values[:, c], dtype=np.float32))
+        for values, file_ends, _, _ in scaled_series(path, read_file(path).values, args.scale):
+            series.append(values)
             ends.append(file_ends)
     return UnivariateData(series, ends)

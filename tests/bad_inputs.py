@@ -11,6 +11,7 @@ tests/test_bad_input.py runs the same probes, one pytest case per probe and proc
 """
 import argparse
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -126,6 +127,34 @@ def _truncated(folder):
     return ["--is_training", 0, "--checkpoint", folder / "truncated.pth"]
 
 
+def _corpus(folder, damage):
+    """A corpus built from one CSV, then damaged: a shard gone or cut short, another build's index, a
+    JSON file that is no corpus index, no index at all, or a build that never finished."""
+    from data_provider.corpus import INDEX, STATE, build
+
+    (folder / "src").mkdir()
+    _dated(a=np.sin(np.arange(400.0)), b=np.cos(np.arange(400.0))).to_csv(folder / "src" / "s.csv", index=False)
+    out = folder / "corpus"
+    if damage == "unfinished":
+        out.mkdir()
+        (out / STATE).write_text("{}")
+    else:
+        build(str(out), [str(folder / "src")], shard_mb=0.001, progress=False)
+        shard = sorted(out.glob("*.bin"))[-1]
+        if damage == "missing shard":
+            shard.unlink()
+        elif damage == "short shard":
+            shard.write_bytes(shard.read_bytes()[:100])
+        elif damage == "foreign index":
+            (out / INDEX).write_text(json.dumps({"series": []}))
+        elif damage == "no index":
+            (out / INDEX).unlink()
+        else:
+            other = build(str(folder / "other"), [str(folder / "src")], progress=False)
+            (out / INDEX).write_text(json.dumps(other))
+    return ["--data", "corpus", "--root_path", out, *SMALL[2:]]
+
+
 def _corrupt_state(folder):
     (folder / "last.pth").write_bytes(b"PK\x03\x04 definitely not a checkpoint")
     return ["--resume", folder / "last.pth"]
@@ -166,6 +195,19 @@ PROBES = [
     Probe("MS on a univariate corpus", lambda f: [*_csv(f, "corpus.csv", _dated(a=np.arange(400.0), OT=np.ones(400))),
                                                   "--data", "univariate", "--features", "MS"],
           "--data univariate makes every channel a series of its own", shows="`--data univariate --features MS`"),
+    Probe("corpus with a shard missing", lambda f: _corpus(f, "missing shard"),
+          "is missing (an index from another build, or a shard not copied)", shows="one `.bin` file deleted"),
+    Probe("corpus index of another build", lambda f: _corpus(f, "other index"),
+          "is missing (an index from another build, or a shard not copied)", shows="`index.json` of another build"),
+    Probe("corpus with a shard cut short", lambda f: _corpus(f, "short shard"), "holds 100 bytes, its index says",
+          shows="a `.bin` file cut to 100 bytes"),
+    Probe("corpus index that is no index", lambda f: _corpus(f, "foreign index"), "is not a corpus index",
+          shows="`index.json` of another program"),
+    Probe("corpus without an index", lambda f: _corpus(f, "no index"),
+          "holds no corpus (index.json is missing; build one with", shows="`index.json` deleted"),
+    Probe("corpus build not finished", lambda f: _corpus(f, "unfinished"),
+          "its build did not finish: run the same `python -m data_provider.corpus build` again",
+          shows="a folder with `.build_state.json`, no `index.json`"),
     Probe("unknown data", fixed("--data", "ETTh3"), "unknown --data 'ETTh3'; choose one of ETTh1"),
     Probe("enc_in the data contradicts", fixed(*SMALL, "--enc_in", 3), "--enc_in 3 does not match the data"),
     Probe("dec_in the data contradicts", fixed(*SMALL, "--dec_in", 3), "--dec_in 3 does not match the data"),

@@ -88,7 +88,8 @@ def build_parser():
 
     g = p.add_argument_group(DATA_GROUP)
     g.add_argument("--data", default="synthetic",
-                   help="ETTh1, ETTh2, ETTm1, ETTm2, custom, synthetic (built in) or univariate (every channel of every file a series)")
+                   help="ETTh1, ETTh2, ETTm1, ETTm2, custom, synthetic (built in), univariate (every channel of every file a "
+                        "series) or corpus (a built corpus folder as --root_path: python -m data_provider.corpus)")
     g.add_argument("--root_path", default="./dataset/", help="folder of --data_path")
     g.add_argument("--data_path", default="ETTh1.csv", help="file under --root_path; a glob (e.g. '*.csv') with --data univariate")
     g.add_argument("--features", default="M", help="M: multi->multi, S: uni->uni, MS: multi->target")
