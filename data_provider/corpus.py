@@ -199,6 +199,7 @@ class CorpusData(ForecastData):
     mark_dim = 0
     scaler = None  # one per series
     per_series_scaling = True
+    constant_memory_shuffle = True
     dates = None
 
     def __init__(self, folder):

@@ -10,6 +10,7 @@ from torch.utils.data import DistributedSampler
 
 from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
+from data_provider.permutation import ShuffledShards
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
 from data_provider.univariate import UNIVARIATE, prepare_univariate
@@ -107,10 +108,12 @@ def data_provider(args, flag, device=None):
         batch_size = args.eval_batch_size or 4 * args.batch_size
         require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
     if flag == "train":
-        sampler = DistributedSampler(
-            dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
-            shuffle=True, seed=args.seed, drop_last=False)
-        # DistributedSampler gives every rank the same count, so every rank drops alike
+        if prepared_data(args).constant_memory_shuffle:  # corpus-scale kinds: no randperm of every window
+            sampler = ShuffledShards(len(dataset), args.seed, distributed.rank(), distributed.world_size())
+        else:
+            sampler = DistributedSampler(dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                         shuffle=True, seed=args.seed, drop_last=False)
+        # both samplers give every rank the same count, so every rank drops alike
         drop_last = args.train_drop_last
         require(not drop_last or len(sampler) >= batch_size,
                 f"--train_drop_last leaves no training batch: each process holds {len(sampler)} training windows, "

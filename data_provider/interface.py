@@ -23,8 +23,13 @@ class ForecastData(ABC):
       dates               pd.Series of timestamps, or None (undated data)
     """
 
+    # True for the pre-training kinds (univariate, corpus): training shuffles with an O(1)-memory
+    # permutation (data_provider.permutation) instead of DistributedSampler's randperm of every window
+    constant_memory_shuffle = False
+
     MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates",
-               "window_dataset", "forecast_date", "future_input", "content_hash", "nbytes")
+               "window_dataset", "forecast_date", "future_input", "content_hash", "nbytes",
+               "constant_memory_shuffle")
 
     @abstractmethod
     def content(self):

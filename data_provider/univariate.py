@@ -52,6 +52,7 @@ class UnivariateData(ForecastData):
     mark_dim = 0  # no time features: files differ in frequency
     scaler = None  # one per series, none for the whole corpus
     per_series_scaling = True
+    constant_memory_shuffle = True
     dates = None
 
     def __init__(self, series, ends):

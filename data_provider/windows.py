@@ -153,8 +153,13 @@ class WindowLoader:
 
     def batch_indices(self):
         """The epoch's batches as index tensors (the last one may be short, unless drop_last), on the
-        data's device: one copy per epoch, not a blocking host-to-GPU copy before every batch."""
-        order = torch.tensor(list(self.sampler), dtype=torch.long).to(self.dataset.device)
+        data's device: one copy per epoch, not a blocking host-to-GPU copy before every batch. An
+        O(1)-memory order (ShuffledShards) on host data gives its batches one at a time instead."""
+        device = self.dataset.device
+        if hasattr(self.sampler, "indices") and device.type == "cpu":
+            size = self.batch_size
+            return (torch.from_numpy(self.sampler.indices(b * size, (b + 1) * size)) for b in range(len(self)))
+        order = torch.tensor(list(self.sampler), dtype=torch.long).to(device)
         if self.drop_last:
             order = order[:len(self) * self.batch_size]
         return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch

@@ -1,0 +1,70 @@
+"""data_provider.permutation: the O(1)-memory training order of the pre-training data kinds is a true
+permutation every epoch, the same for the same seed, split into disjoint equal rank shares, and held
+one batch at a time."""
+import numpy as np
+import pytest
+import torch
+
+from data_provider.permutation import FeistelPermutation, ShuffledShards, epoch_key
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_a_feistel_permutation_is_a_bijection(n):
+    order = FeistelPermutation(n, key=12345)(np.arange(n))
+    assert sorted(order.tolist()) == list(range(n))
+    if n >= 64:
+        assert not np.array_equal(order, np.arange(n))  # shuffled
+        assert abs(np.corrcoef(np.arange(n), order)[0, 1]) < 0.2  # and not nearly in order
+
+
+def test_the_order_depends_on_the_seed_and_the_epoch_only():
+    def order(seed, epoch, n=500):
+        return FeistelPermutation(n, epoch_key(seed, epoch))(np.arange(n))
+
+    assert np.array_equal(order(7, 3), order(7, 3))
+    assert not np.array_equal(order(7, 3), order(7, 4)) and not np.array_equal(order(7, 3), order(8, 3))
+
+
+@pytest.mark.parametrize("n, world", [(1000, 1), (1000, 2), (1001, 3), (5, 3)])
+def test_ranks_take_disjoint_equal_shares_of_every_window(n, world):
+    """DistributedSampler's contract: equal counts (padded by wrapping), every window in an epoch."""
+    shares = []
+    for rank in range(world):
+        sampler = ShuffledShards(n, seed=11, rank=rank, world_size=world)
+        sampler.set_epoch(2)
+        shares.append(list(sampler))
+        assert len(shares[-1]) == len(sampler) == -(-n // world)
+        assert np.array_equal(sampler.indices(3, 9), shares[-1][3:9])  # a batch is a slice of the epoch
+    together = [w for share in shares for w in share]
+    assert set(together) == set(range(n)) and len(together) - n < world  # every window; padding < one per rank
+    positions = [set(share) for share in shares]
+    padding = len(together) - n
+    assert sum(len(a & b) for i, a in enumerate(positions) for b in positions[i + 1:]) <= padding
+
+
+def test_a_billion_windows_cost_no_memory():
+    """The first batch of an epoch over 1e12 windows, without an array of them."""
+    sampler = ShuffledShards(10 ** 12, seed=1, rank=1, world_size=8)
+    sampler.set_epoch(5)
+    batch = sampler.indices(0, 256)
+    assert batch.shape == (256,) and batch.min() >= 0 and batch.max() < 10 ** 12 and len(set(batch.tolist())) == 256
+
+
+def test_the_loader_of_a_corpus_kind_hands_out_batches_one_at_a_time():
+    from data_provider.windows import WindowLoader
+
+    class Windows(torch.utils.data.Dataset):
+        device = torch.device("cpu")
+
+        def __len__(self):
+            return 100
+
+        def __getitems__(self, indices):
+            return (indices,)
+
+    sampler = ShuffledShards(100, seed=0)
+    loader = WindowLoader(Windows(), sampler, batch_size=32, num_workers=0)
+    batches = loader.batch_indices()
+    assert not isinstance(batches, (list, tuple))  # a generator: nothing held beyond the current batch
+    batches = [b.tolist() for b in batches]
+    assert [len(b) for b in batches] == [32, 32, 32, 4] and sorted(sum(batches, [])) == list(range(100))
