@@ -7,6 +7,8 @@ import pytest
 
 from helpers import REPO, make_args, make_experiment, output_args as _outputs, run_command, run_on_ranks
 
+# Rank 1 raises at its third training step (a stamp of the time in $TSL_FAULT_STAMP if set); every
+# worker's destroy_process_group blocks, as NCCL's can while peers wait in a collective.
 FAULT = '''
 import os, sys, time
 if "RANK" in os.environ:  # a worker: NCCL's shutdown, which may wait for peers stuck in a collective
@@ -20,6 +22,9 @@ if os.environ.get("RANK") == "1":
     def faulty(model, batch, args, stage, device):
         calls.append(stage)
         if calls.count("train") == 3:
+            if os.environ.get("TSL_FAULT_STAMP"):  # when it fired, for tests that time the job's end
+                with open(os.environ["TSL_FAULT_STAMP"], "w") as f:
+                    f.write(str(time.time()))
             raise RuntimeError("injected fault on rank 1, third batch")
         return forward(model, batch, args, stage, device)
     exp.forward.forward = faulty  # before exp.exp_forecast imports it

@@ -7,27 +7,10 @@ import pytest
 
 from gpu_helpers import JOB_TIMEOUT, injected
 from helpers import output_args, run_command
+from test_failing_ranks import FAULT  # rank 1 raises at its third step, stamping the time in TSL_FAULT_STAMP
 
 DIST_TIMEOUT = 5
 START_UP = 60  # seconds for imports, CUDA contexts, nccl communicators and the data, before the fault fires
-
-# tests/test_failing_ranks.py's fault, and when it fired
-FAULT = '''
-import os, sys, time
-if os.environ.get("RANK") == "1":
-    sys.path.insert(0, os.environ["TSL_REPO"])
-    import exp.forward
-    forward = exp.forward.forward
-    calls = []
-    def faulty(model, batch, args, stage, device):
-        calls.append(stage)
-        if calls.count("train") == 3:
-            with open(os.environ["TSL_FAULT_STAMP"], "w") as f:
-                f.write(str(time.time()))
-            raise RuntimeError("injected fault on rank 1, third batch")
-        return forward(model, batch, args, stage, device)
-    exp.forward.forward = faulty  # before exp.exp_forecast imports it
-'''
 
 
 @pytest.mark.gpus(2)
