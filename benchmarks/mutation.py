@@ -57,6 +57,9 @@ EQUIVALENT = {
         "`pred.transpose(-1, -2)` -> `transpose(-1, +2)` in the layout test of batch_loss: the test only picks "
         "the contiguous layout for speed (a 3-D pred then keeps its strided one; for 4-D the two are the same "
         "swap); the loss is the mean over the same elements in either layout (to float32 rounding of the summation order)",
+    "utils/distributed.py:166:core/NumberReplacer":
+        "`os.cpu_count() or 1` -> `or 0`: cpu_count() is None only where the count is unknown, and then "
+        "max(1, 1 // n) and max(1, 0 // n) both give one thread",
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",

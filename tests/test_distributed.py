@@ -184,6 +184,17 @@ def test_more_processes_than_gpus_stop_every_process_of_the_machine(fake_gpus, m
     assert fake_gpus["set"] == [] and fake_gpus["groups"] == []  # nothing touched a GPU or waited for peers
 
 
+def test_without_a_local_world_size_a_process_counts_the_local_ranks_up_to_its_own(fake_gpus, monkeypatch):
+    from utils import distributed
+    from utils.errors import NodeError
+
+    fake_gpus["visible"] = 2
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # a launcher that does not set it
+    with pytest.raises(NodeError, match=r"LOCAL_RANK 2 has no GPU of its own on .*: it runs 3 processes but shows 2"):
+        distributed.setup(True, True, None, 60, 1)
+
+
 def test_gpu_picks_the_device_of_a_single_process_run(fake_gpus):
     """--gpu was parsed and never used: every single-process run computed on GPU 0."""
     from utils import distributed
