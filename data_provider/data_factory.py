@@ -5,16 +5,17 @@ both classes answer the interface of data_provider.interface.ForecastData.
 """
 import logging
 
+import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
 from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
-from data_provider.permutation import ShuffledShards
+from data_provider.permutation import FeistelPermutation, ShuffledShards, epoch_key
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
 from data_provider.univariate import UNIVARIATE, prepare_univariate
-from data_provider.windows import ShardSampler, Window, WindowLoader
+from data_provider.windows import ShardSampler, Window, WindowLoader, WindowSelection
 from utils import distributed
 from utils.arguments import DATA_ARGS
 from utils.errors import require
@@ -90,6 +91,14 @@ def keeps_data_on_device(args, device):
     return _placement_cache[key]
 
 
+def validation_subset(dataset, n, seed):
+    """`n` validation windows drawn from `seed` alone (the first n positions of a seeded permutation,
+    in time order): the same subset on every rank and world size, so the validation loss stays exact;
+    memory for n windows, none for the rest."""
+    chosen = FeistelPermutation(len(dataset), epoch_key(seed, 0) ^ 0x7A11DA7E)(np.arange(n))  # not epoch 0's order
+    return WindowSelection(dataset, np.sort(chosen))
+
+
 def data_provider(args, flag, device=None):
     """(dataset, loader) of one split. On a GPU the split lives there when keeps_data_on_device
     says so; otherwise batches are gathered in host memory (pinned, when workers gather them)."""
@@ -99,6 +108,8 @@ def data_provider(args, flag, device=None):
     dataset = prepared_data(args).window_dataset(flag, window_for(args, flag), with_marks=reads_marks)
     if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
         dataset = few_shot_subset(dataset, args.subset_rand_ratio, args.seed)
+    if flag == "val" and 0 < args.val_windows < len(dataset):
+        dataset = validation_subset(dataset, args.val_windows, args.seed)
     on_device = keeps_data_on_device(args, device)
     if on_device:
         dataset.to(device)

@@ -223,3 +223,31 @@ def test_peak_gpu_memory_is_every_ranks_and_absent_on_the_cpu(monkeypatch):
     record = {"epoch": 1, "train_loss": 1.0, "vali_loss": 1.0, "test_loss": 1.0, "lr": 1e-4, "seconds": 1.0,
               "peak_gpu_mib": [1536.0, 1600.0]}
     assert epoch_line(make_args(), record, 10.0, EarlyStopping(3), True).endswith("peak GPU memory 1600 MiB")
+
+
+def _validation_subset(rank, world, argv):
+    from data_provider.data_factory import data_provider
+
+    args = make_args(*argv, "--ddp")
+    exp = make_experiment(args)
+    dataset, loader = data_provider(args, "val")
+    shard = [int(i) for indices in loader.batch_indices() for i in dataset.indices[indices]]
+    return exp.vali(loader), shard, len(dataset)
+
+
+def test_a_validation_subset_is_the_same_windows_on_any_world_size():
+    """--val_windows N: N validation windows of a huge split, chosen from --seed alone, so the loss is
+    still exact across world sizes (1, 2, 3)."""
+    argv = ["--val_windows", 40, "--synthetic_rows", 3000]
+    (reference, ids, n), = run_on_ranks(_validation_subset, 1, argv)
+    assert n == 40 and ids == sorted(set(ids))  # distinct windows, in time order
+    whole = make_args("--synthetic_rows", 3000)
+    from data_provider.data_factory import data_provider
+    from exp.settings import resolve_args
+
+    resolve_args(whole, 1)
+    assert max(ids) < len(data_provider(whole, "val")[0]) and max(ids) > 40  # drawn from the whole split
+    for world in (2, 3):
+        results = run_on_ranks(_validation_subset, world, argv)
+        assert [i for _, shard, _ in results for i in shard] == ids  # the same windows, shared out
+        assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _, _ in results)

@@ -116,6 +116,8 @@ def build_parser():
     g.add_argument("--last_token", action="store_true", help="score only the last token")
     g.add_argument("--nonautoregressive", action="store_true", help="token models: test with one forward, no roll-out")
     g.add_argument("--valid_last", action="store_true", help="validate on the last token only")
+    g.add_argument("--val_windows", type=non_negative_int, default=0,
+                   help="validate on this many windows, a fixed random subset of a huge validation split (0: all)")
 
     g = p.add_argument_group(MODEL_GROUP)
     g.add_argument("--enc_in", type=positive_int, default=None, help="default: from the data")
