@@ -26,6 +26,8 @@ class Exp_Basic:
         self._amp_dtype = AMP_DTYPES[args.amp_dtype] if args.use_amp else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)
+        self.last_grad_norm = None  # of the last optimizer step, with --clip_grad
+        self.epoch_grad_norm = None  # the last epoch's mean, with --clip_grad
 
     def autocast(self):
         """Mixed-precision context for forward passes (a no-op without --use_amp)."""
@@ -49,5 +51,14 @@ class Exp_Basic:
         self.grad_scaler.scale(loss).backward()
 
     def optimizer_step(self, optimizer):
+        """One step of the added-up gradients; returns their global norm (a tensor: no host sync),
+        clipped to --clip_grad first when it is set (after fp16's unscaling), else None."""
+        norm = None
+        if self.args.clip_grad:
+            # DDP's all-reduce (and ZeRO, which shards only the optimizer state) leaves every rank the
+            # same full gradients, so every rank computes the same norm and clips alike
+            self.grad_scaler.unscale_(optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.args.clip_grad)
         self.grad_scaler.step(optimizer)
         self.grad_scaler.update()
+        return norm

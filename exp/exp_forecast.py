@@ -67,6 +67,8 @@ class Exp_Forecast(Exp_Basic):
             improved, stopped = self._early_stopping(stopper, vali_loss, best_path)
             history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
                             "lr": optimizer.param_groups[0]["lr"], "seconds": time.time() - started})
+            if self.epoch_grad_norm is not None:
+                history[-1]["grad_norm"] = self.epoch_grad_norm  # the mean norm before clipping
             peak = distributed.peak_gpu_mib(self.device)
             if peak is not None:
                 history[-1]["peak_gpu_mib"] = peak  # per rank, so far
@@ -118,9 +120,11 @@ class Exp_Forecast(Exp_Basic):
 
     def train_epoch(self, loader, optimizer, schedule=None, epoch=0, first_step=0):
         """One pass over this rank's shard, each step at `schedule`'s rate (None: the optimizer's
-        own); returns (global mean train loss, optimizer steps, samples/s)."""
+        own); returns (global mean train loss, optimizer steps, samples/s). With --clip_grad the mean
+        gradient norm before clipping is in self.epoch_grad_norm (None without)."""
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        norm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored = steps = 0
         accumulation = self.args.accumulation_steps
         progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(self.args.quiet))
@@ -128,11 +132,15 @@ class Exp_Forecast(Exp_Basic):
             if schedule is not None:
                 schedule.apply(optimizer, epoch, first_step + steps)
             group_loss, group_scored = self.train_step(group, optimizer)
+            if self.last_grad_norm is not None:
+                norm_sum += self.last_grad_norm
             loss_sum += group_loss
             n_scored += group_scored
             steps += 1
             progress.update(group_loss, group_scored, sum(batch[0].shape[0] for batch in group))
         progress.close()
+        # every rank clipped the same all-reduced gradients: its own mean norm is the global one
+        self.epoch_grad_norm = norm_sum.item() / steps if self.args.clip_grad and steps else None
         total, count = distributed.all_reduce_sum([loss_sum.item(), n_scored])
         return total / count, steps, progress.samples_per_second * distributed.world_size()
 
@@ -154,7 +162,7 @@ class Exp_Forecast(Exp_Basic):
                 self.backward(loss / len(micro_batches) if len(micro_batches) > 1 else loss)
             loss_sum.add_(loss.detach(), alpha=pred.numel())
             n_scored += pred.numel()
-        self.optimizer_step(optimizer)
+        self.last_grad_norm = self.optimizer_step(optimizer)
         return loss_sum, n_scored
 
     def _log_optimizer_state_bytes(self, optimizer):
@@ -236,6 +244,7 @@ def epoch_line(args, record, samples_per_s, stopper, improved):
             f"vali {record['vali_loss']:.6f} test {record['test_loss']:.6f} lr {record['lr']:.3g} "
             f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
             + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
+            + (f", grad norm {record['grad_norm']:.4g}" if "grad_norm" in record else "")
             + (f", peak GPU memory {max(record['peak_gpu_mib']):.0f} MiB" if "peak_gpu_mib" in record else ""))
 
 

@@ -36,18 +36,20 @@ def _one_optimizer_step(exp, batch_size, world, rank):
     exp.train_step(micro_batches, optimizer)
     # train_step zeroes gradients before the group, so .grad still holds the step's gradient
     grads = _flat(p.grad for p in exp.raw_model.parameters())
-    return {"initial": initial, "weights": _flat(exp.raw_model.parameters()), "grads": grads}
+    norm = exp.last_grad_norm  # the norm before clipping, with --clip_grad
+    return {"initial": initial, "weights": _flat(exp.raw_model.parameters()), "grads": grads,
+            "norm": (norm if norm is not None else torch.zeros(())).double().reshape(1).numpy()}
 
 
 def _as_tensors(results):
     return [{k: torch.from_numpy(v) for k, v in result.items()} for result in results]
 
 
-def _configurations(rank, world, configs):
+def _configurations(rank, world, configs, extra=()):
     """On every rank: one optimizer step per (batch_size, accumulation_steps), each from fresh weights."""
     results = []
     for batch_size, accumulation in configs:
-        argv = [*TIMERXL, "--batch_size", batch_size, "--accumulation_steps", accumulation]
+        argv = [*TIMERXL, "--batch_size", batch_size, "--accumulation_steps", accumulation, *extra]
         exp = make_experiment(make_args(*argv, *(["--ddp"] if world > 1 else [])))
         results.append(_one_optimizer_step(exp, batch_size, world, rank))
     if world > 1:  # no_sync finds the experiment's DDP, also under a compile wrapper
@@ -80,6 +82,21 @@ def test_accumulation_and_ddp_take_the_same_step_as_one_large_batch():
         gaps[name] = (weight_gap, grad_gap)
     print(f"largest weight update {update:.3e}; relative gaps (weights, gradients) {gaps}; "
           f"{time.time() - started:.1f}s")
+
+
+def test_gradient_clipping_is_the_same_on_any_world_size_and_accumulation():
+    """--clip_grad clips the global norm of the step's gradient: the all-reduced one under DDP, the added-up
+    one under accumulation, so every rank and every split of the batch clips alike and logs the same norm."""
+    clip = ["--clip_grad", 0.05]
+    single = _as_tensors(_configurations(0, 1, [(32, 1), (16, 2)], clip))
+    ranks = [_as_tensors(r) for r in run_on_ranks(_configurations, 2, [(16, 1)], clip)]
+    reference = single[0]
+    assert reference["norm"].item() > 0.05  # the case under test: the gradient is clipped
+    assert reference["grads"].norm().item() == pytest.approx(0.05, rel=1e-5)
+    for name, case in {"1 x 16 x 2 accumulation": single[1], "rank 0 of 2": ranks[0][0], "rank 1 of 2": ranks[1][0]}.items():
+        assert case["norm"].item() == pytest.approx(reference["norm"].item(), rel=1e-5), name
+        grad_gap = float((case["grads"] - reference["grads"]).norm() / reference["grads"].norm())
+        assert grad_gap < 1e-5, f"{name}: gradients {grad_gap:.2e}"
 
 
 class _Compiled(torch.nn.Module):
@@ -209,3 +226,20 @@ def test_tst_run_records_the_per_step_rate(tmp_path):
     # OneCycle: the rate has warmed up past its start (0.01 / 25) by the end of epoch 1 and is
     # near its floor after the last step
     assert history[0]["lr"] > 0.01 / 25 and history[-1]["lr"] < 1e-5
+
+
+@pytest.mark.parametrize("lradj", ["type1", "cosine", "TST"])
+def test_warmup_ramps_every_schedule_linearly_over_its_first_steps(lradj):
+    """--warmup_steps W multiplies the schedule's rate by (step + 1) / W for the first W optimizer steps,
+    whatever --lradj is (a function of the step, so a resumed run continues it exactly)."""
+    from utils.tools import LearningRateSchedule
+
+    def rates(warmup):
+        args = make_args("--lradj", lradj, "--learning_rate", 0.01, "--train_epochs", 3, "--warmup_steps", warmup)
+        args.scaled_learning_rate = args.learning_rate
+        schedule = LearningRateSchedule(args, steps_per_epoch=10)
+        return [schedule.rate(1 + step // 10, step) for step in range(30)]
+
+    plain, warm = rates(0), rates(8)
+    assert warm[:8] == pytest.approx([plain[k] * (k + 1) / 8 for k in range(8)], rel=1e-12)
+    assert warm[8:] == plain[8:]

@@ -173,6 +173,10 @@ def build_parser():
     g.add_argument("--learning_rate", type=non_negative_float, default=1e-4, help="0 keeps the initial weights (a baseline run)")
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
     g.add_argument("--weight_decay", type=non_negative_float, default=0.0)
+    g.add_argument("--warmup_steps", type=non_negative_int, default=0,
+                   help="linear learning-rate warm-up over the first N optimizer steps, on top of --lradj")
+    g.add_argument("--clip_grad", type=non_negative_float, default=0.0,
+                   help="clip the global gradient norm to this value (0: no clipping); the norm is logged")
     g.add_argument("--loss", default="MSE", help="MSE or MAE")
     g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
     g.add_argument("--data_on_device", default="auto", choices=("auto", "always", "never"),

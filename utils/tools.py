@@ -81,10 +81,14 @@ class LearningRateSchedule:
         require(lradj in LR_SCHEDULES, f"unknown --lradj '{lradj}'; choose one of {', '.join(LR_SCHEDULES)}")
 
     def rate(self, epoch, step):
-        """The rate of 0-based optimizer `step` (counted over the whole run) in 1-based `epoch`."""
+        """The rate of 0-based optimizer `step` (counted over the whole run) in 1-based `epoch`: the
+        schedule's, times a linear warm-up over the first --warmup_steps steps."""
         if self.args.lradj in PER_STEP_SCHEDULES:
-            return one_cycle_learning_rate(self.args.scaled_learning_rate, step, self.total_steps)
-        return learning_rate_for_epoch(self.args, epoch)
+            rate = one_cycle_learning_rate(self.args.scaled_learning_rate, step, self.total_steps)
+        else:
+            rate = learning_rate_for_epoch(self.args, epoch)
+        warmup = getattr(self.args, "warmup_steps", 0)
+        return rate * min(1.0, (step + 1) / warmup) if warmup else rate
 
     def apply(self, optimizer, epoch, step):
         set_learning_rate(optimizer, self.rate(epoch, step))
