@@ -100,6 +100,18 @@ def test_a_non_finite_metric_is_written_as_null_and_explained(tmp_path, caplog):
     assert "written as null" in lines[0]
 
 
+def test_each_scale_explains_its_own_non_finite_ratios(caplog):
+    """A percentage error is blamed on a 0 among the true values only when the same scale's mae is finite."""
+    from exp.outputs import finite_metrics
+
+    metrics = {"mae": 0.6, "mape": math.inf, "mae_orig": math.inf, "mape_orig": math.inf}
+    with caplog.at_level("WARNING", logger="tsl"):
+        finite_metrics(metrics)
+    line = caplog.records[-1].getMessage()
+    assert "mape inf: the true values hold a 0 on the scaled data" in line
+    assert "mae_orig inf, mape_orig inf: the forecasts or the true values are not finite on the original scale" in line
+
+
 @pytest.fixture(scope="module")
 def quiet_run_on_zeros(tmp_path_factory):
     """One --quiet --inverse run, with a mistyped argument, on data whose target holds zeros."""

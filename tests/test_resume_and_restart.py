@@ -98,6 +98,16 @@ def test_resume_of_a_finished_run_trains_no_more(tmp_path):
     _assert_same_run(first, second)
 
 
+def test_a_run_without_resume_never_looks_for_a_training_state(tmp_path):
+    """Only --resume and torchrun's restarts read last.pth; a plain run says nothing of one, the first
+    time or beside an earlier run's."""
+    for _ in range(2):
+        proc = run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500)
+        assert_ok(proc)
+        assert "last.pth" not in proc.stdout and "restart" not in proc.stdout, proc.stdout
+    assert [r["history"][0]["epoch"] for r in records(tmp_path)] == [1, 1]
+
+
 # DLinear at a learning rate this high overshoots: validation goes up and down, and patience 2 stops the
 # run early. Split it just before its last epoch, where the count of epochs without improvement is 1 and
 # the best epoch lies behind: a resume that forgot either would train on or keep another checkpoint.
