@@ -25,6 +25,25 @@ def test_plain_lines_without_a_terminal_at_each_quarter():
     assert "\r" not in stream.getvalue()  # no bar redraws in a log file
 
 
+def test_a_progress_line_is_one_write_with_its_newline():
+    """print() wrote a line and its newline apart: a SIGINT between them glued run.py's one error line onto
+    the progress line (seen as `eta 0serror: stopped by SIGINT`)."""
+    class Writes(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+
+    stream = Writes()
+    progress = EpochProgress(1, 8, "lines", stream=stream, every_s=1e9)
+    for _ in range(8):
+        progress.update(1.0, 2, 2)
+    assert len(stream.writes) == 3 and all(w.endswith("\n") and w.count("\n") == 1 for w in stream.writes)
+
+
 def test_bar_on_a_terminal_and_nothing_when_quiet():
     terminal = _Terminal()
     assert progress_mode(stream=terminal) == "bar"

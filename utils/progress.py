@@ -65,8 +65,11 @@ class EpochProgress:
         elapsed = time.perf_counter() - self.started
         rate = self.steps / elapsed if elapsed else 0.0
         eta = (self.total - self.steps) / rate if rate else float("nan")
-        print(f"  epoch {self.epoch}: {self.steps}/{self.total} steps, loss {loss:.6f}, "
-              f"{self.samples / elapsed:.0f} samples/s, eta {eta:.0f}s", file=self.stream, flush=True)
+        # one write, newline included: print() writes the line and its end apart, and a SIGINT between
+        # the two would glue run.py's `error: stopped by SIGINT` line onto this one
+        self.stream.write(f"  epoch {self.epoch}: {self.steps}/{self.total} steps, loss {loss:.6f}, "
+                          f"{self.samples / elapsed:.0f} samples/s, eta {eta:.0f}s\n")
+        self.stream.flush()
         self._last_print = time.perf_counter()
 
     def close(self):
