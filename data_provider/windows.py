@@ -130,6 +130,10 @@ class ShardSampler:
     def __len__(self):
         return self.stop - self.start
 
+    def indices(self, start, stop):
+        """This rank's windows at positions [start, stop) of its share, as an int64 array."""
+        return np.arange(self.start + start, self.start + min(stop, len(self)), dtype=np.int64)
+
 
 class WindowLoader:
     """This rank's batches of a WindowDataset, in the sampler's order.
