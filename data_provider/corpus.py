@@ -227,6 +227,11 @@ class CorpusData(ForecastData):
     def nbytes(self):
         return int(self.index["points"]) * POINT.itemsize
 
+    def windows(self, shard, span):
+        """A [points - span + 1, span] view of every run of `span` points in a shard (no copy): fancy
+        indexing its first axis copies whole windows, row by row."""
+        return np.lib.stride_tricks.sliding_window_view(self.shards[shard], span)
+
     def window_dataset(self, flag, window, with_marks=True):
         return CorpusWindows(self, flag, window, with_marks)
 
@@ -277,17 +282,17 @@ class CorpusWindows(Dataset):
         series = np.searchsorted(self.ends_before, ids, side="right") - 1
         first = self.first_row[series] + (ids - self.ends_before[series])
         out = np.empty((len(ids), self.window.span), dtype=POINT)
-        span = np.arange(self.window.span)
         shards = self.shard[series]
         for shard in np.unique(shards):
             chosen = shards == shard
-            out[chosen] = self.data.shards[shard][first[chosen, None] + span]  # one read per shard
+            out[chosen] = self.data.windows(shard, self.window.span)[first[chosen]]  # one read per shard
         return out
 
     def __getitems__(self, indices):
         w = self.window
         rows = torch.from_numpy(self.rows(indices))[..., None]
-        x, y = rows[:, :w.x_len], rows[:, w.y_offset:w.y_offset + w.y_len]
+        # contiguous, as the in-memory kinds give them (a strided input slows the model's first ops)
+        x, y = rows[:, :w.x_len].contiguous(), rows[:, w.y_offset:w.y_offset + w.y_len].contiguous()
         if not self.with_marks:
             return x, y, None, None
         return x, y, x.new_zeros((*x.shape[:2], 0)), y.new_zeros((*y.shape[:2], 0))

@@ -6,6 +6,7 @@ identity) when no process group is initialised.
 import contextlib
 import datetime
 import gc
+import inspect
 import logging
 import os
 import signal
@@ -364,6 +365,12 @@ def convert_sync_batchnorm(module):
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
 
+# PyTorch 2.13 renamed broadcast_buffers (deprecated, and False also skipped the sync at construction)
+# to forward_sync_buffers, which always syncs at construction; older versions know only the first.
+_SYNC_BUFFERS = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                 else "broadcast_buffers")
+
+
 def has_running_statistics(module):
     """Whether training changes some buffer of `module`: BatchNorm's (and SyncBatchNorm's) running
     statistics. Other buffers (positional tables, masks) are fixed functions of the configuration."""
@@ -385,7 +392,8 @@ def wrap_ddp(module, device, sync_bn=False):
         module = convert_sync_batchnorm(module)
     device_ids = [device.index] if device.type == "cuda" else None
     return module, DistributedDataParallel(module, device_ids=device_ids,
-                                           broadcast_buffers=has_running_statistics(module))
+                                           **{_SYNC_BUFFERS: has_running_statistics(module)})
+
 
 
 def ddp_module(model):
