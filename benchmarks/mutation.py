@@ -60,6 +60,9 @@ EQUIVALENT = {
     "utils/distributed.py:166:core/NumberReplacer":
         "`os.cpu_count() or 1` -> `or 0`: cpu_count() is None only where the count is unknown, and then "
         "max(1, 1 // n) and max(1, 0 // n) both give one thread",
+    "exp/exp_forecast.py:224:core/ReplaceComparisonOperator_Lt_NotEq":
+        "`subset_rand_ratio < 1` -> `!= 1` in the opening line: the ratio is in (0, 1] (a larger one is refused "
+        "before training), where the two agree",
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",

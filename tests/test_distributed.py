@@ -251,3 +251,15 @@ def test_a_validation_subset_is_the_same_windows_on_any_world_size():
         results = run_on_ranks(_validation_subset, world, argv)
         assert [i for _, shard, _ in results for i in shard] == ids  # the same windows, shared out
         assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _, _ in results)
+
+
+def test_optimizer_state_bytes_count_every_state_tensor():
+    """Adam keeps exp_avg and exp_avg_sq per parameter and a step counter: 10 + 10 fp32 values and one."""
+    from utils import distributed
+
+    weight = torch.nn.Parameter(torch.ones(10))
+    optimizer = torch.optim.Adam([weight], lr=1e-3, fused=True)
+    weight.sum().backward()
+    optimizer.step()
+    step = optimizer.state[weight]["step"]
+    assert distributed.optimizer_state_bytes(optimizer) == 2 * 10 * 4 + step.numel() * step.element_size()
