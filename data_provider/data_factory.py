@@ -1,7 +1,7 @@
 """`data_provider(args, flag)` -> (dataset, loader), the entry point the experiment uses (TSLib's name).
 
 The data set is prepared once per process (`prepared_data`), as the class that --data names;
-both classes answer the interface of data_provider.interface.ForecastData.
+every kind (table.py, univariate.py, corpus.py) answers the interface of data_provider.interface.ForecastData.
 """
 import logging
 
@@ -63,7 +63,6 @@ def window_for(args, flag):
     return Window(args.seq_len, args.seq_len - args.label_len, args.label_len + args.pred_len)
 
 
-DATA_ON_DEVICE = ("auto", "always", "never")
 AUTO_SHARE_OF_FREE_MEMORY = 0.25  # auto keeps the data on the GPU when it takes at most this share of its free memory
 _placement_cache = {}
 
