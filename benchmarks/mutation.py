@@ -63,6 +63,9 @@ EQUIVALENT = {
     "exp/exp_forecast.py:224:core/ReplaceComparisonOperator_Lt_NotEq":
         "`subset_rand_ratio < 1` -> `!= 1` in the opening line: the ratio is in (0, 1] (a larger one is refused "
         "before training), where the two agree",
+    "utils/checkpoint.py:337:core/NumberReplacer":
+        "the setting lock file's mode 0o644 -> 421 (0o645): others' execute bit on a file nobody executes; "
+        "flock ignores modes, and the file is removed when the run ends",
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",

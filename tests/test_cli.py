@@ -60,3 +60,15 @@ def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):
     save_atomic({"0.weight": torch.zeros(2, 3), "extra": torch.zeros(1)}, tmp_path / "bad.pth")
     with pytest.raises(UserError, match=r"missing: 0.bias, 1.bias, 1.weight; unexpected: extra"):
         load_weights(model, tmp_path / "bad.pth")
+
+
+def test_a_mismatched_checkpoint_names_six_keys_and_counts_the_rest(tmp_path):
+    from utils.checkpoint import load_weights
+    from utils.errors import UserError
+
+    model = torch.nn.Module()
+    for i in range(7):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(torch.zeros(1)))
+    torch.save({"other": torch.zeros(1)}, tmp_path / "c.pth")
+    with pytest.raises(UserError, match=r"missing: p0, p1, p2, p3, p4, p5, \.\.\. \(7 in all\); unexpected: other\."):
+        load_weights(model, str(tmp_path / "c.pth"))

@@ -263,3 +263,13 @@ def test_optimizer_state_bytes_count_every_state_tensor():
     optimizer.step()
     step = optimizer.state[weight]["step"]
     assert distributed.optimizer_state_bytes(optimizer) == 2 * 10 * 4 + step.numel() * step.element_size()
+
+
+def test_window_errors_before_the_reduction_are_this_ranks_own():
+    from utils.metrics import ErrorSums
+
+    sums = ErrorSums(keep_windows=True)
+    pred, true = torch.zeros(3, 4, 2), torch.arange(24.0).reshape(3, 4, 2)
+    sums.update(pred, true)
+    expected = torch.stack([true.square().mean((1, 2)), true.abs().mean((1, 2))], dim=1).double()
+    torch.testing.assert_close(sums.window_errors(), expected)

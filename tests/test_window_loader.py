@@ -149,3 +149,10 @@ def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_
     for loader in loaders:
         pinned = loader._worker_loader.pin_memory if loader._worker_loader is not None else False
         assert pinned is (workers > 0 and not on_gpu)
+
+
+def test_validation_and_test_batches_take_eval_batch_size():
+    args = make_args("--synthetic_rows", 1500, "--batch_size", 8, "--eval_batch_size", 7)
+    make_experiment(args)
+    sizes = {flag: data_provider(args, flag)[1].batch_size for flag in ("train", "val", "test")}
+    assert sizes == {"train": 8, "val": 7, "test": 7}
