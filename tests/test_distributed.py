@@ -273,3 +273,26 @@ def test_window_errors_before_the_reduction_are_this_ranks_own():
     sums.update(pred, true)
     expected = torch.stack([true.square().mean((1, 2)), true.abs().mean((1, 2))], dim=1).double()
     torch.testing.assert_close(sums.window_errors(), expected)
+
+
+def _raise_from_a_check(rank, world, on):
+    from utils import distributed
+    from utils.errors import UserError
+
+    def check():
+        if rank == 0:
+            raise UserError("rank 0 cannot read the file")
+        return None
+
+    try:
+        distributed.raise_on_every_rank(check, on=on)
+    except UserError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize("on", ["main", "all"])
+def test_a_check_that_raises_stops_every_rank_with_its_message(on):
+    """A check may raise UserError instead of returning the message (a loader does): caught on its rank
+    and shared, so the other ranks raise it too instead of waiting in the collective."""
+    assert run_on_ranks(_raise_from_a_check, 2, on, timeout=60) == ["rank 0 cannot read the file"] * 2

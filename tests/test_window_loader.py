@@ -136,7 +136,7 @@ def a_gpu_with(monkeypatch):
     ("never", 0, 1000, False),
     ("always", 0, 0.2, True),
 ])
-def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_gpu):
+def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_gpu, caplog):
     """Every rank copied train, val and test whole to its GPU (a large corpus ran out of memory), and
     the only escape, --num_workers, gathered batches in pageable memory. --data_on_device decides, and
     workers feeding a GPU pin their batches."""
@@ -144,8 +144,19 @@ def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_
     args = make_args("--synthetic_rows", 1500, "--data_on_device", mode, "--num_workers", workers)
     make_experiment(args)
     gpu = torch.device("cuda", 0)
-    loaders = [data_provider(args, flag, gpu)[1] for flag in ("train", "val", "test")]
+    with caplog.at_level("INFO", logger="tsl"):
+        loaders = [data_provider(args, flag, gpu)[1] for flag in ("train", "val", "test")]
     assert a_gpu_with["moved"] == (["train", "val", "test"] if on_gpu else [])
+    logged = [r.getMessage() for r in caplog.records if "--data_on_device auto" in r.getMessage()]
+    if mode == "auto" and workers == 0:  # decided once, and said
+        from data_provider.data_factory import prepared_data
+
+        mib = prepared_data(args).nbytes() / 2**20
+        assert len(logged) == 1 and logged[0].startswith(
+            f"data {'on' if on_gpu else 'off'} the GPU (--data_on_device auto): {mib:.1f} MiB against "
+            f"{free_mib:.0f} MiB free on cuda:0"), logged
+    else:
+        assert logged == []
     for loader in loaders:
         pinned = loader._worker_loader.pin_memory if loader._worker_loader is not None else False
         assert pinned is (workers > 0 and not on_gpu)
