@@ -374,8 +374,9 @@ def test_both_kinds_answer_every_member_of_the_data_interface(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["dated", "undated"])
 @pytest.mark.parametrize("autoregressive", [False, True])
-def test_future_input_is_the_last_rows_then_the_horizon_as_predict_built_it(tmp_path, kind, autoregressive):
-    """The one window after the data's end: the same tensors predict() built by hand before."""
+def test_future_input_is_the_last_rows_then_the_horizon_as_predict_built_it(tmp_path, kind, autoregressive, caplog):
+    """The one window after the data's end: the same tensors predict() built by hand before (and no
+    warning about irregular dates: the built-in data's last two are one --freq step apart)."""
     from data_provider.timefeatures import future_dates, time_features
 
     argv = [] if kind == "dated" else _undated_csv(tmp_path)
@@ -384,7 +385,9 @@ def test_future_input_is_the_last_rows_then_the_horizon_as_predict_built_it(tmp_
     args.autoregressive, args.test_seq_len, args.test_pred_len = autoregressive, 48, 12
     data = prepared_data(args)
     window = data_factory.window_for(args, "test")
-    future, index, last_row = data.future_input(window, args.freq, args.embed)
+    with caplog.at_level("WARNING", logger="tsl"):
+        future, index, last_row = data.future_input(window, args.freq, args.embed)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
     values = np.concatenate([data.values[-48:], np.zeros((12, data.values.shape[1]), np.float32)])
     if kind == "dated":
         assert index.name == "date" and last_row == f"{data.dates.iloc[-1]}"
