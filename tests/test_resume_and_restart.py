@@ -90,12 +90,27 @@ def test_resume_refuses_other_model_arguments(tmp_path):
 
 
 def test_resume_of_a_finished_run_trains_no_more(tmp_path):
-    assert_ok(run_cli(tmp_path, "--train_epochs", 2))
+    first_proc = run_cli(tmp_path, "--train_epochs", 2)
+    assert_ok(first_proc)
     proc = run_cli(tmp_path, "--train_epochs", 2, "--resume")
     assert_ok(proc)
     assert "epoch " not in proc.stdout.replace("after epoch", "")
     first, second = records(tmp_path)
     _assert_same_run(first, second)
+    # the optimizer state is measured once a run, from the loaded state when no epoch is left to train
+    assert first_proc.stdout.count("optimizer state per rank") == proc.stdout.count("optimizer state per rank") == 1
+    assert second["optimizer_state_bytes"] == first["optimizer_state_bytes"]
+
+
+@pytest.mark.parametrize("before, after", [(1, 2), (2, 1)])
+def test_resume_on_another_number_of_processes_warns_and_goes_on(tmp_path, before, after):
+    argv = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
+    assert_ok(run_cli(tmp_path, *argv, "--train_epochs", 1, nproc=before if before > 1 else None))
+    proc = run_cli(tmp_path, *argv, "--train_epochs", 2, "--resume", nproc=after if after > 1 else None)
+    assert_ok(proc)
+    assert f"resuming on {after} processes from a run on {before}: random streams are re-seeded" in proc.stdout
+    resumed = records(tmp_path)[-1]
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2] and resumed["world_size"] == after
 
 
 def test_a_run_without_resume_never_looks_for_a_training_state(tmp_path):
