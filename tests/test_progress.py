@@ -81,3 +81,11 @@ def test_the_logged_rate_is_every_process_together(tmp_path):
     rate = float(re.search(r" (\d+) samples/s", line).group(1))
     # both ranks' windows over the training time, which is shorter than the epoch's (that adds evaluation)
     assert rate >= 0.9 * record["train_windows"] / record["history"][0]["seconds"], line
+
+
+def test_progress_counts_optimizer_steps_under_accumulation(tmp_path):
+    proc = run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500, "--batch_size", 16, "--accumulation_steps", 2)
+    assert_ok(proc)
+    batches = -(-records(tmp_path)[-1]["train_windows"] // 16)
+    totals = {line.split("/")[1].split()[0] for line in proc.stderr.splitlines() if line.strip().startswith("epoch 1:")}
+    assert totals == {str(-(-batches // 2))}, proc.stderr[-2000:]
