@@ -243,3 +243,31 @@ def test_warmup_ramps_every_schedule_linearly_over_its_first_steps(lradj):
     plain, warm = rates(0), rates(8)
     assert warm[:8] == pytest.approx([plain[k] * (k + 1) / 8 for k in range(8)], rel=1e-12)
     assert warm[8:] == plain[8:]
+
+
+def _all_reduce_passes(rank, world, accumulation):
+    """Gradient all-reduce calls (one per DDP bucket) in one optimizer step over `accumulation` micro-batches."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from data_provider.data_factory import data_provider
+
+    exp = make_experiment(make_args(*TIMERXL, "--ddp", "--batch_size", 4, "--accumulation_steps", accumulation))
+    calls = []
+
+    def counting(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    exp.model.register_comm_hook(None, counting)
+    dataset, _ = data_provider(exp.args, "train")
+    micro_batches = [dataset.__getitems__(torch.arange(4 * i, 4 * i + 4)) for i in range(accumulation)]
+    exp.model.train()
+    exp.train_step(micro_batches, exp.make_optimizer())
+    return len(calls)
+
+
+def test_accumulation_all_reduces_once_per_optimizer_step():
+    """Only the last micro-batch's backward all-reduces (DDP no_sync before it): 3 micro-batches cost the
+    communication of one."""
+    one, three = (run_on_ranks(_all_reduce_passes, 2, accumulation) for accumulation in (1, 3))
+    assert one == three and one[0] > 0
