@@ -17,6 +17,7 @@ corpus. A window id maps to (series, row) through per-series cumulative window c
 is gathered with one fancy-indexing read per shard.
 """
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -142,20 +143,20 @@ def build(out_dir, sources, shard_mb=256, scale=True, progress=True):
             f.truncate(shard["points"] * POINT.itemsize)
     for path in tqdm(files[state["done"]:], desc="corpus", unit="file", disable=not progress,
                      initial=state["done"], total=len(files)):
-        touched = set()
-        for name, values, ends, mean, std in series_of(path, scale):
-            if not shards or (shards[-1]["points"] and shards[-1]["points"] + len(values) > state["shard_points"]):
-                shards.append({"file": _shard_name(state["build_id"], len(shards)), "points": 0})
-                open(os.path.join(out_dir, shards[-1]["file"]), "wb").close()
-            shard = shards[-1]
-            with open(os.path.join(out_dir, shard["file"]), "ab") as f:
-                f.write(values.astype(POINT, copy=False).tobytes())
-            state["series"].append({"name": name, "shard": len(shards) - 1, "offset": shard["points"],
-                                    "length": len(values), "ends": list(map(int, ends)), "mean": mean, "std": std})
-            shard["points"] += len(values)
-            touched.add(shard["file"])
-        for name in touched:  # on disk before the state says this file is done
-            with open(os.path.join(out_dir, name), "rb+") as f:
+        with contextlib.ExitStack() as open_shards:
+            handles = {}  # the shards this source file writes to, each opened once
+            for name, values, ends, mean, std in series_of(path, scale):
+                if not shards or (shards[-1]["points"] and shards[-1]["points"] + len(values) > state["shard_points"]):
+                    shards.append({"file": _shard_name(state["build_id"], len(shards)), "points": 0})
+                shard = shards[-1]
+                if shard["file"] not in handles:
+                    handles[shard["file"]] = open_shards.enter_context(open(os.path.join(out_dir, shard["file"]), "ab"))
+                handles[shard["file"]].write(values.astype(POINT, copy=False).tobytes())
+                state["series"].append({"name": name, "shard": len(shards) - 1, "offset": shard["points"],
+                                        "length": len(values), "ends": list(map(int, ends)), "mean": mean, "std": std})
+                shard["points"] += len(values)
+            for f in handles.values():  # on disk before the state says this file is done
+                f.flush()
                 os.fsync(f.fileno())
         state["done"] += 1
         _save_json(state_path, state)
@@ -204,7 +205,9 @@ class CorpusData(ForecastData):
 
     def __init__(self, folder):
         self.folder = folder
-        self.index = index = read_index(folder)
+        index = read_index(folder)
+        # the series table is kept as the arrays below, not as the index's dicts (hundreds of bytes each)
+        self.index = {k: v for k, v in index.items() if k != "series"}
         self.shards = []
         for shard in index["shards"]:
             path = os.path.join(folder, shard["file"])
