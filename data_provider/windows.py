@@ -10,6 +10,7 @@ Sharding under DDP:
 - val/test: each rank takes a contiguous, unpadded share of the windows (ShardSampler),
   so every window is scored exactly once and no loader drops any.
 """
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +136,20 @@ class ShardSampler:
         return np.arange(self.start + start, self.start + min(stop, len(self)), dtype=np.int64)
 
 
+class _StartAt:
+    """A sampler's order from position `start` on (set before each pass; the workers' batch sampler
+    runs in this process)."""
+
+    def __init__(self, sampler):
+        self.sampler, self.start = sampler, 0
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.start, None)
+
+    def __len__(self):
+        return max(len(self.sampler) - self.start, 0)
+
+
 class WindowLoader:
     """This rank's batches of a WindowDataset, in the sampler's order.
 
@@ -146,32 +161,41 @@ class WindowLoader:
     def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False, pin_memory=False):
         self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
         # pin_memory: workers' batches land in page-locked memory, so the copy to the GPU runs asynchronously
+        self._worker_batches = BatchSampler(_StartAt(sampler), batch_size, drop_last=drop_last)
         self._worker_loader = DataLoader(
-            dataset, batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last), collate_fn=_identity,
-            num_workers=num_workers, persistent_workers=True, pin_memory=pin_memory) if num_workers > 0 else None
+            dataset, batch_sampler=self._worker_batches, collate_fn=_identity,
+            num_workers=num_workers, persistent_workers=True, pin_memory=pin_memory,
+            # its own generator: workers only gather (nothing random), and drawing their seed from the global
+            # one would shift dropout's stream by a draw per pass, so a mid-epoch resume would differ
+            generator=torch.Generator().manual_seed(0)) if num_workers > 0 else None
 
     def set_epoch(self, epoch):
         """Reshuffle the training order (DistributedSampler semantics); no-op for val/test."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
-    def batch_indices(self):
-        """The epoch's batches as index tensors (the last one may be short, unless drop_last), on the
-        data's device: one copy per epoch, not a blocking host-to-GPU copy before every batch. An
-        O(1)-memory order (ShuffledShards) on host data gives its batches one at a time instead."""
-        device = self.dataset.device
+    def batch_indices(self, start=0):
+        """The epoch's batches as index tensors from position `start` of this rank's share on (the last
+        one may be short, unless drop_last), on the data's device: one copy per epoch, not a blocking
+        host-to-GPU copy before every batch. An O(1)-memory order (ShuffledShards) on host data gives
+        its batches one at a time instead."""
+        device, size = self.dataset.device, self.batch_size
+        end = len(self) * size if self.drop_last else len(self.sampler)
         if hasattr(self.sampler, "indices") and device.type == "cpu":
-            size = self.batch_size
-            return (torch.from_numpy(self.sampler.indices(b * size, (b + 1) * size)) for b in range(len(self)))
-        order = torch.tensor(list(self.sampler), dtype=torch.long).to(device)
-        if self.drop_last:
-            order = order[:len(self) * self.batch_size]
-        return order.split(self.batch_size) if len(order) else ()  # a rank with no windows runs no batch
+            return (torch.from_numpy(self.sampler.indices(b, min(b + size, end))) for b in range(start, end, size))
+        order = torch.tensor(list(self.sampler), dtype=torch.long)[start:end].to(device)
+        return order.split(size) if len(order) else ()  # a rank with no windows runs no batch
+
+    def batches(self, start=0):
+        """The epoch's batches from position `start` of this rank's share on: a run resumed mid-epoch
+        continues exactly where it stopped."""
+        if self._worker_loader is not None:
+            self._worker_batches.sampler.start = start
+            return iter(self._worker_loader)
+        return (self.dataset.__getitems__(indices) for indices in self.batch_indices(start))
 
     def __iter__(self):
-        if self._worker_loader is not None:
-            return iter(self._worker_loader)
-        return (self.dataset.__getitems__(indices) for indices in self.batch_indices())
+        return self.batches()
 
     def __len__(self):
         if self.drop_last:

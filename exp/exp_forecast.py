@@ -19,8 +19,9 @@ from data_provider.data_factory import data_provider, prepared_data
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
+from exp.steps import RunningLoss, StepLog, StepPlan, tensorboard_problem
 from exp.outputs import (OriginalScale, draw_forecasts, draw_training, output_path, require_one_scale,
-                         require_outputs_writable, save_window_errors)
+                         require_outputs_writable, save_window_errors, tensorboard_dir)
 from utils import distributed
 from utils.checkpoint import (checkpoint_path, load_weights, require_writable, resume, save_best,
                               save_training_state)
@@ -36,55 +37,101 @@ logger = logging.getLogger("tsl")
 class Exp_Forecast(Exp_Basic):
     # ------------------------------------------------------------ training
     def train(self, setting):
-        """Train until --train_epochs or early stopping (continuing last.pth with --resume), keep
-        the best validation weights in checkpoint.pth and end with them loaded."""
+        """Train until --train_epochs (or --train_steps) or early stopping, continuing last.pth with
+        --resume (mid-epoch included), keep the best validation weights in checkpoint.pth and end with
+        them loaded."""
         args = self.args
         require_writable(args, "checkpoints", "results_dir")
         self._remove_stale_temporaries(setting)
         require_outputs_writable(args, setting)  # results.jsonl and the setting's files, before training
+        if args.tensorboard:
+            distributed.raise_on_every_rank(tensorboard_problem, on="main")
         if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
         train_loader, vali_loader, test_loader = (data_provider(args, flag, self.device)[1]
                                                   for flag in ("train", "val", "test"))
-        best_path = checkpoint_path(args, setting)
+        best_path, last_path = checkpoint_path(args, setting), checkpoint_path(args, setting, "last.pth")
         optimizer = self.make_optimizer()
         stopper = EarlyStopping(args.patience)
-        history, step, stopped, first_epoch = resume(
-            args, setting, self.raw_model, optimizer, stopper, self.grad_scaler)
-        schedule = LearningRateSchedule(args, steps_per_epoch=-(-len(train_loader) // args.accumulation_steps))
-        logger.info(training_summary(args, setting, len(train_loader.dataset)))
-        state_bytes = None  # optimizer state per rank, measured once it exists (after the first epoch)
-        for epoch in range(first_epoch, args.train_epochs + 1):
-            if stopped:
-                break
-            started = time.time()
-            train_loader.set_epoch(epoch)
-            train_loss, steps, samples_per_s = self.train_epoch(train_loader, optimizer, schedule, epoch, step)
-            step += steps
+        since_eval, since_log = RunningLoss(self.device), RunningLoss(self.device)
+        self.running = (since_eval, since_log)  # train_epoch adds every step to both
+        run = resume(args, setting, self.raw_model, optimizer, stopper, self.grad_scaler,
+                     running={"since_eval": since_eval, "since_log": since_log})
+        plan = StepPlan(args, steps_per_epoch=-(-len(train_loader) // args.accumulation_steps))
+        schedule = LearningRateSchedule(args, plan.steps_per_epoch)
+        step_log = StepLog(args, output_path(args, setting, "steps.csv"), tensorboard_dir(args, setting), run.step)
+        logger.info(training_summary(args, setting, len(train_loader.dataset), plan))
+        history, stopper.stopped = run.history, run.stopped
+        state_bytes = None  # optimizer state per rank, measured once it exists (after the first step)
+        eval_loaders = (vali_loader, test_loader)
+
+        def after_step(step, epoch, windows, end_of_epoch):
+            """Logging, evaluation and saving due after optimizer step `step`; True ends training."""
+            nonlocal state_bytes
             if state_bytes is None:
                 state_bytes = self._log_optimizer_state_bytes(optimizer)
-            vali_loss, test_loss = self._epoch_losses(epoch, vali_loader, test_loader)
-            improved, stopped = self._early_stopping(stopper, vali_loss, best_path)
-            history.append({"epoch": epoch, "train_loss": train_loss, "vali_loss": vali_loss, "test_loss": test_loss,
-                            "lr": optimizer.param_groups[0]["lr"], "seconds": time.time() - started})
-            if self.epoch_grad_norm is not None:
-                history[-1]["grad_norm"] = self.epoch_grad_norm  # the mean norm before clipping
-            peak = distributed.peak_gpu_mib(self.device)
-            if peak is not None:
-                history[-1]["peak_gpu_mib"] = peak  # per rank, so far
-            save_training_state(checkpoint_path(args, setting, "last.pth"), self.raw_model, optimizer, stopper,
-                                args, epoch, step, history, stopped, self.grad_scaler)
-            logger.info(epoch_line(args, history[-1], samples_per_s, stopper, improved))
-            if stopped:
-                logger.info(f"early stopping after epoch {epoch}")
-        if state_bytes is None:  # resumed after the last epoch: the loaded state
+            if plan.logs(step):
+                self._log_step(step_log, since_log, step, epoch, optimizer)
+            evaluates = plan.evaluates(step, end_of_epoch)
+            if evaluates:
+                self._evaluate(eval_loaders, history, stopper, since_eval, step_log, best_path, optimizer, plan,
+                               epoch, step, end_of_epoch)
+            if evaluates or plan.saves(step):
+                save_training_state(last_path, self.raw_model, optimizer, stopper, args, epoch, step, history,
+                                    stopper.stopped, self.grad_scaler, windows=windows, end_of_epoch=end_of_epoch,
+                                    running={"since_eval": since_eval, "since_log": since_log})
+            return stopper.stopped or plan.finished(step)
+
+        step, epoch = run.step, run.epoch
+        while not stopper.stopped and not plan.finished(step) and epoch <= plan.last_epoch:
+            train_loader.set_epoch(epoch)
+            start = run.windows if epoch == run.epoch else 0  # this rank's windows done before a resume
+            step = self.train_epoch(train_loader, optimizer, schedule, epoch, step, start, after_step)
+            epoch += 1
+        step_log.close()
+        if stopper.stopped:
+            logger.info(f"early stopping after {'step ' + str(step) if plan.step_based else 'epoch ' + str(epoch - 1)}")
+        if state_bytes is None:  # resumed after the last step: the loaded state
             state_bytes = self._log_optimizer_state_bytes(optimizer)
         # rank 0 reads, everyone gets its weights: other nodes need not see its disk
         distributed.load_on_main(self.raw_model, load_weights, best_path, map_location=self.device)
         draw_training(args, setting, history)
-        return {"history": history, "stopped_epoch": history[-1]["epoch"], "best_vali_loss": stopper.best_loss,
+        return {"history": history, "stopped_epoch": history[-1]["epoch"] if history else 0,
+                "stopped_step": step, "best_vali_loss": stopper.best_loss,
                 "checkpoint": best_path, "train_windows": len(train_loader.dataset),
                 "optimizer_state_bytes": state_bytes}
+
+    def _evaluate(self, loaders, history, stopper, since_eval, step_log, best_path, optimizer, plan, epoch, step,
+                  end_of_epoch):
+        """Validate the current weights, keep them if best, append the history record and log it;
+        stopper.stopped says whether training ends (decided on every rank together)."""
+        train_loss, grad_norm, samples_per_s = since_eval.global_record()
+        seconds = time.perf_counter() - since_eval.started
+        since_eval.reset()
+        vali_loss, test_loss = self._epoch_losses(f"step {step}" if plan.step_based else f"epoch {epoch}", *loaders)
+        improved, stopper.stopped = self._early_stopping(stopper, vali_loss, best_path)
+        self.model.train()
+        record = {"epoch": epoch, "step": step, "train_loss": train_loss, "vali_loss": vali_loss,
+                  "test_loss": test_loss, "lr": optimizer.param_groups[0]["lr"], "seconds": seconds}
+        if not end_of_epoch:
+            record["partial_epoch"] = True
+        if grad_norm is not None:
+            record["grad_norm"] = grad_norm  # the mean norm before clipping
+        peak = distributed.peak_gpu_mib(self.device)
+        if peak is not None:
+            record["peak_gpu_mib"] = peak  # per rank, so far
+        history.append(record)
+        step_log.scalars(step, {"val/loss": vali_loss, "test/loss": test_loss})
+        logger.info(evaluation_line(self.args, record, samples_per_s, stopper, improved, plan))
+
+    def _log_step(self, step_log, since_log, step, epoch, optimizer):
+        """The global train loss since the last record: a log line, a steps.csv row, TensorBoard (rank 0)."""
+        loss, grad_norm, samples_per_s = since_log.global_record()
+        since_log.reset()
+        lr = optimizer.param_groups[0]["lr"]
+        step_log.record(step, epoch, loss, lr, grad_norm, samples_per_s)
+        logger.info(f"step {step} (epoch {epoch}): train {loss:.6f} lr {lr:.3g} {samples_per_s:.0f} samples/s"
+                    + (f" grad norm {grad_norm:.4g}" if grad_norm is not None else ""))
 
     def _remove_stale_temporaries(self, setting):
         """Rank 0 removes the temp files a run killed mid-save left in this setting's folders (this
@@ -97,13 +144,13 @@ class Exp_Forecast(Exp_Basic):
                     logger.info(f"removed {len(removed)} unfinished temp file(s) a killed run left in {folder}: "
                                 + ", ".join(sorted(removed)))
 
-    def _epoch_losses(self, epoch, vali_loader, test_loader):
+    def _epoch_losses(self, when, vali_loader, test_loader):
         # evaluate (and save) one model: rank 0's running statistics on every rank
         distributed.broadcast_buffers(self.raw_model)
         vali_loss = self.vali(vali_loader, "val")
         test_loss = self._loss_of(self.evaluate(test_loader, "test"))
         fp16 = self.args.use_amp and self.args.amp_dtype == "fp16"
-        require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after epoch {epoch}: "
+        require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after {when}: "
                 + ("the fp16 forward overflowed (fp16 ends at 65504) or training diverged; use --amp_dtype bf16 "
                    "or drop --use_amp, or lower --learning_rate" if fp16 else
                    "training diverged; lower --learning_rate or check the data for extreme values"))
@@ -118,31 +165,28 @@ class Exp_Forecast(Exp_Basic):
             save_best(self.raw_model, best_path)
         return improved, distributed.any_rank(stopper.should_stop)
 
-    def train_epoch(self, loader, optimizer, schedule=None, epoch=0, first_step=0):
-        """One pass over this rank's shard, each step at `schedule`'s rate (None: the optimizer's
-        own); returns (global mean train loss, optimizer steps, samples/s). With --clip_grad the mean
-        gradient norm before clipping is in self.epoch_grad_norm (None without)."""
-        self.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        norm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        n_scored = steps = 0
+    def train_epoch(self, loader, optimizer, schedule=None, epoch=0, step=0, start=0, after_step=None):
+        """Train through this epoch's batches from this rank's window `start` on, each optimizer step
+        at `schedule`'s rate (None: the optimizer's own); `step` counts the run's steps before.
+        after_step(step, epoch, windows done, end_of_epoch) runs after each step; True from it ends
+        the epoch early. Returns the run's step count after the epoch."""
         accumulation = self.args.accumulation_steps
-        progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(self.args.quiet))
-        for group in _groups(loader, accumulation):  # the last group may be short
+        progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(self.args.quiet),
+                                 done=-(-start // (loader.batch_size * accumulation)))
+        self.model.train()
+        for group, end_of_epoch in _ending(_groups(loader.batches(start), accumulation)):  # the last may be short
             if schedule is not None:
-                schedule.apply(optimizer, epoch, first_step + steps)
-            group_loss, group_scored = self.train_step(group, optimizer)
-            if self.last_grad_norm is not None:
-                norm_sum += self.last_grad_norm
-            loss_sum += group_loss
-            n_scored += group_scored
-            steps += 1
-            progress.update(group_loss, group_scored, sum(batch[0].shape[0] for batch in group))
+                schedule.apply(optimizer, epoch, step)
+            loss_sum, n_scored = self.train_step(group, optimizer)
+            samples = sum(batch[0].shape[0] for batch in group)
+            step, start = step + 1, start + samples
+            progress.update(loss_sum, n_scored, samples)
+            for running in self.running:
+                running.add(loss_sum, n_scored, samples, self.last_grad_norm)
+            if after_step is not None and after_step(step, epoch, start, end_of_epoch):
+                break
         progress.close()
-        # every rank clipped the same all-reduced gradients: its own mean norm is the global one
-        self.epoch_grad_norm = norm_sum.item() / steps if self.args.clip_grad and steps else None
-        total, count = distributed.all_reduce_sum([loss_sum.item(), n_scored])
-        return total / count, steps, progress.samples_per_second * distributed.world_size()
+        return step
 
     def train_step(self, micro_batches, optimizer):
         """One optimizer step over a group of micro-batches, equal to one step over all of them.
@@ -227,20 +271,23 @@ class Exp_Forecast(Exp_Basic):
         return metrics
 
 
-def training_summary(args, setting, train_windows):
-    """The line that opens training: windows, global batch and learning rate."""
+def training_summary(args, setting, train_windows, plan=None):
+    """The line that opens training: windows, global batch, learning rate and the run's length."""
     few_shot = f" (--subset_rand_ratio {args.subset_rand_ratio})" if args.subset_rand_ratio < 1 else ""
     accumulation = f" x {args.accumulation_steps} accumulation steps" if args.accumulation_steps > 1 else ""
     scaling = (f" (--lr_scaling {args.lr_scaling}: {args.learning_rate:g} at batch {args.base_batch_size})"
                if args.lr_scaling != "none" else "")
+    length = (f", {plan.total_steps} steps ({plan.steps_per_epoch} per epoch)" if plan and plan.step_based else "")
     return (f"training {setting}: {train_windows} train windows{few_shot}, global batch {args.global_batch_size} "
             f"({args.batch_size} x {distributed.world_size()} processes{accumulation}), "
-            f"learning rate {args.scaled_learning_rate:g}{scaling}")
+            f"learning rate {args.scaled_learning_rate:g}{scaling}{length}")
 
 
-def epoch_line(args, record, samples_per_s, stopper, improved):
-    """The line that closes an epoch: its losses, rate, time and the early-stopping count."""
-    return (f"epoch {record['epoch']}/{args.train_epochs}: train {record['train_loss']:.6f} "
+def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
+    """The line of an evaluation (an epoch's end, or every --eval_steps): losses, rate, time, patience."""
+    where = (f"step {record['step']}/{plan.total_steps} (epoch {record['epoch']})" if plan.step_based
+             else f"epoch {record['epoch']}/{args.train_epochs}")
+    return (f"{where}: train {record['train_loss']:.6f} "
             f"vali {record['vali_loss']:.6f} test {record['test_loss']:.6f} lr {record['lr']:.3g} "
             f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
             + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
@@ -256,6 +303,19 @@ def result_line(setting, metrics):
     return (f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
             f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig} (vali {metrics['vali_loss']:.6f}, "
             f"{metrics['test_windows']} windows, {distributed.world_size()} processes)")
+
+
+def _ending(items):
+    """(item, is_last) for each item: the last step of an epoch is known when it is taken."""
+    items = iter(items)
+    current = next(items, _NOTHING)
+    while current is not _NOTHING:
+        following = next(items, _NOTHING)
+        yield current, following is _NOTHING
+        current = following
+
+
+_NOTHING = object()
 
 
 def _groups(batches, size):

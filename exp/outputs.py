@@ -47,11 +47,18 @@ def require_one_scale(data, args):
 
 
 # every file a run writes under <results_dir>/<setting>/
-OUTPUT_FILES = ("metrics.json", "window_errors.csv", "training_curves.png", "forecast.png", "forecast.csv")
+OUTPUT_FILES = ("metrics.json", "window_errors.csv", "training_curves.png", "forecast.png", "forecast.csv", "steps.csv")
 
 
 def output_path(args, setting, name):
     return os.path.join(args.results_dir, setting, name)
+
+
+def tensorboard_dir(args, setting):
+    """Where --tensorboard writes (None without it): the folder given, or tensorboard/ in the setting's results."""
+    if not args.tensorboard:
+        return None
+    return output_path(args, setting, "tensorboard") if args.tensorboard == "auto" else os.path.join(args.tensorboard, setting)
 
 
 def results_file(args):
@@ -96,7 +103,8 @@ def save_results(args, setting, metrics, training=None):
     record = {"setting": setting, "model": args.model, "data": args.data, "pred_len": args.pred_len,
               "seed": args.seed, "world_size": distributed.world_size(), **finite_metrics(metrics)}
     if training:
-        record.update(stopped_epoch=training["stopped_epoch"], history=training["history"],
+        record.update(stopped_epoch=training["stopped_epoch"], stopped_step=training["stopped_step"],
+                      history=training["history"],
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}

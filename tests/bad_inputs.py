@@ -87,6 +87,16 @@ def _file_in_the_way(option):
     return build
 
 
+def _training_state_blocked(folder):
+    """A folder where the run's last.pth goes: the first --save_steps save cannot replace it."""
+    from exp.settings import resolve_args, setting_name
+    from helpers import make_args
+
+    argv = [*SMALL, "--train_steps", 20, "--save_steps", 3]
+    (folder / "checkpoints" / setting_name(resolve_args(make_args(*argv), 1), 0) / "last.pth").mkdir(parents=True)
+    return argv
+
+
 def _folder_in_the_way(folder):
     (folder / "results" / "results.jsonl").unlink()
     (folder / "results" / "results.jsonl").mkdir()
@@ -258,6 +268,10 @@ PROBES = [
           shows="`--checkpoints` under a regular file"),
     Probe("unwritable results_dir", _file_in_the_way("results_dir"), "is not a writable folder",
           shows="`--results_dir` under a regular file"),
+    Probe("save_steps into an unwritable folder", lambda f: [*_file_in_the_way("checkpoints")(f), "--save_steps", 5],
+          "is not a writable folder", shows="`--save_steps 5` with `--checkpoints` under a regular file"),
+    Probe("training state cannot be written", _training_state_blocked, "cannot write the training state",
+          shows="`--save_steps 3` where a folder stands at the run's `last.pth`"),
     Probe("results.jsonl is a folder", _folder_in_the_way, "results.jsonl is not a file (a folder?)",
           shows="a folder named `results.jsonl`"),
     Probe("metrics.json is a folder", _metrics_folder_in_the_way, "metrics.json is a folder where this run writes its metrics.json",

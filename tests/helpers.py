@@ -3,6 +3,7 @@ import json
 import os
 import queue as queue_module
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -47,18 +48,19 @@ def output_args(folder):
     return ["--checkpoints", folder / "checkpoints", "--results_dir", folder / "results"]
 
 
-def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False, fresh=False):
+def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False, fresh=False, preempt_at_step=None):
     """`python run.py ...`, or with `nproc` workers as torchrun starts them. Returns CompletedProcess.
     Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second.
 
     By default the processes are forked from a warm interpreter (see `fork_run_py`), which runs
     run.py exactly as `python run.py` does but skips the ~5 s of imports each process pays;
-    `fresh` starts real interpreters (and the real torchrun agent), as tests of the launcher need."""
+    `fresh` starts real interpreters (and the real torchrun agent), as tests of the launcher need.
+    `preempt_at_step`: every process SIGKILLs itself as it starts that optimizer step (forked runs only)."""
     argv = [*map(str, args)] + ([] if plots else ["--no_plots"])
     if outputs:
         argv += map(str, output_args(tmp_path))
     if not fresh:
-        return fork_run_py(argv, nproc=nproc, timeout=timeout)
+        return fork_run_py(argv, nproc=nproc, timeout=timeout, preempt_at_step=preempt_at_step)
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -92,8 +94,27 @@ def warm_context():
     return _fork_context
 
 
-def _run_py_child(argv, env, stdout_path, stderr_path):
-    """In a forked child: become `python run.py argv` with `env`, streams to the two files."""
+def _preempt_at_step(step):
+    """Make this process SIGKILL itself as it starts optimizer step `step` (1-based): a preemption at
+    an exact point, after everything the previous step saved is on disk (saves end in a collective)."""
+    from exp.exp_forecast import Exp_Forecast
+
+    train_step, taken = Exp_Forecast.train_step, [0]
+
+    def preempted(self, micro_batches, optimizer):
+        taken[0] += 1
+        if taken[0] == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return train_step(self, micro_batches, optimizer)
+
+    Exp_Forecast.train_step = preempted
+
+
+def _run_py_child(argv, env, stdout_path, stderr_path, preempt_at_step=None):
+    """In a forked child: become `python run.py argv` with `env`, streams to the two files (killed
+    at the start of optimizer step `preempt_at_step`, if given)."""
+    if preempt_at_step is not None:
+        _preempt_at_step(preempt_at_step)
     os.chdir(REPO)
     os.environ.clear()
     os.environ.update(env)
@@ -127,7 +148,7 @@ def _read_if_there(path):
         return ""
 
 
-def fork_run_py(argv, nproc=None, timeout=240):
+def fork_run_py(argv, nproc=None, timeout=240, preempt_at_step=None):
     """run.py with `argv` in a process forked from the warm server, or `nproc` of them with the
     environment torchrun gives its workers (ranks, local world, master address, run id).
 
@@ -152,7 +173,7 @@ def fork_run_py(argv, nproc=None, timeout=240):
     with tempfile.TemporaryDirectory() as folder:
         streams = [(os.path.join(folder, f"{rank}.out"), os.path.join(folder, f"{rank}.err"))
                    for rank in range(len(workers))]
-        processes = [context.Process(target=_run_py_child, args=(argv, worker_env, *paths))
+        processes = [context.Process(target=_run_py_child, args=(argv, worker_env, *paths, preempt_at_step))
                      for worker_env, paths in zip(workers, streams)]
         for process in processes:
             process.start()

@@ -180,9 +180,8 @@ def test_resume_reads_the_training_state_onto_the_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "load", load_as_a_gpu_host_would)
     optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
-    history, step, stopped, first_epoch = checkpoint.resume(args, setting_name(args, 0), exp.raw_model,
-                                                            optimizer, stopper)
-    assert (first_epoch, step, len(history)) == (2, saved["global_step"], 1)
+    start = checkpoint.resume(args, setting_name(args, 0), exp.raw_model, optimizer, stopper)
+    assert (start.epoch, start.windows, start.step, len(start.history)) == (2, 0, saved["global_step"], 1)
     for name, value in exp.raw_model.state_dict().items():
         assert torch.equal(value, saved["model"][name]), name
     moments = [optimizer.state[p]["exp_avg"] for p in exp.raw_model.parameters()]

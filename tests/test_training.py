@@ -44,7 +44,7 @@ def test_results_record_everything_needed(tmp_path):
     for key in ("mse", "mae", "rmse", "mape", "mspe", "stopped_epoch", "world_size", "args", "history"):
         assert key in first
     assert [h["epoch"] for h in first["history"]] == [1, 2]
-    assert set(first["history"][0]) == {"epoch", "train_loss", "vali_loss", "test_loss", "lr", "seconds"}
+    assert set(first["history"][0]) == {"epoch", "step", "train_loss", "vali_loss", "test_loss", "lr", "seconds"}
     assert first["history"][1]["lr"] == pytest.approx(0.5e-4)  # cosine over 2 epochs
     on_disk = json.loads((tmp_path / "results" / first["setting"] / "metrics.json").read_text())
     assert on_disk["mse"] == first["mse"] and on_disk["args"]["model"] == "DLinear"
@@ -166,4 +166,4 @@ def test_a_non_finite_validation_loss_stops_the_run_saying_why(fp16):
     loaders = [data_provider(exp.args, flag)[1] for flag in ("val", "test")]
     expected = "the fp16 forward overflowed .* use --amp_dtype bf16" if fp16 else "training diverged; lower --learning_rate"
     with pytest.raises(UserError, match=f"validation loss is nan after epoch 3: {expected}"):
-        exp._epoch_losses(3, *loaders)
+        exp._epoch_losses("epoch 3", *loaders)

@@ -154,6 +154,11 @@ def build_parser():
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--train_epochs", type=positive_int, default=10)
+    g.add_argument("--train_steps", type=non_negative_int, default=0,
+                   help="train for this many optimizer steps, epochs going on as needed (0: --train_epochs decides)")
+    g.add_argument("--eval_steps", type=non_negative_int, default=0,
+                   help="validate (early stopping, best checkpoint) every N optimizer steps and after the last, "
+                        "instead of at epoch ends; --patience then counts evaluations")
     g.add_argument("--batch_size", type=positive_int, default=32,
                    help="per process; the global batch is batch_size x world size x accumulation_steps")
     g.add_argument("--accumulation_steps", type=positive_int, default=1,
@@ -222,6 +227,15 @@ def build_parser():
     g.add_argument("--do_predict", action="store_true",
                    help="forecast past the data file's last row into <results_dir>/<setting>/forecast.csv")
     g.add_argument("--no_plots", action="store_true", help="skip forecast.png and training_curves.png")
+    g.add_argument("--save_steps", type=non_negative_int, default=0,
+                   help="also write last.pth every N optimizer steps, mid-epoch included (--resume continues "
+                        "from that step exactly)")
+    g.add_argument("--log_steps", type=non_negative_int, default=0,
+                   help="every N optimizer steps: the global train loss, learning rate, gradient norm and "
+                        "samples/s in the log, in <results_dir>/<setting>/steps.csv and with --tensorboard")
+    g.add_argument("--tensorboard", nargs="?", const="auto", default=None,
+                   help="TensorBoard scalars (needs the tensorboard package) in <results_dir>/<setting>/tensorboard, "
+                        "or in DIR/<setting> when a DIR is given")
     return p
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -116,7 +117,8 @@ NOT_IDENTITY = {
     # what a run writes and where, never how it trains
     "results, pictures and forecasts": group_names("results, pictures and forecasts"),
 }
-# Schedules that read --train_epochs: with the others a longer --train_epochs extends a run exactly.
+# Schedules that read the run's length (--train_epochs, --train_steps): with the others a longer run
+# continues a shorter one exactly.
 EPOCH_DEPENDENT_SCHEDULES = ("cosine", "TST")
 
 
@@ -145,7 +147,7 @@ def identity_differences(saved, now):
     """'name (saved X, now Y)' for each field that differs, in parser order."""
     differing = []
     for name, value in now.items():
-        if name == "train_epochs" and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
+        if name in ("train_epochs", "train_steps") and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
             continue  # the schedule does not read it: a longer run continues a shorter one exactly
         if saved.get(name, "(absent)") != value:
             differing.append(f"{name} (saved {saved.get(name, '(absent)')!r}, now {value!r})")
@@ -172,29 +174,49 @@ def restart_count():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
-def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped, grad_scaler=None):
-    """last.pth: everything needed to continue exactly where `epoch` ended. A collective: every
-    rank calls it (its generators and, under --zero, its optimizer shard go in); rank 0 writes.
-    `grad_scaler`: fp16's loss scale (the same on every rank: it follows the all-reduced gradients)."""
-    rng, launches = zip(*distributed.gather_objects((rng_state(), launch_id())))
+def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped, grad_scaler=None,
+                        windows=0, end_of_epoch=True, running=None):
+    """last.pth: everything needed to continue exactly after optimizer step `step`, taken in `epoch`
+    with this rank's first `windows` windows of the epoch done (the whole epoch when `end_of_epoch`).
+    A collective: every rank calls it (its generators, its `running` sums (name -> RunningLoss) and,
+    under --zero, its optimizer shard go in); rank 0 writes, and if it cannot, every rank stops with
+    its one line. `grad_scaler`: fp16's loss scale (the same on every rank: it follows the
+    all-reduced gradients)."""
+    own = {name: r.state_dict() for name, r in (running or {}).items()}
+    rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
     optimizer_state = distributed.optimizer_state_dict(optimizer)  # consolidated under --zero (a collective)
-    if distributed.is_main():
+
+    def write():
         save_atomic({
             "model": model.state_dict(),
             "optimizer": optimizer_state,
             "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None and grad_scaler.is_enabled() else None,
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
             "early_stopping": stopper.state_dict(),
-            "epoch": epoch,  # also the sampler epoch: set_epoch(epoch) reproduces the order
+            "epoch": epoch if end_of_epoch else epoch - 1,  # the last whole epoch
+            # where training stands: set_epoch(epoch) reproduces the order, each rank skips `windows` of it
+            "position": {"epoch": epoch, "windows": windows, "end_of_epoch": end_of_epoch},
             "global_step": step,
             "stopped": stopped,
             "rng": list(rng),
+            "running": list(sums),  # each rank's train-loss sums since the last evaluation and log record
             "model_args": {k: getattr(args, k) for k in MODEL_SHAPING_ARGS},
             "identity": run_identity(args),  # a resume or restart continues only the same run
             "world_size": distributed.world_size(),
             "launches": sorted({x for x in launches if x is not None}),  # every node's launch_id()
             "history": history,
         }, path)
+
+    distributed.raise_on_every_rank(lambda: _write_or_say_why(write, path), on="main")
+
+
+def _write_or_say_why(write, path):
+    try:
+        write()
+    except OSError as exc:
+        return (f"cannot write the training state {path} ({exc.strerror or exc}); the previous one is intact. "
+                "Free space or fix the folder's permissions, then run again with --resume")
+    return None
 
 
 def read_training_state(path):
@@ -246,7 +268,10 @@ def load_training_state(path, model, optimizer, stopper, args, state=None, grad_
         logger.warning(f"resuming on {distributed.world_size()} processes from a run on {len(state['rng'])}: "
                        "random streams are re-seeded, so results will differ from an uninterrupted run")
         seed_everything(args.seed + state["epoch"])
-    logger.info(f"resumed from {path} after epoch {state['epoch']} (best vali {stopper.best_loss:.6f})")
+    position = state.get("position")
+    where = (f"at step {state['global_step']} (in epoch {position['epoch']})"
+             if position and not position["end_of_epoch"] else f"after epoch {state['epoch']}")
+    logger.info(f"resumed from {path} {where} (best vali {stopper.best_loss:.6f})")
     return state
 
 
@@ -272,26 +297,57 @@ def _written_by_another_launch(state):
     return distributed.broadcast_object(not ours & set(state.get("launches", ())))
 
 
-def resume(args, setting, model, optimizer, stopper, grad_scaler=None):
-    """(history, global step, stopped, first epoch): those of the run to continue (loaded into
-    model, optimizer and stopper), or a fresh start's. Every rank must see the same state."""
-    fresh = [], 0, False, 1
+@dataclass
+class RunStart:
+    """Where training (re)starts: the history so far, the optimizer steps taken, whether it had
+    stopped, the epoch to train in and this rank's windows of that epoch already done."""
+    history: list = field(default_factory=list)
+    step: int = 0
+    stopped: bool = False
+    epoch: int = 1
+    windows: int = 0
+
+
+def resume(args, setting, model, optimizer, stopper, grad_scaler=None, running=None):
+    """The RunStart of the run to continue (loaded into model, optimizer, stopper and the `running`
+    sums, name -> RunningLoss), or a fresh start's. Every rank must see the same state."""
     path = resume_path(args, setting)
     distributed.require_same(bool(path) and os.path.isfile(path),
                              f"the nodes disagree on the training state to resume (rank 0: {path}): a "
                              "multi-node run resumes and restarts from --checkpoints, so put it on storage every "
                              "node shares, or copy last.pth to every node")
     if not path:
-        return fresh
+        return RunStart()
     state = read_training_state(path)
     # Without --resume only an elastic restart gets here: it continues what its own launch wrote;
     # a last.pth from an earlier launch means the first attempt died before saving an epoch.
     if args.resume is None and _written_by_another_launch(state):
         logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
                     f"(stopped before it saved an epoch); starting from epoch 1")
-        return fresh
+        return RunStart()
     state = load_training_state(path, model, optimizer, stopper, args, state=state, grad_scaler=grad_scaler)
-    return state["history"], state["global_step"], state["stopped"], state["epoch"] + 1
+    start = RunStart(state["history"], state["global_step"], state["stopped"], state["epoch"] + 1)
+    position = state.get("position")
+    if position and not position["end_of_epoch"]:
+        start.epoch, start.windows = position["epoch"], _windows_here(position["windows"], state["world_size"])
+    same_ranks = state.get("world_size") == distributed.world_size() and "running" in state
+    for name, sums in (running or {}).items():
+        if same_ranks:
+            sums.load_state_dict(state["running"][distributed.rank()][name])
+    return start
+
+
+def _windows_here(windows, saved_world_size):
+    """This rank's windows done in the interrupted epoch: the saved count on the same number of
+    processes; on another, the same share of the epoch's order as near as whole windows allow (the
+    samplers deal positions round-robin, so the first windows x saved ranks positions are done)."""
+    if saved_world_size == distributed.world_size():
+        return windows
+    here = windows * saved_world_size // distributed.world_size()
+    logger.warning(f"resuming mid-epoch on {distributed.world_size()} processes from a run on {saved_world_size}: "
+                   f"each process skips the first {here} windows of its share of the epoch (up to "
+                   f"{distributed.world_size()} windows may be seen twice or not at all this epoch)")
+    return here
 
 
 def writable_dir_problem(folder, option):

@@ -70,18 +70,20 @@ def plot_forecasts(path, windows, title, ylabel):
 
 
 def plot_training(path, history, title):
-    """Train / validation / test loss per epoch (left axis) and the learning rate (right axis).
+    """Train / validation / test loss per evaluation (left axis) and the learning rate (right axis),
+    against the epoch, or against the optimizer step when evaluations fall mid-epoch (--eval_steps).
 
     title: a heading, optionally a newline and a small-print line (e.g. the setting)."""
     plt = pyplot()
-    epochs = [h["epoch"] for h in history]
+    unit = "step" if any(h.get("partial_epoch") for h in history) else "epoch"
+    epochs = [h[unit] for h in history]
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for key, name in (("train_loss", "train"), ("vali_loss", "vali"), ("test_loss", "test")):
         ax.plot(epochs, [h[key] for h in history], marker="o", ms=3.5, lw=1.4, color=COLORS[name], label=f"{name} loss")
     best = min(history, key=lambda h: h["vali_loss"])
-    ax.plot([best["epoch"]], [best["vali_loss"]], marker="*", ms=13, color=COLORS["vali"], ls="none",
-            markeredgecolor="black", label=f"best vali (epoch {best['epoch']})")
-    ax.set_xlabel("epoch")
+    ax.plot([best[unit]], [best["vali_loss"]], marker="*", ms=13, color=COLORS["vali"], ls="none",
+            markeredgecolor="black", label=f"best vali ({unit} {best[unit]})")
+    ax.set_xlabel(unit)
     ax.set_ylabel("loss")
     ax.grid(alpha=0.25)
     if len(epochs) <= 15:

@@ -29,19 +29,20 @@ class EpochProgress:
     loss_sum / n_scored is the step's mean loss; loss_sum may be a device tensor (read only when shown).
     """
 
-    def __init__(self, epoch, total_steps, mode, stream=None, every_s=PLAIN_EVERY_S):
+    def __init__(self, epoch, total_steps, mode, stream=None, every_s=PLAIN_EVERY_S, done=0):
+        """`done`: steps of this epoch taken before a mid-epoch resume."""
         self.epoch, self.total, self.mode = epoch, total_steps, mode
         self.stream = stream or sys.stderr
         self.every_s = every_s
-        self.steps = self.samples = 0
+        self.steps, self.samples, self._first = done, 0, done
+        self._quarters_done = 4 * done // max(total_steps, 1)
         self.started = self._last_print = time.perf_counter()
-        self._quarters_done = 0
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, desc=f"epoch {epoch}", unit="step", file=self.stream,
-                             dynamic_ncols=True, leave=False)
+                             dynamic_ncols=True, leave=False, initial=done)
 
     def update(self, loss_sum, n_scored, samples):
         self.steps += 1
@@ -63,7 +64,7 @@ class EpochProgress:
 
     def _print_line(self, loss):
         elapsed = time.perf_counter() - self.started
-        rate = self.steps / elapsed if elapsed else 0.0
+        rate = (self.steps - self._first) / elapsed if elapsed else 0.0
         eta = (self.total - self.steps) / rate if rate else float("nan")
         # one write, newline included: print() writes the line and its end apart, and a SIGINT between
         # the two would glue run.py's `error: stopped by SIGINT` line onto this one

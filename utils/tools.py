@@ -74,7 +74,7 @@ class LearningRateSchedule:
     def __init__(self, args, steps_per_epoch):
         self.check(args.lradj)
         self.args = args
-        self.total_steps = steps_per_epoch * args.train_epochs
+        self.total_steps = getattr(args, "train_steps", 0) or steps_per_epoch * args.train_epochs
 
     @staticmethod
     def check(lradj):
@@ -106,6 +106,7 @@ class EarlyStopping:
         self.delta = delta
         self.best_loss = math.inf
         self.counter = 0
+        self.stopped = False  # set by the experiment once every rank has agreed to stop
 
     def step(self, val_loss):
         """Returns True when val_loss is a new best (weights should be saved)."""
