@@ -34,13 +34,18 @@ TARGETS = {
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
-                            "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py"],
+                            "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py",
+                            "test_steps.py"],
+    "exp/steps.py": ["test_steps.py", "test_training.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_resume_and_restart.py", "test_bad_input.py"],
+    "data_provider/permutation.py": ["test_permutation.py", "test_data.py", "test_corpus.py"],
+    "data_provider/corpus.py": ["test_corpus.py", "test_bad_input.py"],
     "data_provider/": ["test_data.py", "test_window_loader.py", "test_pretrain.py", "test_slicing.py",
-                       "test_argument_checks.py", "test_bad_input.py"],
+                       "test_argument_checks.py", "test_permutation.py", "test_corpus.py", "test_steps.py",
+                       "test_bad_input.py"],
 }
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
