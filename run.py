@@ -2,7 +2,8 @@
 
 Every argument is in utils/arguments.py (TSLib's and OpenLTM's names).
 DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` which starts
-`--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run).
+`--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run), or
+`srun ... python run.py --ddp`, one task per GPU (SLURM's variables mapped to torchrun's).
 """
 import logging
 import os
@@ -82,12 +83,22 @@ def stop_quietly():
 
 def main(argv=None):
     args = parse_args(argv)
+    try:  # srun's tasks, one per GPU, become torchrun's workers (utils.distributed.slurm_task_variables decides)
+        slurm_task, slurm_warning = distributed.adopt_slurm_task(args.ddp, args.nproc_per_node)
+    except UserError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.ddp and not distributed.launched_by_torchrun():
+        if slurm_warning:
+            print(f"warning: {slurm_warning}", file=sys.stderr)
         return launch_local_workers(args)
-    distributed.die_with_launcher()
+    if not slurm_task:  # a task srun started has no launcher of ours: slurmstepd ends it with the step
+        distributed.die_with_launcher()
     previous = stop_quietly()
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
+    if slurm_warning:
+        logger.warning(slurm_warning)
     if args.ignored_args and distributed.env_rank() == 0:
         # rank 0 only, so a DDP job prints the line once; a warning, so --quiet keeps it (a typo must show)
         logger.warning(f"ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")

@@ -37,9 +37,10 @@ def write_etth1_shaped(folder):
 
 def subprocess_env():
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop("RANK", None)
-    env.pop("LOCAL_RANK", None)
-    env.pop("WORLD_SIZE", None)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    for name in [n for n in env if n.startswith("SLURM_")]:  # a suite run inside a SLURM job: no task of it
+        env.pop(name)
     return env
 
 
