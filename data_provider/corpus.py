@@ -1,20 +1,35 @@
 """`--data corpus`: univariate series on disk, memory-mapped, for corpora larger than memory.
 
-Built once, streaming one source file at a time:
+Two layouts, told apart by what `--root_path` holds (both, or neither, is refused in one line):
+
+1. A corpus built once, streaming one source file at a time (index.json):
 
     python -m data_provider.corpus build OUT_DIR SOURCES...   # globs or folders of .csv .txt(.gz) .npy
                                                                # (.parquet .arrow with pyarrow)
 
-Every channel of every source (and every row of an Arrow/Parquet `target` list column, the layout of
-LOTSA and Chronos' data) is a series, split and scaled exactly as `--data univariate` does it, and
-written as float32 to binary shards; one JSON index (index.json, written last and atomically) names
-each series' shard, offset, length, split borders and scaler statistics. A build that stops is
-continued by the same command; a folder without index.json is never read as a corpus.
+   Every channel of every source (and every row of an Arrow/Parquet `target` list column, the layout of
+   LOTSA and Chronos' data) is a series, split and scaled exactly as `--data univariate` does it, and
+   written as float32 to binary shards; one JSON index (index.json, written last and atomically) names
+   each series' shard, offset, length, split borders and scaler statistics. A build that stops is
+   continued by the same command; a folder without index.json is never read as a corpus.
 
-`--data corpus --root_path OUT_DIR` maps the shards read-only (numpy.memmap): the OS page cache holds
-what is read, shared by every process of a machine, so a process's memory does not grow with the
-corpus. A window id maps to (series, row) through per-series cumulative window counts, and a batch
-is gathered with one fancy-indexing read per shard.
+2. Time-MoE's binary layout (Time-300B), read as it is: no conversion, no copy. A folder holds meta.json
+   and data-<i>-of-<n>.bin; `--root_path` is one such folder, or a tree of them (Time-300B's
+   <domain>/<data set>/), read in path order. meta.json gives `num_sequences`, `dtype`, `files` (each
+   file's number of values) and `scales` (each sequence's `offset` and `length`, and `mean` and `std`
+   when the sequence is stored normalised: Time-MoE's reader returns x * std + mean, and so does this
+   one). The files hold raw little-endian values, end to end in the order of <i> (data-10 after
+   data-9), cut at equal lengths wherever the sequences end, so a sequence may run on into the next
+   file. Each sequence is a series: split 70/10/20 as `--data univariate` splits a series, and with
+   --scale scaled with the statistics of its own training part (bit for bit what `build` would
+   compute). Opening parses meta.json (about 2 s and transiently 0.8 GB per million sequences) and
+   keeps a few arrays, about 50 bytes a sequence; a sequence's statistics are computed the first time
+   one of its windows is read in a process (one read of its training part), then kept.
+
+`--data corpus` maps the value files read-only (numpy.memmap): the OS page cache holds what is read,
+shared by every process of a machine, so a process's memory does not grow with the corpus. A window id
+maps to (series, row) through per-series cumulative window counts, and a batch is gathered with one
+fancy-indexing read per file (a window that runs over a file boundary is read piecewise).
 """
 import argparse
 import contextlib
@@ -22,7 +37,9 @@ import glob
 import hashlib
 import json
 import logging
+import operator
 import os
+import re
 import sys
 import uuid
 
@@ -182,7 +199,8 @@ def read_index(folder):
         unfinished = os.path.exists(os.path.join(folder, STATE))
         raise UserError(f"--root_path {folder} holds no corpus ({INDEX} is missing"
                         + ("; its build did not finish: run the same `python -m data_provider.corpus build` again"
-                           if unfinished else "; build one with `python -m data_provider.corpus build OUT_DIR SOURCES`")
+                           if unfinished else "; build one with `python -m data_provider.corpus build OUT_DIR SOURCES`"
+                           f", or give a folder in Time-MoE's layout, {META} beside data-*-of-*.bin files")
                         + ")")
     try:
         with open(path) as f:
@@ -193,8 +211,22 @@ def read_index(folder):
     return index
 
 
+def open_corpus(folder, scale=True):
+    """The ForecastData of --data corpus: a built corpus (index.json) or Time-MoE's layout, read as it is."""
+    found = time_moe_folders(folder)
+    if found and os.path.isfile(os.path.join(folder, INDEX)):
+        where = "" if found[0] == folder else f" (under {found[0]})"
+        raise UserError(f"--root_path {folder} holds both a built corpus ({INDEX}) and Time-MoE's {META}{where}; "
+                        "give a folder of one layout")
+    return TimeMoEData(folder, found, scale) if found else CorpusData(folder)
+
+
 class CorpusData(ForecastData):
-    """A built corpus, memory-mapped: the ForecastData of --data corpus."""
+    """A built corpus, memory-mapped: the ForecastData of --data corpus.
+
+    Its value files lie end to end in one global position space (`file_start`): a series starts at
+    a global position, and a window that runs over the end of one file into the next (only in
+    Time-MoE's layout) is read piecewise."""
 
     columns = ["value"]  # one channel: enc_in = c_out = 1
     mark_dim = 0
@@ -202,13 +234,14 @@ class CorpusData(ForecastData):
     per_series_scaling = True
     constant_memory_shuffle = True
     dates = None
+    series_transform = False  # True: finish() needs each window's series (Time-MoE's layout)
 
     def __init__(self, folder):
         self.folder = folder
         index = read_index(folder)
         # the series table is kept as the arrays below, not as the index's dicts (hundreds of bytes each)
         self.index = {k: v for k, v in index.items() if k != "series"}
-        self.shards = []
+        self.files = []
         for shard in index["shards"]:
             path = os.path.join(folder, shard["file"])
             size = os.path.getsize(path) if os.path.isfile(path) else None
@@ -216,11 +249,17 @@ class CorpusData(ForecastData):
                     f"corpus {folder} is incomplete or mixed: shard {shard['file']} "
                     + ("is missing" if size is None else f"holds {size} bytes, its index says {shard['points'] * 4}")
                     + " (an index from another build, or a shard not copied); copy the whole folder again or rebuild it")
-            self.shards.append(np.memmap(path, dtype=POINT, mode="r") if shard["points"] else np.zeros(0, POINT))
+            self.files.append(np.memmap(path, dtype=POINT, mode="r") if shard["points"] else np.zeros(0, POINT))
+        self.dtype = POINT
+        self.file_start = np.concatenate([[0], np.cumsum([s["points"] for s in index["shards"]])]).astype(np.int64)
         series = index["series"]
         self.shard_of = np.array([s["shard"] for s in series], dtype=np.int64)
         self.offset = np.array([s["offset"] for s in series], dtype=np.int64)
         self.ends = np.array([s["ends"] for s in series], dtype=np.int64).reshape(-1, 3)
+
+    def series_start(self):
+        """Every series' first value, as a global position (computed, not kept: 8 bytes a series)."""
+        return self.file_start[self.shard_of] + self.offset
 
     def content(self):
         """The index's series table and every shard's digest: the content, without reading it."""
@@ -228,12 +267,39 @@ class CorpusData(ForecastData):
                 ("shard_of", self.shard_of), ("offset", self.offset), ("ends", self.ends)]
 
     def nbytes(self):
-        return int(self.index["points"]) * POINT.itemsize
+        return int(self.file_start[-1]) * self.dtype.itemsize
 
-    def windows(self, shard, span):
-        """A [points - span + 1, span] view of every run of `span` points in a shard (no copy): fancy
+    def windows(self, file, span):
+        """A [points - span + 1, span] view of every run of `span` points in a file (no copy): fancy
         indexing its first axis copies whole windows, row by row."""
-        return np.lib.stride_tricks.sliding_window_view(self.shards[shard], span)
+        return np.lib.stride_tricks.sliding_window_view(self.files[file], span)
+
+    def points(self, start, stop):
+        """The values at global positions [start, stop), across as many files as they lie in."""
+        pieces = []
+        file = int(np.searchsorted(self.file_start, start, side="right")) - 1
+        while start < stop:
+            end = min(stop, int(self.file_start[file + 1]))
+            pieces.append(self.files[file][start - self.file_start[file]:end - self.file_start[file]])
+            start, file = end, file + 1
+        return np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)
+
+    def read(self, first, span):
+        """[B, span] values (the files' dtype) of the windows starting at global positions `first`: one
+        fancy-indexing read per file, and piece by piece for a window that runs into the next file."""
+        file = np.searchsorted(self.file_start, first, side="right") - 1
+        inside = first + span <= self.file_start[file + 1]
+        out = np.empty((len(first), span), dtype=self.dtype)
+        for f in np.unique(file[inside]):
+            chosen = inside & (file == f)
+            out[chosen] = self.windows(f, span)[first[chosen] - self.file_start[f]]
+        for row in np.flatnonzero(~inside):  # at most span - 1 window starts per file boundary
+            out[row] = self.points(int(first[row]), int(first[row]) + span)
+        return out
+
+    def finish(self, values, series):
+        """Windows as read -> the float32 windows served: a built corpus is stored as served."""
+        return values
 
     def window_dataset(self, flag, window, with_marks=True):
         return CorpusWindows(self, flag, window, with_marks)
@@ -244,6 +310,198 @@ class CorpusData(ForecastData):
     def future_input(self, window, freq, embed):
         raise UserError("--do_predict forecasts one data set on its original scale; a corpus scales every series on "
                         "its own, so there is no single original scale to forecast; use --data custom on one file")
+
+
+# ---------------------------------------------------------------- Time-MoE's layout, read as it is
+META = "meta.json"
+TIME_MOE_FILE = re.compile(r"data-(\d+)-of-(\d+)\.bin")
+TIME_MOE_DTYPES = ("float16", "float32", "float64")
+
+
+def time_moe_folders(root):
+    """The folders of Time-MoE's layout (a meta.json) at `root`: root itself when it holds one (as
+    Time-MoE's BinaryDataset reads it), otherwise every folder under it that does, sorted by path
+    (Time-300B's tree, domain/data set/, as Time-MoE's TimeMoEDataset walks it)."""
+    if os.path.isfile(os.path.join(root, META)):
+        return [root]
+    found = []
+    for here, subfolders, names in os.walk(root):
+        subfolders.sort()
+        if here != root and META in names:
+            found.append(here)
+    return found
+
+
+def _whole_numbers(values, what, meta_path):
+    """An int64 array of JSON numbers that must be whole and >= 0."""
+    try:
+        array = np.fromiter(values, dtype=np.float64)
+    except (TypeError, ValueError, KeyError):
+        raise UserError(f"{meta_path}: every entry of 'scales' needs a numeric {what}") from None
+    bad = np.flatnonzero(~(array >= 0) | (array != np.floor(array)))
+    if bad.size:
+        raise UserError(f"{meta_path}: sequence {bad[0]}'s {what} is {array[bad[0]]:g}, not a whole number >= 0")
+    return array.astype(np.int64)
+
+
+def read_meta(folder):
+    """One folder of Time-MoE's layout, checked: (files as [(path, values)] in Time-MoE's order, dtype,
+    offsets, lengths, Time-MoE's own per-sequence mean and std (NaN where a sequence has none), and
+    the digest of meta.json)."""
+    path = os.path.join(folder, META)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:
+        raise UserError(f"{path} is not Time-MoE's meta.json ({exc})") from None
+    keys = ("num_sequences", "dtype", "files", "scales")
+    missing = [k for k in keys if not isinstance(meta, dict) or k not in meta]
+    require(not missing, f"{path} lacks {', '.join(map(repr, missing))}: Time-MoE's meta.json has {', '.join(keys)}")
+    dtype = meta["dtype"]
+    require(dtype in TIME_MOE_DTYPES, f"{path}: dtype {dtype!r} is not one this reader knows "
+                                      f"({', '.join(TIME_MOE_DTYPES)})")
+    dtype = np.dtype(dtype).newbyteorder("<")  # Time-MoE writes with ndarray.tofile on little-endian machines
+    require(isinstance(meta["files"], dict) and meta["files"],
+            f"{path}: 'files' must map each data-<i>-of-<n>.bin to its number of values")
+    numbered = []
+    for name, count in meta["files"].items():
+        match = TIME_MOE_FILE.fullmatch(name)
+        require(match and isinstance(count, int) and count >= 0,
+                f"{path}: 'files' entry {name!r}: {count!r} is not data-<i>-of-<n>.bin: <number of values>")
+        numbered.append((int(match.group(1)), name, count))
+    numbered.sort()  # by <i>, as Time-MoE orders them (not by name: data-10 comes after data-9)
+    require(len({i for i, _, _ in numbered}) == len(numbered), f"{path}: two files in 'files' have the same number")
+    files = []
+    for _, name, count in numbered:
+        bin_path = os.path.join(folder, name)
+        require(os.path.isfile(bin_path), f"{path} names {name}, which is missing from {folder}; download it again")
+        size = os.path.getsize(bin_path)
+        require(size == count * dtype.itemsize,
+                f"{bin_path} holds {size} bytes, {path} says {count} {dtype.name} values ({count * dtype.itemsize} "
+                "bytes); download it again")
+        files.append((bin_path, count))
+    scales = meta["scales"]
+    require(isinstance(scales, list) and len(scales) == meta["num_sequences"],
+            f"{path}: 'scales' lists {len(scales) if isinstance(scales, list) else 'no'} sequences, "
+            f"'num_sequences' says {meta['num_sequences']}")
+    try:  # scales are dicts; one pass per field, no per-sequence Python objects kept
+        offsets = _whole_numbers(map(operator.itemgetter("offset"), scales), "offset", path)
+        lengths = _whole_numbers(map(operator.itemgetter("length"), scales), "length", path)
+    except TypeError:
+        raise UserError(f"{path}: every entry of 'scales' must be an object with offset and length") from None
+    total = sum(count for _, count in files)
+    past = np.flatnonzero(offsets + lengths > total)
+    if past.size:
+        raise UserError(f"{path}: sequence {past[0]} (offset {offsets[past[0]]}, length {lengths[past[0]]}) ends past "
+                        f"the {total} values its .bin files hold")
+    mean = std = None
+    if any("mean" in s and "std" in s for s in scales):  # stored normalised: Time-MoE returns x * std + mean
+        mean, std = (np.fromiter((s[key] if "mean" in s and "std" in s else np.nan for s in scales), np.float64,
+                                 len(scales)) for key in ("mean", "std"))
+    return files, dtype, offsets, lengths, mean, std, hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def train_statistics(values):
+    """(mean, std) of one series' training values (float64), bit for bit what the build gets from
+    sklearn's StandardScaler fitted on them as a column (its two-pass algorithm with its correction
+    term, and std 1 for a series its bound calls constant); tests/test_corpus.py holds it to that."""
+    if not len(values):
+        return 0.0, 1.0  # no training rows: unscaled, as the build leaves such a series
+    column = values[:, None]
+    n = np.float64(len(values))
+    total = np.sum(column, axis=0)
+    mean = (0.0 + total) / n
+    deviations = column - total / n
+    correction = np.sum(deviations, axis=0)
+    deviations **= 2
+    variance = (np.sum(deviations, axis=0) - correction ** 2 / n) / n
+    eps = np.finfo(np.float64).eps
+    constant = variance <= n * eps * variance + (n * mean * eps) ** 2
+    return float(mean[0]), 1.0 if constant[0] else float(np.sqrt(variance)[0])
+
+
+class TimeMoEData(CorpusData):
+    """Time-MoE's binary layout (Time-300B), memory-mapped as it is: every sequence of meta.json's
+    'scales' is a series, split 70/10/20 and (with --scale) scaled with the statistics of its own
+    training part, which are computed the first time one of its windows is read."""
+
+    series_transform = True
+
+    def __init__(self, root, folders, scale=True):
+        self.folder, self.scale = root, bool(scale)
+        self.files, counts, starts, lengths, means, stds, self.metas, self.file_names = [], [], [], [], [], [], [], []
+        self.dtype, base = None, 0
+        for folder in folders:
+            files, dtype, offsets, length, mean, std, digest = read_meta(folder)
+            require(self.dtype is None or self.dtype == dtype,
+                    f"{os.path.join(folder, META)}: dtype {dtype.name}, but {os.path.join(folders[0], META)} has "
+                    f"{self.dtype.name if self.dtype is not None else ''}; give folders of one dtype")
+            self.dtype = dtype
+            for path, count in files:
+                self.files.append(np.memmap(path, dtype=dtype, mode="r") if count else np.zeros(0, dtype))
+                counts.append(count)
+                self.file_names.append((os.path.relpath(path, root), count))
+            starts.append(base + offsets)
+            lengths.append(length)
+            n = len(length)
+            means.append(np.full(n, np.nan) if mean is None else mean)
+            stds.append(np.full(n, np.nan) if std is None else std)
+            self.metas.append(digest)
+            base += sum(count for _, count in files)
+        self.file_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.start = np.concatenate(starts).astype(np.int64)
+        length = np.concatenate(lengths).astype(np.int64)
+        n_train, n_test = (length * 0.7).astype(np.int64), (length * 0.2).astype(np.int64)  # splits.split_ends
+        self.ends = np.stack([n_train, length - n_test, length], axis=1)
+        stored_mean, stored_std = np.concatenate(means), np.concatenate(stds)
+        self.stored = None  # Time-MoE's own normalisation, in the files' dtype as its reader computes it
+        if not np.isnan(stored_mean).all():
+            self.stored = (stored_mean.astype(self.dtype.newbyteorder("=")),
+                           stored_std.astype(self.dtype.newbyteorder("=")))
+        # this codebase's scaler of each series, from its training part: NaN until first read
+        self.mean = np.full(len(length), np.nan) if self.scale else None
+        self.std = np.full(len(length), np.nan) if self.scale else None
+        self.index = {"layout": "time-moe", "folders": len(folders)}
+
+    def series_start(self):
+        return self.start
+
+    def content(self):
+        """meta.json's digests, the files' names and sizes and the series table: the content, without
+        reading the values."""
+        return [("layout", "time-moe"), ("scaled", self.scale), ("metas", tuple(self.metas)),
+                ("files", tuple(self.file_names)), ("start", self.start), ("ends", self.ends)]
+
+    def series_values(self, i, stop):
+        """Series i's first `stop` values as Time-MoE's reader gives them (x * std + mean when its
+        meta.json stores the series normalised), in the files' dtype."""
+        values = self.points(int(self.start[i]), int(self.start[i]) + int(stop)).astype(self.dtype.newbyteorder("="))
+        return self._unnormalised(values[None], np.array([i]))[0]
+
+    def _unnormalised(self, values, series):
+        if self.stored is not None:
+            mean, std = self.stored[0][series], self.stored[1][series]
+            has = ~np.isnan(mean)
+            values[has] = values[has] * std[has, None] + mean[has, None]
+        return values
+
+    def statistics(self, series):
+        """Mean and std of each series in `series` (unique ids): those not yet computed are computed
+        now from the series' training part (read once per process)."""
+        for i in series[np.isnan(self.mean[series])]:
+            mean, std = train_statistics(self.series_values(i, self.ends[i, 0]).astype(np.float64))
+            self.mean[i], self.std[i] = mean, std
+        return self.mean[series], self.std[series]
+
+    def finish(self, values, series):
+        values = self._unnormalised(values.astype(self.dtype.newbyteorder("="), copy=False), series)
+        if not self.scale:
+            return values.astype(POINT, copy=False)
+        unique, where = np.unique(series, return_inverse=True)
+        mean, std = self.statistics(unique)
+        # as the build: StandardScaler.transform in float64, then float32
+        return ((values.astype(np.float64) - mean[where, None]) / std[where, None]).astype(POINT)
 
 
 class CorpusWindows(Dataset):
@@ -258,12 +516,12 @@ class CorpusWindows(Dataset):
         keep = windows > 0  # a series too short for this split adds nothing (as --data univariate)
         if not keep.any():
             raise UserError(
-                f"the {flag} split of corpus {data.folder} has at most {int((stop - start).max())} rows per series, "
-                f"fewer than the {window.span} one window needs (seq_len {window.x_len} + horizon); shorten "
+                f"the {flag} split of corpus {data.folder} has at most {int((stop - start).max(initial=0))} rows per "
+                f"series, fewer than the {window.span} one window needs (seq_len {window.x_len} + horizon); shorten "
                 "--seq_len/--pred_len or add longer series")
         self.data, self.window, self.split, self.with_marks = data, window, flag, with_marks
-        self.first_row = data.offset[keep] + start[keep]  # in its shard
-        self.shard = data.shard_of[keep]
+        self.first_row = data.series_start()[keep] + start[keep]  # global position
+        self.series = np.flatnonzero(keep) if data.series_transform else None
         self.ends_before = np.concatenate([[0], np.cumsum(windows[keep])])  # windows of the series before
 
     def __len__(self):
@@ -284,12 +542,8 @@ class CorpusWindows(Dataset):
             raise IndexError(f"window ids out of range [0, {len(self)})")
         series = np.searchsorted(self.ends_before, ids, side="right") - 1
         first = self.first_row[series] + (ids - self.ends_before[series])
-        out = np.empty((len(ids), self.window.span), dtype=POINT)
-        shards = self.shard[series]
-        for shard in np.unique(shards):
-            chosen = shards == shard
-            out[chosen] = self.data.windows(shard, self.window.span)[first[chosen]]  # one read per shard
-        return out
+        values = self.data.read(first, self.window.span)
+        return self.data.finish(values, None if self.series is None else self.series[series])
 
     def __getitems__(self, indices):
         w = self.window
@@ -309,7 +563,9 @@ class CorpusWindows(Dataset):
 def prepare_corpus(args):
     require(args.features != "MS", "--data corpus holds univariate series, so there are no covariates for "
                                    "--features MS; use --features S")
-    data = CorpusData(args.root_path)
+    data = open_corpus(args.root_path, args.scale)
+    if isinstance(data, TimeMoEData):
+        return data  # scaled as it is read, as --scale says
     require(data.index["scaled"] == bool(args.scale),
             f"corpus {args.root_path} was built {'scaled' if data.index['scaled'] else 'unscaled'}, but --scale is "
             f"{str(bool(args.scale)).lower()}; rebuild it {'with' if args.scale else 'without'} --no_scale, or "

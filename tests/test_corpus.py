@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
+import data_provider.corpus as corpus_module
 from data_provider import data_factory
 from data_provider.corpus import INDEX, STATE, CorpusData, build, main as corpus_main
 from data_provider.synthetic import make_synthetic
 from data_provider.windows import Window
-from helpers import SMALL_TIMERXL, assert_ok, make_args, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, make_args, records, run_cli
 from utils.errors import UserError
 
 TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--seq_len", 96, "--num_threads", 1]
@@ -178,3 +179,162 @@ def test_parquet_sources_give_the_csvs_series(tmp_path):
     np.testing.assert_array_equal(b[:1600], a)  # the numeric columns: the CSV's series, scaled alike
     np.testing.assert_array_equal(b[1600:2400], a[:800])  # a row's target is its series
     assert from_parquet["series"][3]["name"].endswith("t.parquet:1:0") and not os.path.exists(tmp_path / "b" / STATE)
+
+
+# ---------------------------------------------------------------- Time-MoE's layout (Time-300B), read as it is
+def _write_time_moe(folder, series, chunks, normalised=(), dtype="float32"):
+    """A folder in Time-MoE's binary layout, written as its conversion script lays it out (test-only writer):
+    the sequences end to end, cut into `chunks` files data-<i>-of-<n>.bin of equal length (the last shorter)
+    wherever the sequence boundaries fall; meta.json maps each file to its number of values (listed in name
+    order, so data-10 before data-2) and gives each sequence's offset and length, with mean and std for the
+    sequences in `normalised`, which are stored as (x - mean) / std. Little-endian values of `dtype`."""
+    folder.mkdir(parents=True)
+    scales, stored, offset = [], [], 0
+    for i, values in enumerate(series):
+        entry = {"offset": offset, "length": len(values)}
+        if i in normalised:
+            mean, std = float(values.mean()), float(values.std())
+            values = (values - mean) / std
+            entry.update(mean=mean, std=std)
+        scales.append(entry)
+        stored.append(values)
+        offset += len(values)
+    flat = np.concatenate(stored).astype(np.dtype(dtype).newbyteorder("<"))
+    step = -(-len(flat) // chunks)
+    files = {}
+    for i in range(chunks):
+        name = f"data-{i + 1}-of-{chunks}.bin"
+        (folder / name).write_bytes(flat[i * step:(i + 1) * step].tobytes())
+        files[name] = len(flat[i * step:(i + 1) * step])
+    meta = {"num_sequences": len(series), "dtype": dtype, "files": dict(sorted(files.items())), "scales": scales}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    # each sequence as Time-MoE's BinaryDataset returns it: x * std + mean in the files' dtype
+    return [s.astype(dtype) * np.dtype(dtype).type(e["std"]) + np.dtype(dtype).type(e["mean"]) if "mean" in e
+            else s.astype(dtype) for s, e in zip(stored, scales)]
+
+
+def _time_moe_series():
+    """Six sequences (float32 values): random walks and cycles, one on a large offset, one too short for a
+    validation window."""
+    rng = np.random.default_rng(11)
+    lengths = (900, 1300, 150, 700, 1000, 800)
+    series = [np.cumsum(rng.normal(size=n)) + 10 * np.sin(np.arange(n) / 7) for n in lengths]
+    series[3] = series[3] + 1e4
+    return [s.astype(np.float32) for s in series]
+
+
+@pytest.fixture(scope="module")
+def time_moe(tmp_path_factory):
+    """{layout: folder} of the same sequences in Time-MoE's layout (one folder of 11 files, and Time-300B's
+    tree of two data sets of 5 and 4 files), beside the corpora `build` makes of them (scaled and not), one
+    single-column .npy per sequence in the same order."""
+    tmp = tmp_path_factory.mktemp("time_moe")
+    series = _time_moe_series()
+    one = _write_time_moe(tmp / "one", series, chunks=11, normalised=(1,))
+    tree = (_write_time_moe(tmp / "tree" / "energy" / "a", series[:4], chunks=5, normalised=(1,))
+            + _write_time_moe(tmp / "tree" / "web" / "b", series[4:], chunks=4))
+    src = tmp / "src"
+    src.mkdir()
+    for i, (a, b) in enumerate(zip(one, tree)):
+        np.testing.assert_array_equal(a, b)
+        np.save(src / f"s{i:02d}.npy", a)
+    build(str(tmp / "built"), [str(src)], shard_mb=0.005, progress=False)
+    build(str(tmp / "raw"), [str(src)], scale=False, progress=False)
+    return {"one": tmp / "one", "tree": tmp / "tree", "built": tmp / "built", "raw": tmp / "raw"}
+
+
+@pytest.mark.parametrize("layout", ["one", "tree"])
+@pytest.mark.parametrize("scale", [True, False], ids=["scaled", "unscaled"])
+@pytest.mark.parametrize("window", [Window(96, 48, 72), Window(96, 24, 96)], ids=["direct", "tokens"])
+def test_time_moes_layout_gives_the_built_corpus_windows(time_moe, layout, scale, window):
+    """Every window of every split, bit for bit the windows `build` makes of the same sequences: the same
+    split borders, scalers from each sequence's training part, Time-MoE's stored normalisation undone; none
+    runs from one sequence into the next, and those that run over a file boundary are read whole."""
+    built = _corpus(time_moe["built" if scale else "raw"], "--scale", scale)
+    mapped = _corpus(time_moe[layout], "--scale", scale)
+    assert isinstance(mapped, corpus_module.TimeMoEData) and len(mapped.ends) == 6
+    for flag in ("train", "val", "test"):
+        expected, got = built.window_dataset(flag, window), mapped.window_dataset(flag, window)
+        assert len(got) == len(expected) > 0, flag
+        starts = np.concatenate([np.arange(f, f + n) for f, n in zip(got.first_row, np.diff(got.ends_before))])
+        files = [np.searchsorted(mapped.file_start, at, side="right") for at in (starts, starts + window.span - 1)]
+        assert (files[0] != files[1]).any(), f"no {flag} window crosses a file boundary"
+        ids = torch.randperm(len(got), generator=torch.Generator().manual_seed(0))
+        for a, b in zip(expected.__getitems__(ids), got.__getitems__(ids)):
+            assert torch.equal(a, b), flag
+    assert not np.isnan(mapped.mean).any() if scale else mapped.mean is None  # each computed once, when read
+
+
+def test_a_training_run_on_time_moes_layout_is_the_built_corpus_run(tmp_path, time_moe):
+    """The same windows in the same order: the same training, per-window errors and metrics (2 processes,
+    each computing the scalers of the sequences it reads)."""
+    common = [*TIMERXL, "--train_epochs", 1, "--features", "S", "--data", "corpus", "--batch_size", 64]
+    assert_ok(run_cli(tmp_path / "built", *common, "--root_path", time_moe["built"], nproc=2))
+    assert_ok(run_cli(tmp_path / "moe", *common, "--root_path", time_moe["tree"], nproc=2))
+    built, moe = records(tmp_path / "built")[-1], records(tmp_path / "moe")[-1]
+    for key in ("mse", "mae", "rmse", "vali_loss", "test_windows", "train_windows"):
+        assert moe[key] == built[key], key
+    errors = [(folder / "results" / record["setting"] / "window_errors.csv").read_text()
+              for folder, record in ((tmp_path / "built", built), (tmp_path / "moe", moe))]
+    assert errors[0] == errors[1]
+
+
+def test_train_statistics_are_the_standard_scalers_bit_for_bit():
+    """A Time-MoE sequence's scaler, computed as it is first read, is the one `build` fits with sklearn."""
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(5)
+    cases = [rng.normal(size=n) for n in (1, 2, 3, 7, 100, 1001, 8195)]
+    cases += [np.full(50, 5.0), np.zeros(9), 1e8 + rng.normal(size=300), rng.normal(size=500).astype(np.float32),
+              np.cumsum(rng.normal(size=3000)) * 1e-6, np.array([-0.0, -0.0]),
+              1e10 + 1e-6 * rng.normal(size=300),  # near constant: sklearn's bound makes its std 1
+              1e6 + 1e-4 * rng.normal(size=777)]  # the mean's rounding error: the two-pass correction term
+    for values in cases:
+        values = values.astype(np.float64)
+        scaler = StandardScaler().fit(values[:, None])
+        assert corpus_module.train_statistics(values) == (scaler.mean_[0], scaler.scale_[0]), len(values)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing bin", "meta.json names data-3-of-11.bin, which is missing from"),
+    ("short bin", "data-11-of-11.bin holds 100 bytes, "),
+    ("unknown dtype", "dtype 'bfloat16' is not one this reader knows (float16, float32, float64)"),
+    ("no scales", "meta.json lacks 'scales': Time-MoE's meta.json has num_sequences, dtype, files, scales"),
+    ("past the end", "sequence 5 (offset 4850, length 800) ends past the 4850 values its .bin files hold"),
+    ("both layouts", "holds both a built corpus (index.json) and Time-MoE's meta.json"),
+    ("neither", "holds no corpus (index.json is missing; build one with `python -m data_provider.corpus build "
+                "OUT_DIR SOURCES`, or give a folder in Time-MoE's layout, meta.json beside data-*-of-*.bin files)"),
+])
+def test_bad_time_moe_folders_fail_in_one_line(tmp_path, time_moe, case, message):
+    folder = tmp_path / "moe"
+    shutil.copytree(time_moe["one"], folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    if case == "missing bin":
+        (folder / "data-3-of-11.bin").unlink()
+    elif case == "short bin":
+        (folder / "data-11-of-11.bin").write_bytes((folder / "data-11-of-11.bin").read_bytes()[:100])
+    elif case == "both layouts":
+        shutil.copy(time_moe["built"] / INDEX, folder / INDEX)
+    elif case == "neither":
+        shutil.rmtree(folder)
+        folder.mkdir()
+        (folder / "data-1-of-1.bin").write_bytes(b"\0" * 8)
+    else:
+        if case == "unknown dtype":
+            meta["dtype"] = "bfloat16"
+        elif case == "no scales":
+            del meta["scales"]
+        else:
+            meta["scales"][-1]["offset"] = 4850
+        (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError) as refused:
+        _corpus(folder)
+    assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_a_bad_time_moe_folder_ends_run_py_in_one_line(tmp_path, time_moe):
+    folder = tmp_path / "moe"
+    shutil.copytree(time_moe["one"], folder)
+    (folder / "data-7-of-11.bin").write_bytes(b"\0" * 12)
+    proc = run_cli(tmp_path, *TIMERXL, "--features", "S", "--data", "corpus", "--root_path", folder)
+    assert_one_error_line(proc, "data-7-of-11.bin holds 12 bytes, ")
