@@ -74,6 +74,9 @@ EQUIVALENT = {
     "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",
+    "exp/outputs.py:213:core/NumberReplacer":
+        "`dataset.__getitems__([0])` -> `([-1])` in predict: future_input's dataset is x_len + horizon rows, "
+        "exactly one window's span (horizon = pred_len / test_pred_len >= 1), so it holds one window and -1 is 0",
 }
 
 

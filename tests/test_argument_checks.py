@@ -146,5 +146,7 @@ def test_the_itr_loop_may_reach_the_largest_seed_but_not_pass_it():
 
     rows = ["--synthetic_rows", 1500, "--synthetic_seed", 0]
     resolve_args(make_args("--seed", SEED_LIMIT - 3, "--itr", 3, *rows), 1)
-    with pytest.raises(UserError, match="passes the largest seed"):
+    with pytest.raises(UserError) as refused:
         resolve_args(make_args("--seed", SEED_LIMIT - 2, "--itr", 3, *rows), 1)
+    assert str(refused.value) == (f"--seed {SEED_LIMIT - 2} with --itr 3 passes the largest seed, 4294967295; "
+                                  "use a smaller --seed")  # the message names the largest seed itself: 2**32 - 1

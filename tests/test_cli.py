@@ -62,6 +62,20 @@ def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):
         load_weights(model, tmp_path / "bad.pth")
 
 
+@pytest.mark.parametrize("saved, named", [
+    ({"0.weight": torch.zeros(2, 3)}, "missing: 0.bias"),  # one key short, nothing else wrong
+    ({"0.weight": torch.zeros(2, 3), "0.bias": torch.zeros(2), "extra": torch.zeros(1)}, "unexpected: extra"),
+], ids=["one_missing", "one_unexpected"])
+def test_a_checkpoint_one_key_off_is_refused_in_one_line(tmp_path, saved, named):
+    """A single missing or single extra key is a mismatch on its own: the one-line UserError naming
+    it, not torch's multi-line RuntimeError from load_state_dict."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    save_atomic(saved, tmp_path / "c.pth")
+    with pytest.raises(UserError) as refused:
+        load_weights(model, tmp_path / "c.pth")
+    assert f"does not fit model container: {named}. Use the same --model" in str(refused.value)
+
+
 @pytest.mark.parametrize("n, shown", [(6, r"p0, p1, p2, p3, p4, p5"), (7, r"p0, p1, p2, p3, p4, p5, \.\.\. \(7 in all\)")])
 def test_a_mismatched_checkpoint_names_six_keys_and_counts_the_rest(tmp_path, n, shown):
     from utils.checkpoint import load_weights

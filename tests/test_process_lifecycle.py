@@ -176,14 +176,16 @@ def test_workers_die_with_a_killed_launcher(tmp_path, launcher):
         proc.wait()
 
 
-def test_a_user_error_is_not_retried_under_max_restarts(tmp_path):
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_a_user_error_is_not_retried_under_max_restarts(tmp_path, nproc):
+    """Every node's agent is told by its local rank 0, also where a node runs one process."""
     import sys
     import time
 
     from helpers import run_command
 
     started = time.time()
-    proc = run_command([sys.executable, "-m", "utils.launch", "--standalone", "--nproc_per_node", "2",
+    proc = run_command([sys.executable, "-m", "utils.launch", "--standalone", "--nproc_per_node", str(nproc),
                         "--max_restarts", "3", "run.py", "--data", "custom", "--root_path", str(tmp_path),
                         "--data_path", "missing.csv", "--no_plots", *map(str, output_args(tmp_path))])
     seconds = time.time() - started

@@ -1,6 +1,8 @@
 """The window loader (data_provider.windows.WindowLoader, as data_provider builds it): its batches are
 DistributedSampler's windows stacked, --train_drop_last drops the same short batch on every rank, and a
 model that reads no time features gets none."""
+import sys
+
 import pytest
 import torch
 
@@ -162,8 +164,26 @@ def test_where_the_splits_live_on_a_gpu(a_gpu_with, mode, workers, free_mib, on_
         assert pinned is (workers > 0 and not on_gpu)
 
 
-def test_validation_and_test_batches_take_eval_batch_size():
-    args = make_args("--synthetic_rows", 1500, "--batch_size", 8, "--eval_batch_size", 7)
+@pytest.mark.parametrize("eval_batch, expected", [(["--eval_batch_size", 7], 7), ([], 4 * 8)], ids=["given", "default"])
+def test_validation_and_test_batches_take_eval_batch_size(eval_batch, expected):
+    """--eval_batch_size, and without it the documented default: 4 x --batch_size (no gradients kept)."""
+    args = make_args("--synthetic_rows", 1500, "--batch_size", 8, *eval_batch)
     make_experiment(args)
     sizes = {flag: data_provider(args, flag)[1].batch_size for flag in ("train", "val", "test")}
-    assert sizes == {"train": 8, "val": 7, "test": 7}
+    assert sizes == {"train": 8, "val": expected, "test": expected}
+
+
+def test_data_on_device_never_as_typed_does_not_ask_the_gpu(monkeypatch):
+    """--data_on_device never, as a command line gives it (a string parsed at run time, not the
+    interned literal of the code), keeps the data off the GPU before anything asks CUDA (this
+    machine has none: torch.cuda.mem_get_info would raise)."""
+    import shlex
+
+    import data_provider.data_factory as factory
+    from data_provider.data_factory import keeps_data_on_device
+
+    monkeypatch.setattr(factory, "_placement_cache", {})  # no earlier test's decision stands in
+    args = make_args(*shlex.split("--synthetic_rows 1500 --data_on_device never"))
+    make_experiment(args)
+    assert args.data_on_device == "never" and args.data_on_device is not sys.intern("never")
+    assert keeps_data_on_device(args, torch.device("cuda", 0)) is False
