@@ -37,6 +37,7 @@ import glob
 import hashlib
 import json
 import logging
+import mmap
 import operator
 import os
 import re
@@ -295,7 +296,18 @@ class CorpusData(ForecastData):
             out[chosen] = self.windows(f, span)[first[chosen] - self.file_start[f]]
         for row in np.flatnonzero(~inside):  # at most span - 1 window starts per file boundary
             out[row] = self.points(int(first[row]), int(first[row]) + span)
+        self.release(np.unique(np.concatenate([file, file + (~inside)])))
         return out
+
+    def release(self, files):
+        """Drop the pages a batch touched from this process's mappings (madvise DONTNEED): they stay in
+        the OS page cache, shared, but no longer count in the process's resident memory, which would
+        otherwise grow with every page a run has read (by up to 64 KiB of fault-around per window).
+        Costs a minor fault per page on the next touch: about 0.1 ms a batch, measured."""
+        for f in files:
+            mapping = getattr(self.files[f], "_mmap", None)
+            if mapping is not None:
+                mapping.madvise(mmap.MADV_DONTNEED)
 
     def finish(self, values, series):
         """Windows as read -> the float32 windows served: a built corpus is stored as served."""
