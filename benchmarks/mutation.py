@@ -38,7 +38,7 @@ TARGETS = {
                             "test_steps.py"],
     "exp/steps.py": ["test_steps.py", "test_training.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
-                             "test_process_lifecycle.py"],
+                             "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_resume_and_restart.py", "test_bad_input.py"],
     "data_provider/permutation.py": ["test_permutation.py", "test_data.py", "test_corpus.py"],

@@ -85,3 +85,17 @@ def test_zero_halves_the_optimizer_state_per_rank_for_timerxl():
               f"with --zero ({ratio:.3f})")
         assert 0.35 < ratio < 0.65
     assert sum(m[True] for m in per_rank) == pytest.approx(per_rank[0][False], rel=0.01)
+
+
+def _optimizer_types(rank, world):
+    from utils import distributed
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    return (type(distributed.make_optimizer(params, torch.optim.Adam, lr=0.1)).__name__,
+            type(distributed.make_optimizer(params, torch.optim.Adam, shard=True, lr=0.1)).__name__)
+
+
+def test_an_optimizer_is_sharded_only_when_asked():
+    """make_optimizer's default, under a process group too, is the plain optimizer: ZeroRedundancyOptimizer
+    only with shard=True (--zero)."""
+    assert run_on_ranks(_optimizer_types, 2) == [("Adam", "ZeroRedundancyOptimizer")] * 2
