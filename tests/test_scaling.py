@@ -85,15 +85,20 @@ def test_accumulation_and_ddp_take_the_same_step_as_one_large_batch():
 
 
 def test_gradient_clipping_is_the_same_on_any_world_size_and_accumulation():
-    """--clip_grad clips the global norm of the step's gradient: the all-reduced one under DDP, the added-up
-    one under accumulation, so every rank and every split of the batch clips alike and logs the same norm."""
+    """--clip_grad clips the global norm of the step's gradient: the all-reduced one under DDP (with --zero
+    too), the added-up one under accumulation, so every rank and every split of the batch clips alike and
+    logs the same norm. (After fp16's unscaling: tests/gpu/test_gpu_amp.py.)"""
     clip = ["--clip_grad", 0.05]
     single = _as_tensors(_configurations(0, 1, [(32, 1), (16, 2)], clip))
     ranks = [_as_tensors(r) for r in run_on_ranks(_configurations, 2, [(16, 1)], clip)]
+    # --zero shards only Adam's state: every rank still holds the whole all-reduced gradient and clips alike
+    zero = [_as_tensors(r) for r in run_on_ranks(_configurations, 2, [(16, 1)], [*clip, "--zero"])]
     reference = single[0]
     assert reference["norm"].item() > 0.05  # the case under test: the gradient is clipped
     assert reference["grads"].norm().item() == pytest.approx(0.05, rel=1e-5)
-    for name, case in {"1 x 16 x 2 accumulation": single[1], "rank 0 of 2": ranks[0][0], "rank 1 of 2": ranks[1][0]}.items():
+    cases = {"1 x 16 x 2 accumulation": single[1], "rank 0 of 2": ranks[0][0], "rank 1 of 2": ranks[1][0],
+             "rank 0 of 2 --zero": zero[0][0], "rank 1 of 2 --zero": zero[1][0]}
+    for name, case in cases.items():
         assert case["norm"].item() == pytest.approx(reference["norm"].item(), rel=1e-5), name
         grad_gap = float((case["grads"] - reference["grads"]).norm() / reference["grads"].norm())
         assert grad_gap < 1e-5, f"{name}: gradients {grad_gap:.2e}"

@@ -61,3 +61,23 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale():
     assert all(torch.isfinite(value).all() for value in after.values())
     assert any(not torch.equal(after[name], initial[name]) for name in initial), "the normal batch moved nothing"
     assert exp.grad_scaler.get_scale() == scale * 0.5  # a finite step keeps it (growth waits 2000 steps)
+
+
+def test_fp16_clipping_sees_the_unscaled_gradient():
+    """--clip_grad under fp16's GradScaler: the norm is taken after unscaling, so it equals the fp32 step's
+    norm (to fp16 rounding), not the loss scale (65536) times it, and the clipped gradient has norm --clip_grad."""
+    from data_provider.data_factory import data_provider
+
+    def step(*amp):
+        exp = make_experiment(make_args("--model", "DLinear", "--synthetic_rows", 2000, "--seq_len", 96, "--pred_len", 24,
+                                        "--batch_size", 8, "--clip_grad", 0.05, *amp))
+        dataset, _ = data_provider(exp.args, "train", exp.device)
+        exp.model.train()
+        exp.train_step([dataset.__getitems__(torch.arange(8))], exp.make_optimizer())
+        grads = torch.cat([p.grad.flatten().float() for p in exp.raw_model.parameters()])
+        return exp.last_grad_norm.item(), grads.norm().item()
+
+    fp32_norm, fp32_clipped = step()
+    fp16_norm, fp16_clipped = step("--use_amp", "--amp_dtype", "fp16")
+    assert fp32_norm > 0.05 and fp16_norm == pytest.approx(fp32_norm, rel=1e-2)
+    assert fp16_clipped == pytest.approx(0.05, rel=1e-3) and fp32_clipped == pytest.approx(0.05, rel=1e-5)
