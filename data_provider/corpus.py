@@ -56,7 +56,7 @@ from utils.errors import UserError, require
 from utils.files import atomic_write
 
 CORPUS = "corpus"
-INDEX, STATE = "index.json", ".build_state.json"
+INDEX, STATE, JOURNAL = "index.json", ".build_state.json", ".build_series.jsonl"
 FORMAT, VERSION = "tsl-corpus", 1
 ARROW_SUFFIXES = (".parquet", ".arrow")
 POINT = np.dtype("<f4")  # every value, little-endian float32
@@ -141,14 +141,18 @@ def build(out_dir, sources, shard_mb=256, scale=True, progress=True):
     require(not os.path.exists(os.path.join(out_dir, INDEX)),
             f"{out_dir} already holds a finished corpus ({INDEX}); build into another folder or delete it")
     files = source_files(sources)
-    state_path = os.path.join(out_dir, STATE)
+    state_path, journal_path = os.path.join(out_dir, STATE), os.path.join(out_dir, JOURNAL)
+    # the state stays small (rewritten after every file); each series' record is appended to the journal,
+    # so a build of many files and series writes every record once
     state = {"sources": files, "scale": scale, "build_id": uuid.uuid4().hex, "shard_points": int(shard_mb * 2**20) // POINT.itemsize,
-             "done": 0, "series": [], "shards": []}
+             "done": 0, "shards": [], "journal_bytes": 0}
     if os.path.exists(state_path):
         with open(state_path) as f:
             saved = json.load(f)
         require(saved["sources"] == files and saved["scale"] == scale,
                 f"{out_dir} holds an unfinished build of other sources or scaling; give the same sources, or "
+                "delete the folder to start over")
+        require("journal_bytes" in saved, f"{out_dir} holds an unfinished build of an older version of this code; "
                 "delete the folder to start over")
         state = saved
         logger.info(f"continuing the build in {out_dir} after {state['done']} of {len(files)} files")
@@ -159,25 +163,32 @@ def build(out_dir, sources, shard_mb=256, scale=True, progress=True):
     for shard in shards:  # the last one may hold points of a file that was not finished
         with open(os.path.join(out_dir, shard["file"]), "r+b") as f:
             f.truncate(shard["points"] * POINT.itemsize)
+    with open(journal_path, "ab") as journal:  # likewise the records of an unfinished file
+        journal.truncate(state["journal_bytes"])
     for path in tqdm(files[state["done"]:], desc="corpus", unit="file", disable=not progress,
                      initial=state["done"], total=len(files)):
-        with contextlib.ExitStack() as open_shards:
+        with contextlib.ExitStack() as open_files:
             handles = {}  # the shards this source file writes to, each opened once
+            journal = open_files.enter_context(open(journal_path, "a"))
             for name, values, ends, mean, std in series_of(path, scale):
                 if not shards or (shards[-1]["points"] and shards[-1]["points"] + len(values) > state["shard_points"]):
                     shards.append({"file": _shard_name(state["build_id"], len(shards)), "points": 0})
                 shard = shards[-1]
                 if shard["file"] not in handles:
-                    handles[shard["file"]] = open_shards.enter_context(open(os.path.join(out_dir, shard["file"]), "ab"))
+                    handles[shard["file"]] = open_files.enter_context(open(os.path.join(out_dir, shard["file"]), "ab"))
                 handles[shard["file"]].write(values.astype(POINT, copy=False).tobytes())
-                state["series"].append({"name": name, "shard": len(shards) - 1, "offset": shard["points"],
-                                        "length": len(values), "ends": list(map(int, ends)), "mean": mean, "std": std})
+                journal.write(json.dumps({"name": name, "shard": len(shards) - 1, "offset": shard["points"],
+                                          "length": len(values), "ends": list(map(int, ends)), "mean": mean,
+                                          "std": std}) + "\n")
                 shard["points"] += len(values)
-            for f in handles.values():  # on disk before the state says this file is done
+            for f in [*handles.values(), journal]:  # on disk before the state says this file is done
                 f.flush()
                 os.fsync(f.fileno())
+            state["journal_bytes"] = journal.tell()
         state["done"] += 1
         _save_json(state_path, state)
+    with open(journal_path) as journal:
+        state["series"] = [json.loads(line) for line in journal]
     require(state["series"], f"the sources hold no series: {', '.join(files[:3])}")
     for shard in shards:  # a digest of every shard: the ranks compare it before training
         digest = hashlib.blake2b(digest_size=8)
@@ -190,6 +201,7 @@ def build(out_dir, sources, shard_mb=256, scale=True, progress=True):
              "series": state["series"]}
     _save_json(os.path.join(out_dir, INDEX), index)  # last: only now is the folder a corpus
     os.remove(state_path)
+    os.remove(journal_path)
     return index
 
 

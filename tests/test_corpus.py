@@ -104,6 +104,8 @@ def test_a_stopped_build_continues_to_the_same_corpus(tmp_path, monkeypatch):
     # a kill while writing c.npy's series may leave a shard begun after the last recorded file: redone
     build_id = json.loads((tmp_path / "stopped" / STATE).read_text())["build_id"]
     (tmp_path / "stopped" / corpus_module._shard_name(build_id, 99)).write_bytes(b"half a shard")
+    with open(tmp_path / "stopped" / corpus_module.JOURNAL, "a") as journal:  # and records of that file, cut off
+        journal.write('{"name": "c.npy:0", "shard": 0, "off')
     resumed = build(str(tmp_path / "stopped"), [str(src)], shard_mb=0.005, progress=False)
     assert not (tmp_path / "stopped" / STATE).exists()
     assert sorted(p.name for p in (tmp_path / "stopped").iterdir()) == sorted(
