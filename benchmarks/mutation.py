@@ -50,6 +50,9 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "data_provider/permutation.py:87:core/NumberReplacer":
+        "ShuffledShards.__iter__ computes its positions in chunks of 1 << 16; another chunk size yields the "
+        "same positions in the same order (the chunking only bounds the memory of one call)",
     "exp/exp_basic.py:27:core/ReplaceComparisonOperator_Eq_Is":
         "`self._amp_dtype == torch.float16` -> `is`: torch dtypes are singletons, so the two agree",
     "utils/checkpoint.py:265:core/ReplaceBinaryOperator_Sub_BitXor":

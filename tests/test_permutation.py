@@ -35,6 +35,19 @@ def test_the_order_is_the_same_in_every_version_of_the_code():
                                                                                     868751853013]
 
 
+def test_the_validation_subset_is_the_same_in_every_version_of_the_code():
+    """--val_windows' subset decides every reported validation loss: pinned like the training order."""
+    from data_provider.data_factory import validation_subset
+
+    class Split:
+        window, split = None, "val"
+
+        def __len__(self):
+            return 1000
+
+    assert validation_subset(Split(), 6, 2021).indices.tolist() == [113, 456, 495, 559, 668, 758]
+
+
 @pytest.mark.parametrize("n, world", [(1000, 1), (1000, 2), (1001, 3), (5, 3)])
 def test_ranks_take_disjoint_equal_shares_of_every_window(n, world):
     """DistributedSampler's contract: equal counts (padded by wrapping), every window in an epoch."""
