@@ -1,9 +1,12 @@
 """Train, validate and test a forecaster: `python run.py --model DLinear`.
 
-Every argument is in utils/arguments.py (TSLib's and OpenLTM's names).
+Every argument is in utils/arguments.py (TSLib's and OpenLTM's names, so their scripts run unchanged).
 DDP: `torchrun --nproc_per_node N run.py --ddp ...`, or `python run.py --ddp` which starts
 `--nproc_per_node` local workers through PyTorch's own launcher (torch.distributed.run), or
-`srun ... python run.py --ddp`, one task per GPU (SLURM's variables mapped to torchrun's).
+`srun ... python run.py --ddp`, one task per GPU (SLURM's variables mapped to torchrun's). TSLib's
+`--use_multi_gpu` and OpenLTM's `--dp` (DataParallel there) start one DDP worker per `--devices` entry.
+`--is_training 0` evaluates saved weights without training: this setting's, `--checkpoint`'s, OpenLTM's
+`--test_dir`'s, or, zero-shot, pre-trained ones (`--pretrain_model_path`) on any data set.
 """
 import logging
 import os
@@ -14,10 +17,10 @@ import traceback
 from data_provider.data_factory import data_fingerprint
 from exp.exp_forecast import Exp_Forecast
 from exp.outputs import predict, save_results
-from exp.settings import resolve_args, setting_name
+from exp.settings import data_parallel, evaluated_weights, resolve_args, setting_name
 from utils import distributed
 from utils.arguments import describe_ignored, parse_args
-from utils.checkpoint import checkpoint_path, setting_lock
+from utils.checkpoint import setting_lock
 from utils.errors import NodeError, UserError
 
 logger = logging.getLogger("tsl")
@@ -48,14 +51,26 @@ def configure_logging(quiet=False):
 
 
 def launch_local_workers(args):
-    """`python run.py --ddp` outside torchrun: hand the same command line to torchrun's engine."""
+    """`python run.py --ddp` outside torchrun: hand the same command line to torchrun's engine. With
+    --use_multi_gpu / --dp --devices, one worker per listed device, shown only those devices."""
     import torch
 
-    from utils.launch import launch
+    from utils.launch import device_workers, launch
 
+    cuda = args.use_gpu and torch.cuda.is_available()
     nproc = args.nproc_per_node
+    if data_parallel(args) and args.devices:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        nproc, shown = device_workers(args.devices, nproc, torch.cuda.device_count() if cuda else 0, visible)
+        if shown is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = shown  # the workers' environment: torchrun passes it on
+        if not args.quiet:
+            where = f"CUDA_VISIBLE_DEVICES={shown}" if shown is not None else "gloo on the CPU"
+            print(f"{'--use_multi_gpu' if args.use_multi_gpu else '--dp'} --devices {','.join(map(str, args.devices))}: "
+                  f"DDP with {nproc} processes, one per device ({where}), --batch_size {args.batch_size} split between "
+                  "them", flush=True)
     if nproc is None:
-        nproc = torch.cuda.device_count() if args.use_gpu and torch.cuda.is_available() else 2
+        nproc = torch.cuda.device_count() if cuda else 2
     return launch(["--standalone", f"--nproc_per_node={nproc}", os.path.abspath(__file__), *sys.argv[1:]])
 
 
@@ -83,15 +98,17 @@ def stop_quietly():
 
 def main(argv=None):
     args = parse_args(argv)
+    # TSLib's --use_multi_gpu, OpenLTM's --dp: DDP, unless --devices names one device (then one process on it)
+    args.ddp = args.ddp or (data_parallel(args) and (args.devices is None or len(args.devices) > 1))
     try:  # srun's tasks, one per GPU, become torchrun's workers (utils.distributed.slurm_task_variables decides)
         slurm_task, slurm_warning = distributed.adopt_slurm_task(args.ddp, args.nproc_per_node)
+        if args.ddp and not distributed.launched_by_torchrun():
+            if slurm_warning:
+                print(f"warning: {slurm_warning}", file=sys.stderr)
+            return launch_local_workers(args)
     except UserError as problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.ddp and not distributed.launched_by_torchrun():
-        if slurm_warning:
-            print(f"warning: {slurm_warning}", file=sys.stderr)
-        return launch_local_workers(args)
     if not slurm_task:  # a task srun started has no launcher of ours: slurmstepd ends it with the step
         distributed.die_with_launcher()
     previous = stop_quietly()
@@ -165,10 +182,10 @@ def run_experiments(args, device):
             if args.is_training:
                 training = exp.train(setting)
                 metrics = exp.test(setting)
-            else:
+            else:  # saved weights, untrained here; zero-shot: pre-trained ones on this data set
                 training = None
-                checkpoint = args.checkpoint or checkpoint_path(args, setting)
-                metrics = exp.test(setting, checkpoint=checkpoint)
+                weights, pretrained = evaluated_weights(args, setting)
+                metrics = exp.test(setting, checkpoint=weights, pretrained=pretrained)
             save_results(args, setting, metrics, training)
             if args.do_predict:
                 predict(exp, setting)

@@ -30,7 +30,8 @@ CONFIG = REPO / "benchmarks" / "mutation.toml"
 TARGETS = {
     "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py"],
     "exp/outputs.py": ["test_outputs.py", "test_results_files.py"],
-    "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_bad_input.py"],
+    "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
+                        "test_bad_input.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
@@ -40,7 +41,8 @@ TARGETS = {
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py"],
-    "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_resume_and_restart.py", "test_bad_input.py"],
+    "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_openltm_checkpoints.py", "test_steps.py",
+                            "test_resume_and_restart.py", "test_bad_input.py"],
     "data_provider/permutation.py": ["test_permutation.py", "test_data.py", "test_corpus.py"],
     "data_provider/corpus.py": ["test_corpus.py", "test_bad_input.py"],
     "data_provider/": ["test_data.py", "test_window_loader.py", "test_pretrain.py", "test_slicing.py",
@@ -50,6 +52,12 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "exp/outputs.py:214:core/NumberReplacer":
+        "`[0]` -> `[-1]` on the forecast of predict's batch: the batch is the one window of future_input "
+        "(see exp/outputs.py:213 below), so its first and last rows are the same",
+    "utils/metrics.py:96:core/ReplaceComparisonOperator_GtE_NotEq":
+        "`pred.dim() >= 2` -> `!= 2` in batch_loss's layout choice: as for the USub mutant of that line, the "
+        "layout only decides which contiguous copy the mean runs over; the same elements are averaged",
     "data_provider/permutation.py:87:core/NumberReplacer":
         "ShuffledShards.__iter__ computes its positions in chunks of 1 << 16; another chunk size yields the "
         "same positions in the same order (the chunking only bounds the memory of one call)",

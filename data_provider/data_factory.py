@@ -11,6 +11,7 @@ from torch.utils.data import DistributedSampler
 
 from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
+from data_provider.openltm_data import OPENLTM_DATA
 from data_provider.permutation import FeistelPermutation, ShuffledShards, epoch_key
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
@@ -31,11 +32,14 @@ def _cache_key(args):
 def prepared_data(args):
     """The scaled data of args' data set (a ForecastData), read once per process."""
     known = DATASETS + (UNIVARIATE, CORPUS)
-    require(args.data in known, f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file)")
+    require(args.data in known + tuple(OPENLTM_DATA),
+            f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file), "
+            f"or OpenLTM's {', '.join(OPENLTM_DATA)}")
     key = _cache_key(args)
     if key not in _prepared_cache:
         _prepared_cache.clear()
-        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus}.get(args.data, prepare_table)
+        kind = OPENLTM_DATA[args.data].kind if args.data in OPENLTM_DATA else args.data  # OpenLTM's: table or univariate
+        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus}.get(kind, prepare_table)
         _prepared_cache[key] = prepare(args)
     return _prepared_cache[key]
 

@@ -7,6 +7,7 @@ import pandas as pd
 
 from data_provider.files import read_table
 from data_provider.interface import ForecastData
+from data_provider.openltm_data import OPENLTM_DATA, ends_of_file
 from data_provider.splits import ETT_DATASETS, SPLITS, split_ends, split_start
 from data_provider.timefeatures import freq_offset, future_dates, time_features
 from data_provider.windows import WindowDataset
@@ -96,7 +97,8 @@ def prepare_table(args):
     """Read, select columns, fit the scaler on the training rows only, add time features."""
     table = read_table(args)
     values, columns = select_columns(table, args.features, args.target)
-    ends = split_ends(args.data, len(values))
+    openltm = OPENLTM_DATA.get(args.data)  # OpenLTM's MultivariateDatasetBenchmark splits by the file's name
+    ends = ends_of_file(openltm, args.data_path, len(values)) if openltm else split_ends(args.data, len(values))
     scaler = None
     if args.scale:
         # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data

@@ -16,6 +16,7 @@ import numpy as np
 
 from data_provider.files import read_file
 from data_provider.interface import ForecastData
+from data_provider.openltm_data import OPENLTM_DATA, ends_of_file
 from data_provider.splits import SPLITS, split_ends, split_start
 from data_provider.windows import WindowDataset, WindowSelection
 from utils.errors import UserError, require
@@ -24,9 +25,11 @@ UNIVARIATE = "univariate"
 SUFFIXES = (".csv", ".txt", ".txt.gz", ".npy")  # what data_provider.files reads
 
 
-def matching_files(root_path, pattern):
+def matching_files(root_path, pattern, data="univariate"):
     """The data files under `root_path` that the glob `pattern` names, sorted."""
     paths = sorted(p for p in glob.glob(os.path.join(root_path, pattern), recursive=True) if os.path.isfile(p))
+    if data != UNIVARIATE:  # OpenLTM's names: the files are --data_path, or all of one type under --root_path
+        require(paths, f"--data {data} reads '{pattern}' under --root_path {root_path}, which matches no file")
     require(paths, f"--data_path '{pattern}' matches no file under {root_path}; with --data univariate it is a "
                    "glob relative to --root_path, e.g. '*.csv' or '**/*.npy'")
     others = [p for p in paths if not p.endswith(SUFFIXES)]
@@ -93,11 +96,12 @@ class UnivariateData(ForecastData):
                         "use --data custom on one file")
 
 
-def scaled_series(path, values, scale=True):
+def scaled_series(path, values, scale=True, ends=None):
     """Each channel of one file's [T, C] values as a series of its own: a list of (float32 values,
     split ends, mean, std), scaled with the file's training rows' statistics (StandardScaler treats
-    columns independently, so each series gets its own); mean 0 and std 1 when not scaled."""
-    ends = _file_ends(path, len(values))
+    columns independently, so each series gets its own); mean 0 and std 1 when not scaled. `ends`:
+    where the splits end (default: ETT borders for a file named like an ETT file, else 70/10/20)."""
+    ends = ends or _file_ends(path, len(values))
     mean, std = np.zeros(values.shape[1]), np.ones(values.shape[1])
     if scale and ends[0] > 0:
         # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data
@@ -110,12 +114,20 @@ def scaled_series(path, values, scale=True):
 
 
 def prepare_univariate(args):
-    """Read every matched file; split and scale each of its channels as a series of its own."""
-    require(args.features != "MS", "--data univariate makes every channel a series of its own, so there are no "
+    """Read every matched file; split and scale each of its channels as a series of its own. OpenLTM's
+    univariate data sets (data_provider/openltm_data.py) name their files and split them their way."""
+    require(args.features != "MS", f"--data {args.data} makes every channel a series of its own, so there are no "
                                    "covariates for --features MS; use --features S")
+    openltm = OPENLTM_DATA.get(args.data)
+    pattern = openltm.files if openltm and openltm.files else args.data_path
     series, ends = [], []
-    for path in matching_files(args.root_path, args.data_path):
-        for values, file_ends, _, _ in scaled_series(path, read_file(path).values, args.scale):
+    for path in matching_files(args.root_path, pattern, args.data):
+        values = read_file(path).values
+        file_ends = None
+        if openltm:
+            values = values[:, :max(int(values.shape[1] * openltm.column_share), 1)]
+            file_ends = ends_of_file(openltm, path, len(values))
+        for values, file_ends, _, _ in scaled_series(path, values, args.scale, file_ends):
             series.append(values)
             ends.append(file_ends)
     return UnivariateData(series, ends)

@@ -1,5 +1,7 @@
 """Fine-tuning from a pre-trained checkpoint: OpenLTM's `--adaptation --pretrain_model_path PATH`,
-optionally few-shot on a random fraction of the training windows (`--subset_rand_ratio`)."""
+optionally few-shot on a random fraction of the training windows (`--subset_rand_ratio`). PATH is a
+checkpoint of ours or of OpenLTM's Timer-XL / Timer (.pth, .safetensors or a model.safetensors folder):
+docs/openltm.md."""
 import logging
 import os
 
@@ -21,11 +23,12 @@ def check_adaptation_args(args):
 
 
 def load_pretrained(model, path, device):
-    """Strictly load `path` into `model` as best checkpoints are loaded: rank 0 reads the file and
+    """Strictly load `path` into `model` as best checkpoints are loaded (ours, or OpenLTM's Timer-XL /
+    Timer converted in memory: utils/checkpoint.read_weights): rank 0 reads the file and
     every rank gets its weights, so the nodes need no shared disk; if it cannot, every rank
     raises the same error and the job ends with exit 2 everywhere."""
     def load(module):
-        require(os.path.isfile(path), f"--pretrain_model_path {path} not found; pass the checkpoint.pth that a "
+        require(os.path.exists(path), f"--pretrain_model_path {path} not found; pass the checkpoint.pth that a "
                                       "pre-training run wrote under its --checkpoints folder")
         try:
             load_weights(module, path, map_location=device)

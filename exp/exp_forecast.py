@@ -242,12 +242,15 @@ class Exp_Forecast(Exp_Basic):
         """Exact global validation loss (same value on every rank, for any world size)."""
         return self._loss_of(self.evaluate(vali_loader, stage))
 
-    def test(self, setting, checkpoint=None):
-        """Test metrics of the current weights, or of `checkpoint` if given; runs under DDP too."""
+    def test(self, setting, checkpoint=None, pretrained=False):
+        """Test metrics of the current weights, or of `checkpoint` if given (`pretrained`: zero-shot, the
+        weights of a pre-training run on another data set); runs under DDP too, rank 0 reading the file."""
         args = self.args
         if checkpoint:
             require_outputs_writable(args, setting)
-            distributed.load_on_main(self.raw_model, load_weights, checkpoint, map_location=self.device)
+            if pretrained:
+                logger.info(f"zero-shot: evaluating pre-trained weights {checkpoint} on --data {args.data}, untrained")
+            distributed.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
         _, vali_loader = data_provider(args, "val", self.device)
         _, test_loader = data_provider(args, "test", self.device)
         vali_loss = self.vali(vali_loader, "val")
@@ -269,6 +272,14 @@ class Exp_Forecast(Exp_Basic):
         logger.log(RESULT, result_line(setting, metrics))
         draw_forecasts(self, setting)
         return metrics
+
+
+def _load_evaluated(model, path, pretrained, device):
+    """Strictly load the weights --is_training 0 evaluates (utils.checkpoint reads ours and OpenLTM's files)."""
+    require(not pretrained or os.path.exists(path),
+            f"--pretrain_model_path {path} not found; pass the checkpoint of a pre-training run (its "
+            "<checkpoints>/<setting>/checkpoint.pth, or OpenLTM's)")
+    load_weights(model, path, map_location=device)
 
 
 def training_summary(args, setting, train_windows, plan=None):

@@ -7,6 +7,7 @@ argument ends every rank alike before any collective.
 """
 import argparse
 import json
+import logging
 import os
 
 import torch
@@ -14,11 +15,14 @@ import torch
 from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
 from models import FORWARD_INPUTS, get_model_class, inputs_used
-from utils.arguments import SEED_LIMIT
-from utils.checkpoint import load_weights
+from utils import distributed
+from utils.arguments import FORECAST_TASKS, OTHER_TSLIB_TASKS, SEED_LIMIT
+from utils.checkpoint import checkpoint_path, load_weights
 from utils.errors import UserError, require
 from utils.metrics import LOSSES
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
+
+logger = logging.getLogger("tsl")
 
 
 def fill_defaults(args):
@@ -39,6 +43,7 @@ def model_class(args):
 def resolve_args(args, world_size):
     """Fill args in place (and return them) for a run on `world_size` processes; a UserError
     for anything impossible. Reads the data (cached per process), never a process group."""
+    check_task(args)
     fill_defaults(args)
     cls = model_class(args)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
@@ -50,14 +55,70 @@ def resolve_args(args, world_size):
     require(args.seed + args.itr - 1 < SEED_LIMIT,
             f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
     require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+    _split_data_parallel_batch(args, world_size)
     args.global_batch_size = global_batch_size(args, world_size)
     args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
     LearningRateSchedule.check(args.lradj)  # an unknown --lradj fails before any training
-    check_adaptation_args(args)
+    _check_weights_sources(args)
     if args.autoregressive:
         _check_tokens(args)
     _check_devices(args)
     return args
+
+
+def check_task(args):
+    """Forecasting is what this codebase does; TSLib's other tasks are refused in one line, before any data is read."""
+    task = args.task_name
+    words = task.replace("_", " ")
+    require(task not in OTHER_TSLIB_TASKS,
+            f"--task_name {task} is TSLib's {words} task, which this codebase does not do: it does long-term "
+            "forecasting only (--task_name long_term_forecast, OpenLTM's forecast, or zero_shot_forecast); run "
+            f"{task} with TSLib")
+    require(task in FORECAST_TASKS, f"unknown --task_name '{task}'; this codebase does long-term forecasting: "
+                                    f"{', '.join(FORECAST_TASKS)}")
+    require(task != "zero_shot_forecast" or (not args.is_training and args.pretrain_model_path),
+            "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
+            "--pretrain_model_path FILE")
+
+
+def zero_shot(args):
+    """`--is_training 0 --pretrain_model_path FILE`: pre-trained weights evaluated on this data set, untrained."""
+    return not args.is_training and bool(args.pretrain_model_path)
+
+
+def _check_weights_sources(args):
+    """Training may start from --pretrain_model_path (--adaptation); --is_training 0 evaluates one set of
+    weights, named by one of --pretrain_model_path (zero-shot), --checkpoint and --test_dir, or none."""
+    if args.is_training:
+        check_adaptation_args(args)
+        return
+    named = [f"--{name} {getattr(args, name)}" for name in ("pretrain_model_path", "checkpoint", "test_dir")
+             if getattr(args, name)]
+    require(len(named) <= 1, f"--is_training 0 evaluates one set of weights, but {' and '.join(named)} each name "
+                             "one; keep one of them")
+    if not zero_shot(args):
+        check_adaptation_args(args)
+
+
+def evaluated_weights(args, setting):
+    """(path, pretrained) of the weights --is_training 0 evaluates: --pretrain_model_path (zero-shot), --checkpoint,
+    OpenLTM's <checkpoints>/<test_dir>/<test_file_name>, else <checkpoints>/<setting>/<test_file_name> (default
+    checkpoint.pth). OpenLTM's rolling-forecast scripts give a --test_dir in a setting format that no run writes
+    (not even OpenLTM's): when it holds no such file but this setting's folder does, those weights are the ones
+    these arguments trained, and they are evaluated, with a warning. Only rank 0 reads the file."""
+    if args.pretrain_model_path:
+        return args.pretrain_model_path, True
+    if args.checkpoint:
+        return args.checkpoint, False
+    own = checkpoint_path(args, setting, args.test_file_name or "checkpoint.pth")
+    if not args.test_dir:
+        return own, False
+    named = os.path.join(args.checkpoints, args.test_dir, args.test_file_name or "checkpoint.pth")
+    if os.path.exists(named) or not os.path.exists(own):
+        return named, False
+    if distributed.is_main():
+        logger.warning(f"--test_dir: {named} does not exist; evaluating {own}, which these arguments trained")
+    return own, False
 
 
 def _fill_shapes(args, data, cls):
@@ -77,6 +138,10 @@ def _fill_shapes(args, data, cls):
         require(given in allowed,
                 f"--{name} {given} does not match the data: {args.data} has {n_channels} channel(s) with --features "
                 f"{args.features}, so --{name} is {' or '.join(map(str, allowed))}; drop --{name} (the data decides it)")
+    require(args.autoregressive or args.test_pred_len in (None, args.pred_len),
+            f"--test_pred_len {args.test_pred_len}: {args.model} forecasts --pred_len ({args.pred_len}) steps in one "
+            "pass and does not roll out; drop --test_pred_len, or evaluate weights trained for --pred_len "
+            f"{args.test_pred_len}")
     args.test_seq_len = args.test_seq_len or args.seq_len
     args.test_pred_len = args.test_pred_len or args.pred_len
 
@@ -103,8 +168,35 @@ def _check_tokens(args):
             f"must cover --test_pred_len ({args.test_pred_len})")
 
 
+def data_parallel(args):
+    """TSLib's --use_multi_gpu or OpenLTM's --dp: DataParallel there, DDP over --devices here."""
+    return args.use_multi_gpu or args.dp
+
+
+def _split_data_parallel_batch(args, world_size):
+    """Under --use_multi_gpu / --dp, --batch_size is DataParallel's: the whole batch, split between the
+    devices. Here each device is a DDP process, so each takes an equal share (the global batch stays
+    --batch_size), and --gpu, which TSLib and OpenLTM overwrite with the first device, decides nothing."""
+    if not data_parallel(args):
+        return
+    if world_size == 1:
+        if args.devices:
+            args.gpu = args.devices[0]  # one device: a single process on it
+        return
+    args.gpu = None
+    whole = getattr(args, "data_parallel_batch_size", None) or args.batch_size  # resolved twice: split once
+    flag = "--use_multi_gpu" if args.use_multi_gpu else "--dp"
+    require(whole % world_size == 0,
+            f"--batch_size {whole} cannot be split evenly between the {world_size} processes of {flag} (as in "
+            f"DataParallel, it is the whole batch, shared by the devices); use a multiple of {world_size}")
+    args.data_parallel_batch_size = whole
+    args.batch_size = whole // world_size
+
+
 def _check_devices(args):
     """What only a GPU can run: distributed.setup computes on CUDA exactly when this holds."""
+    require(args.gpu_type != "mps", "--gpu_type mps: this codebase runs on CUDA GPUs or the CPU, not on Apple's MPS "
+                                    "(PyTorch's DDP has no MPS backend); drop --gpu_type mps to run on the CPU")
     cuda = args.use_gpu and torch.cuda.is_available()
     # PyTorch refuses SyncBatchNorm on CPU inside DDP
     require(not (args.sync_bn and args.ddp and not cuda),

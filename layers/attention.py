@@ -15,19 +15,24 @@ def token_ids(n_vars: int, n_tokens: int, device=None):
     return flat // n_tokens, flat % n_tokens
 
 
-def timer_xl_blocked_mask(n_vars: int, n_tokens: int, covariate: bool = False, device=None) -> torch.Tensor:
+def timer_xl_blocked_mask(n_vars: int, n_tokens: int, covariate: bool = False, device=None,
+                          window_covariates: bool = False) -> torch.Tensor:
     """Boolean [S, S] mask (S = n_vars * n_tokens), True where query token i must NOT attend to key token j.
 
     Multivariate: Kronecker product of an all-ones variable dependency with a causal time mask, i.e. token
     (c, n) sees (c', n') iff n' <= n. Covariate (last variable is the target, as in OpenLTM): every variable
     sees only its own past, the target sees the past of all variables, so no covariate token ever depends
-    on the target.
+    on the target. `window_covariates` (OpenLTM's code, TimerCovariateMask): the target sees every
+    covariate token of the window, later ones included, and its own past.
     """
     var_id, time_id = token_ids(n_vars, n_tokens, device)
     blocked = time_id.unsqueeze(0) > time_id.unsqueeze(1)
     if covariate:
         same_var = var_id.unsqueeze(0) == var_id.unsqueeze(1)
         query_is_target = (var_id == n_vars - 1).unsqueeze(1)
+        if window_covariates:  # OpenLTM's code: the target reads every covariate token of the window
+            key_is_covariate = (var_id != n_vars - 1).unsqueeze(0)
+            return (blocked | ~same_var) & ~(query_is_target & key_is_covariate)
         blocked = blocked | ~(same_var | query_is_target)
     return blocked
 
@@ -80,24 +85,37 @@ class BinaryAttentionBias(nn.Module):
         return torch.where(same_var, same[:, None, None], different[:, None, None])
 
 
+# What TimeAttention computes: "paper" follows the Timer-XL paper; "openltm" OpenLTM's code
+# (layers/SelfAttention_Family.py), which its released weights were trained with. They differ only
+# with more than one variable (see TimeAttention).
+ATTENTION_KINDS = ("paper", "openltm")
+
+
 class TimeAttention(nn.Module):
     """Multi-head self-attention over C * N flattened patch tokens with Timer-XL's Kronecker mask.
 
-    Queries and keys are rotated by each token's time index n (not its flattened index), so every
-    variable shares the same positional frame; a binary same/different-variable bias is added to the
-    logits; the causal (and optionally covariate) mask is folded into the same float additive mask so
+    kind="paper" (the default): queries and keys are rotated by each token's time index n, so every
+    variable shares the same positional frame (the paper's R_{i-j}); a binary same/different-variable
+    bias is added to the scaled logits; with `covariate` the target sees the past of every variable.
+    kind="openltm", OpenLTM's code: rotated by the flattened index c * N + n (OpenLTM issue #10),
+    the bias added before the 1/sqrt(E) scaling, and with `covariate` the target sees every covariate
+    token of the window (TimerCovariateMask). With one variable the two are the same function.
+    The causal (and optionally covariate) mask is folded into the same float additive mask so
     F.scaled_dot_product_attention can use a fused kernel.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, covariate: bool = False,
-                 rotary_fraction: float = 0.5):
+                 rotary_fraction: float = 0.5, kind: str = "paper"):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"kind must be one of {ATTENTION_KINDS}, got {kind!r}")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.covariate = covariate
+        self.kind = kind
         self.query_projection = nn.Linear(d_model, d_model)
         self.key_projection = nn.Linear(d_model, d_model)
         self.value_projection = nn.Linear(d_model, d_model)
@@ -108,9 +126,12 @@ class TimeAttention(nn.Module):
     def attention_mask(self, n_vars: int, n_tokens: int, device, dtype) -> torch.Tensor:
         """Float additive mask [1, H, S, S]: variable bias where allowed, -inf where blocked."""
         var_id, _ = token_ids(n_vars, n_tokens, device)
-        blocked = timer_xl_blocked_mask(n_vars, n_tokens, self.covariate, device)
-        bias = self.variable_bias(var_id, var_id).masked_fill(blocked, float("-inf"))
-        return bias.unsqueeze(0).to(dtype)
+        openltm = self.kind == "openltm"
+        blocked = timer_xl_blocked_mask(n_vars, n_tokens, self.covariate, device, window_covariates=openltm)
+        bias = self.variable_bias(var_id, var_id)
+        if openltm:  # OpenLTM: softmax(scale * (q.k + bias)), the bias scaled with the scores
+            bias = bias / math.sqrt(self.head_dim)
+        return bias.masked_fill(blocked, float("-inf")).unsqueeze(0).to(dtype)
 
     def forward(self, x: torch.Tensor, n_vars: int, n_tokens: int) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -125,8 +146,9 @@ class TimeAttention(nn.Module):
         value = split_heads(self.value_projection(x))
 
         _, time_id = token_ids(n_vars, n_tokens, x.device)
-        query = self.rotary(query, time_id)
-        key = self.rotary(key, time_id)
+        positions = torch.arange(seq, device=x.device) if self.kind == "openltm" else time_id
+        query = self.rotary(query, positions)
+        key = self.rotary(key, positions)
 
         mask = self.attention_mask(n_vars, n_tokens, x.device, query.dtype)
         out = F.scaled_dot_product_attention(

@@ -21,12 +21,16 @@ class Model(nn.Module):
         self.use_norm = bool(configs.use_norm)
         self.norm = InstanceNorm()
         dropout = configs.dropout
+        # "paper" (the default) or "openltm": what OpenLTM's code computes, the same on one variable
+        # (layers/attention.py TimeAttention; docs/openltm.md)
+        self.attention_kind = getattr(configs, "timerxl_attention", "paper")
         self.embedding = nn.Linear(self.input_token_len, configs.d_model)
         self.blocks = TimerBlock(
             [
                 TimerLayer(
                     TimeAttention(configs.d_model, configs.n_heads, dropout=dropout,
-                                  covariate=bool(configs.covariate)),
+                                  covariate=bool(configs.covariate),
+                                  kind=self.attention_kind),
                     configs.d_model, configs.d_ff, dropout=dropout,
                     activation=configs.activation,
                 )

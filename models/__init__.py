@@ -1,6 +1,8 @@
 """Model registry: every `models/<Name>.py` that defines `Model(configs)` is `--model <Name>`.
 
-Nothing to edit when a model is added; files are imported only when asked for.
+Nothing to edit when a model is added; files are imported only when asked for. Other spellings of
+a name are aliases, derived from the registry rather than listed: any case, with or without `_`
+and `-` (OpenLTM's `timer_xl` and `timer` are TimerXL and Timer, `dlinear` is DLinear).
 """
 import importlib
 import pkgutil
@@ -23,7 +25,23 @@ def available_models():
     return sorted(names)
 
 
+def _spelling_key(name):
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def canonical_name(name):
+    """The registry's spelling of model `name` (`timer_xl` -> `TimerXL`), or `name` itself when no
+    model goes by it (get_model_class then says which exist). A name two models share once their
+    case and separators are dropped stays as given: only its exact spelling finds a model."""
+    models = available_models()
+    if name in models:
+        return name
+    matches = [model for model in models if _spelling_key(model) == _spelling_key(name)]
+    return matches[0] if len(matches) == 1 else name
+
+
 def get_model_class(name):
+    name = canonical_name(name)
     if name not in available_models():
         raise UserError(f"unknown --model '{name}'; available: {', '.join(available_models())}")
     module = importlib.import_module(f"models.{name}")

@@ -227,6 +227,8 @@ PROBES = [
           "ETTm2.csv is named like an ETT file, so it gets the ETT borders, but it has only 1000 rows",
           shows="a 1000-row `ETTm2.csv` under `--data univariate`"),
     Probe("unknown data", fixed("--data", "ETTh3"), "unknown --data 'ETTh3'; choose one of ETTh1"),
+    Probe("UTSD folder without .npy files", lambda f: ["--data", "Utsd_Npy", "--root_path", f],
+          "--data Utsd_Npy reads '**/*.npy' under --root_path", shows="`--data Utsd_Npy` on a folder without `.npy` files"),
     Probe("enc_in the data contradicts", fixed(*SMALL, "--enc_in", 3), "--enc_in 3 does not match the data"),
     Probe("dec_in the data contradicts", fixed(*SMALL, "--dec_in", 3), "--dec_in 3 does not match the data"),
     Probe("c_out the data contradicts", fixed(*SMALL, "--model", "TSMixer", "--c_out", 3), "--c_out 3 does not match the data"),
@@ -260,6 +262,19 @@ PROBES = [
                                                "--down_sampling_window", 4, "--down_sampling_method", "avg"),
           "seq_len 48 is too short for 3 down-sampling layers of window 4"),
     Probe("unknown model", fixed("--model", "Nope"), "unknown --model 'Nope'; available: DLinear, "),
+    # TSLib's other tasks: this codebase forecasts
+    *(Probe(f"TSLib's {task} task", fixed("--task_name", task),
+            f"--task_name {task} is TSLib's {task.replace('_', ' ')} task, which this codebase does not do: it does "
+            "long-term forecasting only") for task in ("imputation", "anomaly_detection", "classification",
+                                                       "short_term_forecast")),
+    Probe("zero-shot task without weights", fixed("--task_name", "zero_shot_forecast"),
+          "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0"),
+    Probe("two sets of weights to evaluate", lambda f: ["--is_training", 0, "--checkpoint", f / "a.pth",
+                                                        "--pretrain_model_path", f / "b.pth"],
+          "--is_training 0 evaluates one set of weights, but --pretrain_model_path",
+          shows="`--is_training 0 --checkpoint a.pth --pretrain_model_path b.pth`"),
+    Probe("direct model rolled out", fixed("--test_pred_len", 192),
+          "--test_pred_len 192: DLinear forecasts --pred_len (96) steps in one pass and does not roll out"),
     Probe("unknown loss", fixed("--loss", "Huber"), "unknown --loss 'Huber'; choose one of"),
     Probe("unknown lradj", fixed("--lradj", "fancy"), "unknown --lradj 'fancy'; choose one of type1"),
     Probe("unknown lr_scaling", fixed("--lr_scaling", "cubic"), "unknown --lr_scaling 'cubic'; choose one of none, linear, sqrt"),
@@ -278,6 +293,9 @@ PROBES = [
           shows="a folder where the run's `metrics.json` goes"),
     # checkpoints and training states
     Probe("missing checkpoint", lambda f: ["--is_training", 0, "--checkpoint", f / "none.pth"], "checkpoint not found", shows="`--is_training 0 --checkpoint none.pth`"),
+    Probe("missing pre-trained weights", lambda f: ["--is_training", 0, "--pretrain_model_path", f / "none.pth"],
+          "none.pth not found; pass the checkpoint of a pre-training run",
+          shows="`--is_training 0 --pretrain_model_path none.pth` (zero-shot)"),
     Probe("truncated checkpoint", _truncated, "truncated, corrupt", shows="a checkpoint cut after 100 bytes"),
     Probe("checkpoint of another model", _other_model, "does not fit model DLinear: missing: Linear_Seasonal.bias",
           shows="a TimerXL checkpoint given to DLinear"),
@@ -290,6 +308,11 @@ PROBES = [
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
     Probe("--gpu under DDP", fixed("--gpu", 1, *SMALL), "--gpu 1 picks the GPU of a single-process run", (2,)),
     Probe("fp16 on CPU", fixed("--use_amp", "--amp_dtype", "fp16"), "--amp_dtype fp16 needs a GPU", without_gpu=True),
+    Probe("Apple GPU", fixed("--gpu_type", "mps"), "--gpu_type mps: this codebase runs on CUDA GPUs or the CPU"),
+    Probe("devices that are not GPU numbers", fixed("--use_multi_gpu", "--devices", "a,b"),
+          "--devices must be GPU numbers separated by commas, such as 0,1, got 'a,b'"),
+    Probe("DataParallel batch that does not split", fixed(*SMALL, "--use_multi_gpu", "--batch_size", 33),
+          "--batch_size 33 cannot be split evenly between the 2 processes of --use_multi_gpu", (2,)),
 ]
 DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
 if _has_gpu():

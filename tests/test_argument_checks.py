@@ -150,3 +150,11 @@ def test_the_itr_loop_may_reach_the_largest_seed_but_not_pass_it():
         resolve_args(make_args("--seed", SEED_LIMIT - 2, "--itr", 3, *rows), 1)
     assert str(refused.value) == (f"--seed {SEED_LIMIT - 2} with --itr 3 passes the largest seed, 4294967295; "
                                   "use a smaller --seed")  # the message names the largest seed itself: 2**32 - 1
+
+
+def test_data_on_device_always_without_loader_workers_is_accepted():
+    """--data_on_device always is refused only with --num_workers > 0 (workers cannot gather on the GPU)."""
+    from exp.settings import resolve_args
+    from helpers import make_args
+
+    resolve_args(make_args("--data_on_device", "always", "--num_workers", 0, "--synthetic_rows", 1500), 1)

@@ -28,9 +28,9 @@ TSLIB_DLINEAR_ETTH1 = r"""python -u run.py \
   --c_out 7 \
   --des 'Exp' \
   --itr 1"""
-# Arguments of TSLib's run.py for other tasks and models, which its scripts pass freely.
-TSLIB_FOREIGN = ["--use_multi_gpu", "--devices", "0,1", "--p_hidden_dims", "128", "128", "--distil",
-                 "--mask_rate", "0.25", "--seasonal_patterns", "Monthly"]
+# Arguments of TSLib's run.py for other tasks and models, which its scripts pass freely. (--use_multi_gpu
+# --devices are read: DDP over those devices, tests/test_multi_gpu_flags.py.)
+TSLIB_FOREIGN = ["--p_hidden_dims", "128", "128", "--distil", "--mask_rate", "0.25", "--seasonal_patterns", "Monthly"]
 
 
 def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):

@@ -1,6 +1,7 @@
 """The research tooling in benchmarks/: the results table beside the published figures
 (benchmarks/report.py), drop_last_effect.py, reproduce.py's command line, the TF32 emulation,
-bench_train.py's output file and tslib_crosscheck.py's import of a TSLib checkout."""
+bench_train.py's output file, tslib_crosscheck.py's import of a TSLib checkout and
+openltm_crosscheck.py's of an OpenLTM checkout."""
 import json
 import re
 import sys
@@ -333,3 +334,28 @@ def test_every_module_mutation_testing_mutates_has_targeted_tests():
         for module in modules:
             if (REPO / module).read_text().strip():  # an empty __init__.py has nothing to mutate
                 assert all((REPO / test).exists() for test in targets_for(module)), module
+
+
+# ------------------------------------------------------------------ openltm_crosscheck.py
+def test_openltm_crosscheck_imports_the_checkout_and_refuses_what_is_not_one(tmp_path):
+    """OpenLTM's models/, layers/ and utils/ are named like ours: its Timer-XL and Timer come from the
+    checkout, ours stay in place afterwards, and a folder without OpenLTM's files is refused by name."""
+    from benchmarks.openltm_crosscheck import openltm_modules
+    from utils.errors import UserError
+    import utils.checkpoint as ours
+
+    checkout = tmp_path / "OpenLTM"
+    for folder in ("models", "layers", "utils"):
+        (checkout / folder).mkdir(parents=True)
+    for name in ("models/timer_xl.py", "models/timer.py", "layers/SelfAttention_Family.py", "utils/masking.py"):
+        (checkout / name).write_text(f"WHOSE = 'theirs: {name}'\n")
+    with pytest.raises(UserError, match="__init__.py"):  # a namespace folder loses to our package
+        openltm_modules(checkout)
+    (checkout / "models" / "__init__.py").write_text("")
+    modules = openltm_modules(checkout)
+    assert modules["TimerXL"].WHOSE == "theirs: models/timer_xl.py" and modules["Timer"].WHOSE == "theirs: models/timer.py"
+    import utils.checkpoint
+    assert utils.checkpoint is ours and sys.modules["utils.checkpoint"] is ours
+    (checkout / "utils" / "masking.py").unlink()
+    with pytest.raises(UserError, match="has no utils/masking.py"):
+        openltm_modules(checkout)

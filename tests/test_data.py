@@ -437,3 +437,26 @@ def test_a_split_without_a_window_names_the_split_its_rows_and_the_window_span(t
     assert str(caught.value) == (f"the val split of {name} has {rows}, fewer than the 596 one window needs "
                                  f"(seq_len 96 + horizon); shorten --seq_len/--pred_len or "
                                  f"{'use a longer series' if kind == 'table' else 'add longer series'}")
+
+
+def test_a_file_of_one_data_row_is_read(tmp_path):
+    """The header-only check refuses a file with no rows, not one with a single row (too short for a
+    window, which a later check says in its own words)."""
+    from data_provider.files import read_file
+
+    path = tmp_path / "one_row.csv"
+    path.write_text("date,a,OT\n2021-01-01 00:00:00,1.5,2.5\n")
+    assert len(read_file(str(path)).values) == 1
+
+
+def test_time_features_follow_embed_as_typed_on_the_command_line():
+    """`--embed timeF` parsed from a command line (a string argparse built, not an interned literal)
+    selects the timeF features: [hour, weekday, day of month, day of year] scaled to [-0.5, 0.5]."""
+    import shlex
+
+    from data_provider.timefeatures import time_features
+
+    args = make_args(*shlex.split("--embed timeF --freq h"))
+    assert args.embed == "timeF" and args.embed is not "timeF"  # noqa: F632 (the point of the test)
+    features = time_features(pd.date_range("2021-01-01", periods=5, freq="h"), args.freq, args.embed)
+    assert features.shape == (5, 4) and np.abs(features).max() <= 0.5

@@ -14,6 +14,11 @@ import time
 
 DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
 SEED_LIMIT = 2 ** 32  # numpy's seeds are 32-bit; --itr adds its run index
+# What this codebase does: TSLib's long-term forecasting, OpenLTM's forecast task (the same thing), and
+# TSLib's zero-shot forecasting (pre-trained weights evaluated without training).
+FORECAST_TASKS = ("long_term_forecast", "forecast", "zero_shot_forecast")
+# TSLib's other tasks, refused in one line (exp.settings.check_task)
+OTHER_TSLIB_TASKS = ("short_term_forecast", "imputation", "anomaly_detection", "classification")
 
 
 def _number(kind, ok, wanted):
@@ -38,6 +43,17 @@ non_negative_float = _number(float, lambda v: v >= 0, ">= 0")
 probability = _number(float, lambda v: 0 <= v < 1, "in [0, 1)")
 fraction = _number(float, lambda v: 0 < v <= 1, "in (0, 1]")
 flag_int = _number(int, lambda v: v in (0, 1), "0 or 1")
+
+
+def device_list(text):
+    """--devices: TSLib's and OpenLTM's comma-separated GPU numbers ('0,1,2,3'), as a tuple of ints."""
+    parts = text.replace(" ", "").split(",")
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"must be GPU numbers separated by commas, such as 0,1, got '{text}'")
+    devices = tuple(int(part) for part in parts)
+    if len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"must name each GPU once, got '{text}'")
+    return devices
 
 
 class Parser(argparse.ArgumentParser):
@@ -78,10 +94,15 @@ def build_parser():
     p = Parser(description="Time-series forecasting with exact DistributedDataParallel",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("basic")
-    g.add_argument("--task_name", default="long_term_forecast")
-    g.add_argument("--is_training", type=flag_int, default=1, help="1: train then test; 0: evaluate --checkpoint")
+    g.add_argument("--task_name", default="long_term_forecast",
+                   help="long_term_forecast (TSLib), forecast (OpenLTM) or zero_shot_forecast (--is_training 0 "
+                        "--pretrain_model_path FILE); TSLib's other tasks are not done here")
+    g.add_argument("--is_training", type=flag_int, default=1,
+                   help="1: train then test; 0: evaluate saved weights without training (--checkpoint, --test_dir, "
+                        "--pretrain_model_path for zero-shot, else this setting's checkpoint.pth)")
     g.add_argument("--model_id", default="test")
-    g.add_argument("--model", default="DLinear", help="any models/<Name>.py")
+    g.add_argument("--model", default="DLinear",
+                   help="any models/<Name>.py, in any case, with or without _ (OpenLTM's timer_xl is TimerXL)")
     g.add_argument("--des", default="exp", help="free text appended to the setting name")
     g.add_argument("--itr", type=positive_int, default=1, help="repeat the experiment; run i uses seed + i")
     g.add_argument("--seed", type=seed_int, default=2021)
@@ -89,7 +110,9 @@ def build_parser():
     g = p.add_argument_group(DATA_GROUP)
     g.add_argument("--data", default="synthetic",
                    help="ETTh1, ETTh2, ETTm1, ETTm2, custom, synthetic (built in), univariate (every channel of every file a "
-                        "series) or corpus (a built corpus folder as --root_path: python -m data_provider.corpus)")
+                        "series) or corpus (a built corpus folder as --root_path: python -m data_provider.corpus); "
+                        "OpenLTM's MultivariateDatasetBenchmark, UnivariateDatasetBenchmark, Utsd, Utsd_Npy and "
+                        "Era5_Pretrain read as OpenLTM splits them (data_provider/openltm_data.py)")
     g.add_argument("--root_path", default="./dataset/", help="folder of --data_path")
     g.add_argument("--data_path", default="ETTh1.csv", help="file under --root_path; a glob (e.g. '*.csv') with --data univariate")
     g.add_argument("--features", default="M", help="M: multi->multi, S: uni->uni, MS: multi->target")
@@ -146,6 +169,10 @@ def build_parser():
     g.add_argument("--down_sampling_layers", type=non_negative_int, default=0, help="TimeMixer: number of coarser scales")
     g.add_argument("--down_sampling_window", type=positive_int, default=1, help="TimeMixer: down-sampling factor per scale")
     g.add_argument("--down_sampling_method", default=None, choices=("avg", "max", "conv"), help="TimeMixer: avg, max or conv")
+    g.add_argument("--timerxl_attention", default="paper", choices=("paper", "openltm"),
+                   help="TimerXL: the paper's attention, or OpenLTM's code's (rotary by flattened token index, "
+                        "the variable bias before scaling, its covariate mask); the same on one variable "
+                        "(docs/openltm.md)")
     g.add_argument("--mark_pairing", default="window", choices=("window", "tiled"),
                    help="TimeMixer with channel independence: the calendar each channel's series is given. "
                         "window: its own window's; tiled: the official code's x_mark.repeat(C, 1, 1), "
@@ -177,6 +204,10 @@ def build_parser():
     g.add_argument("--patience", type=positive_int, default=3)
     g.add_argument("--learning_rate", type=non_negative_float, default=1e-4, help="0 keeps the initial weights (a baseline run)")
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
+    g.add_argument("--cosine", action="store_true",
+                   help="OpenLTM's schedule instead of --lradj: cosine annealing from the learning rate to 1e-8 "
+                        "over --tmax epochs (torch's CosineAnnealingLR, stepped once an epoch)")
+    g.add_argument("--tmax", type=positive_int, default=10, help="--cosine: epochs of one half cosine period")
     g.add_argument("--weight_decay", type=non_negative_float, default=0.0)
     g.add_argument("--warmup_steps", type=non_negative_int, default=0,
                    help="linear learning-rate warm-up over the first N optimizer steps, on top of --lradj")
@@ -209,7 +240,16 @@ def build_parser():
                    help="TSLib's spelling of --use_gpu false")
     g.add_argument("--gpu", type=non_negative_int, default=None,
                    help="the GPU of a single-process run (default 0); under --ddp each process uses its LOCAL_RANK's")
+    g.add_argument("--gpu_type", default="cuda", choices=("cuda", "mps"),
+                   help="TSLib's: cuda (GPUs, or the CPU without one); mps is refused (DDP has no MPS backend)")
     g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
+    g.add_argument("--use_multi_gpu", action="store_true",
+                   help="TSLib's DataParallel: here DDP, one process per --devices entry (started by run.py), "
+                        "--batch_size split between them as DataParallel splits it")
+    g.add_argument("--dp", action="store_true", help="OpenLTM's DataParallel: the same as --use_multi_gpu")
+    g.add_argument("--devices", type=device_list, default=None,
+                   help="with --use_multi_gpu or --dp: the GPUs, as numbered among the visible ones (default: "
+                        "every visible GPU, or 2 processes on the CPU)")
     g.add_argument("--nproc_per_node", type=positive_int, default=None, help="workers --ddp starts without torchrun (default: GPUs, or 2 on CPU)")
     g.add_argument("--dist_timeout", type=positive_int, default=600, help="seconds a collective may wait")
     g.add_argument("--local_rank", "--local-rank", type=non_negative_int, default=None, help="legacy torch.distributed.launch; unused")
@@ -221,12 +261,19 @@ def build_parser():
     g.add_argument("--results_dir", default="./results", help="folder of results.jsonl and each setting's outputs")
     g.add_argument("--quiet", action="store_true", help="print nothing but the final results (no progress, no epoch lines)")
     g.add_argument("--checkpoint", default=None, help="weights evaluated when --is_training 0")
+    g.add_argument("--test_dir", default=None,
+                   help="OpenLTM's: with --is_training 0, evaluate <checkpoints>/<test_dir>/<test_file_name>")
+    g.add_argument("--test_file_name", default=None,
+                   help="OpenLTM's: the file in --test_dir (default checkpoint.pth; without --test_dir, in this "
+                        "setting's folder)")
     g.add_argument("--resume", nargs="?", const="auto", default=None,
                    help="continue the setting's last.pth (or the given training-state file)")
     g.add_argument("--inverse", action="store_true", help="also report test metrics on the original scale (mse_orig, ...)")
     g.add_argument("--do_predict", action="store_true",
                    help="forecast past the data file's last row into <results_dir>/<setting>/forecast.csv")
     g.add_argument("--no_plots", action="store_true", help="skip forecast.png and training_curves.png")
+    g.add_argument("--visualize", dest="no_plots", action="store_false", default=argparse.SUPPRESS,
+                   help="OpenLTM's: draw the test forecasts (drawn unless --no_plots; the later of the two wins)")
     g.add_argument("--save_steps", type=non_negative_int, default=0,
                    help="also write last.pth every N optimizer steps, mid-epoch included (--resume continues "
                         "from that step exactly)")
@@ -244,21 +291,45 @@ def parse_args(argv=None):
     # 128 128, --distil, ...): keep them aside for one warning instead of failing. Our own
     # arguments still get their type checks.
     args, ignored = build_parser().parse_known_args(argv)
-    args.ignored_args = ignored
+    args.ignored_args = ignored + _unused_here(args)
+    from models import canonical_name  # here, not at the top: models/ imports utils
+
+    args.model = canonical_name(args.model)  # OpenLTM's timer_xl is TimerXL, in setting names too
     return args  # exp.settings.resolve_args fills what other arguments and the data decide
+
+
+def _unused_here(args):
+    """Our arguments that these others leave unread, as TSLib and OpenLTM leave them: for the warning line."""
+    unused = []
+    if args.devices is not None and not (args.use_multi_gpu or args.dp):
+        unused += ["--devices", ",".join(map(str, args.devices))]
+    if args.is_training:  # OpenLTM's scripts pass them to training runs too, which test what they trained
+        unused += [token for name in ("test_dir", "test_file_name") if getattr(args, name) is not None
+                   for token in (f"--{name}", getattr(args, name))]
+    return unused
 
 
 # TSLib/OpenLTM arguments that look like a misspelling of one of ours: no "did you mean" for them.
 FOREIGN_LOOKALIKES = ("--seg_len", "--top_p", "--scaling", "--checkpoints_dir", "--patch_size")
+# Foreign flags whose absence of effect wants a reason in the warning line.
+WHY_IGNORED = {
+    "--flash_attention": "attention here always runs through PyTorch's fused scaled_dot_product_attention",
+    "--output_attention": "no model here returns attention maps",
+    "--devices": "it is read with --use_multi_gpu or --dp only, as in TSLib and OpenLTM",
+    "--test_dir": "read with --is_training 0 only; a training run tests what it trained, as in OpenLTM",
+    "--test_file_name": "read with --is_training 0 only",
+}
 
 
 def describe_ignored(tokens):
-    """'--use_multi_gpu --devices 0,1 --lerning_rate 0.01 (--lerning_rate: did you mean --learning_rate?)'."""
+    """'--distil --lerning_rate 0.01 (--lerning_rate: did you mean --learning_rate?)'."""
     ours = [o for action in build_parser()._actions for o in action.option_strings]
     hints = []
     for token in tokens:
         name = token.split("=")[0]
-        if not name.startswith("--") or name in FOREIGN_LOOKALIKES:
+        if name in WHY_IGNORED:
+            hints.append(f"{name}: {WHY_IGNORED[name]}")
+        if not name.startswith("--") or name in FOREIGN_LOOKALIKES or name in WHY_IGNORED:
             continue
         close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
         if close:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import distributed
+from utils import distributed, openltm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names
 from utils.errors import UserError
 from utils.files import atomic_write
@@ -43,27 +43,55 @@ def strip_wrapper_prefixes(state_dict):
     return clean
 
 
-def read_state_dict(path, map_location="cpu"):
-    """A plain state_dict from a file, whatever wrapper saved it."""
-    if not os.path.isfile(path):
+def read_weights(path, map_location="cpu"):
+    """(a plain state_dict in our layout, its Source) from a file, whatever wrapper saved it: our own
+    (.pth, a training state's weights; Source None), or OpenLTM's Timer-XL / Timer converted in memory
+    (utils/openltm.py). A .safetensors file or a Hugging Face folder (model.safetensors + config.json)
+    is read alike. A model we do not have is refused in one line."""
+    if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises many types for truncated / foreign files
-        raise UserError(
-            f"cannot read checkpoint {path}: it is truncated, corrupt or not a PyTorch weights file "
-            f"({type(exc).__name__}). Re-train or point --checkpoint at a valid file."
-        ) from None
+    tensors_file = openltm.safetensors_path(path)
+    if tensors_file is not None:
+        state = openltm.read_safetensors(tensors_file, map_location)
+    else:
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as exc:  # torch raises many types for truncated / foreign files
+            raise UserError(
+                f"cannot read checkpoint {path}: it is truncated, corrupt or not a PyTorch weights file "
+                f"({type(exc).__name__}). Re-train or point --checkpoint at a valid file."
+            ) from None
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]  # a full training-state file: take its weights
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"checkpoint {path} does not hold a model state_dict")
-    return strip_wrapper_prefixes(state)
+    state = strip_wrapper_prefixes(state)
+    source = openltm.recognise(state)
+    if source is None:
+        return state, None
+    if not source.openltm:
+        config = openltm.describe_config(openltm.hf_config(tensors_file)) if tensors_file else ""
+        raise UserError(f"checkpoint {path} holds {source.what}{config}, which this codebase cannot load: "
+                        f"{source.why_not}. OpenLTM's Timer-XL and Timer load as --model TimerXL / Timer")
+    try:
+        return openltm.openltm_to_ours(state, source.model), source
+    except UserError as exc:
+        raise UserError(f"checkpoint {path} ({source.what}): {exc}") from None
+
+
+def read_state_dict(path, map_location="cpu"):
+    """A plain state_dict in our layout from a file (see read_weights)."""
+    return read_weights(path, map_location)[0]
 
 
 def load_weights(model, path, map_location="cpu"):
-    """Strictly load `path` into `model`; on a mismatch name every offending key."""
-    state = read_state_dict(path, map_location)
+    """Strictly load `path` into `model`; on a mismatch name every offending key (and, for TimerXL /
+    Timer, the shape arguments that differ). OpenLTM's Timer-XL / Timer files load converted."""
+    state, source = read_weights(path, map_location)
+    name = type(model).__module__.split('.')[-1]
+    if source is not None and source.model != name:
+        raise UserError(f"checkpoint {path} holds {source.what} weights: load it with --model {source.model}, "
+                        f"not {name}")
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -78,13 +106,32 @@ def load_weights(model, path, map_location="cpu"):
             if keys:
                 shown = ", ".join(keys[:6]) + (f", ... ({len(keys)} in all)" if len(keys) > 6 else "")
                 parts.append(f"{label}: {shown}")
+        origin = f" ({source.what}, converted)" if source is not None else ""
         raise UserError(
-            f"checkpoint {path} does not fit model {type(model).__module__.split('.')[-1]}: "
-            + "; ".join(parts)
+            f"checkpoint {path}{origin} does not fit model {name}: "
+            + "; ".join(parts) + _shape_difference(state, expected, name)
             + ". Use the same --model and shape arguments (seq_len, pred_len, d_model, ...) it was trained with."
         )
     model.load_state_dict(state, strict=True)
+    if source is not None and getattr(model, "attention_kind", None) == "paper":
+        logger.warning(f"{path}: OpenLTM's Timer-XL code attends differently from the paper's (rotary positions "
+                       "over the flattened token index, the variable bias scaled with the scores, and with "
+                       "--covariate the target reading every covariate token): the same on one variable, another "
+                       "function on several; --timerxl_attention openltm computes OpenLTM's (docs/openltm.md)")
     return model
+
+
+def _shape_difference(state, expected, name):
+    """'; the file has e_layers 2, d_ff 64 where the model has e_layers 3, d_ff 128' for a TimerXL / Timer
+    pair, else ''."""
+    if name not in openltm.KEY_TABLE or openltm.our_model_of(state) != name:
+        return ""
+    ours, file = openltm.shape_args(expected, name), openltm.shape_args(state, name)
+    differing = [k for k in file if file[k] is not None and ours[k] is not None and file[k] != ours[k]]
+    if not differing:
+        return ""
+    return ("; the file has " + ", ".join(f"{k} {file[k]}" for k in differing)
+            + " where the model has " + ", ".join(f"{k} {ours[k]}" for k in differing))
 
 
 def checkpoint_path(args, setting, name="checkpoint.pth"):
@@ -113,7 +160,8 @@ NOT_IDENTITY = {
     "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and --zero shards the same Adam state
-    "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero"),
+    "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero",
+                        "gpu_type", "use_multi_gpu", "dp", "devices"),
     # what a run writes and where, never how it trains
     "results, pictures and forecasts": group_names("results, pictures and forecasts"),
 }
@@ -430,3 +478,49 @@ def setting_lock(args, setting):
             if held["new_folder"]:
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
+
+
+# ------------------------------------------------------------ python -m utils.checkpoint export
+def export(src, dst, to="openltm"):
+    """Write `src` (any file read_weights reads) to `dst` in OpenLTM's layout (`to="openltm"`, for
+    OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`). Returns the model name."""
+    state, source = read_weights(src)
+    model = openltm.our_model_of(state)
+    if model is None:
+        raise UserError(f"{src} is not a TimerXL or Timer checkpoint: OpenLTM's layout exists for those two only")
+    out = openltm.ours_to_openltm(state, model) if to == "openltm" else state
+    save_atomic(out, dst)
+    return model, source
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m utils.checkpoint",
+                                     description="Convert TimerXL / Timer checkpoints between our layout and OpenLTM's "
+                                                 "(the key table: utils/openltm.py, docs/openltm.md).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("export", help="write SRC in OpenLTM's layout (--to openltm) or ours (--to ours)")
+    convert.add_argument("--to", choices=("openltm", "ours"), default="openltm")
+    convert.add_argument("src", help="a checkpoint.pth / last.pth of ours, or an OpenLTM checkpoint (.pth, "
+                                     ".safetensors, a model.safetensors folder)")
+    convert.add_argument("dst", help="the file to write")
+    args = parser.parse_args(argv)
+    model, source = export(args.src, args.dst, args.to)
+    origin = source.what if source is not None else f"our {model}"
+    target = f"OpenLTM's {openltm.OPENLTM_FILES[model]}" if args.to == "openltm" else f"our models/{model}.py"
+    print(f"wrote {args.dst}: {origin} weights in the layout of {target}")
+    if model == "TimerXL":
+        print("note: on more than one variable OpenLTM's Timer-XL computes what --timerxl_attention openltm computes "
+              "here, not the paper's attention (docs/openltm.md)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(main())
+    except UserError as error:  # one line and exit code 2, as run.py's bad input
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

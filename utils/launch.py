@@ -20,6 +20,7 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
 from torch.distributed.run import get_args_parser, run
 
 from utils.distributed import LAUNCHER_PID, USER_ERROR_SIGNAL
+from utils.errors import UserError
 
 
 def launch(torchrun_argv):
@@ -52,6 +53,26 @@ def launch(torchrun_argv):
     finally:
         os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+def device_workers(devices, nproc_per_node, gpus, visible=None):
+    """TSLib's --use_multi_gpu and OpenLTM's --dp with --devices, as local DDP workers: (how many, the
+    CUDA_VISIBLE_DEVICES they get, or None to leave it as it is). --devices are numbered among the GPUs
+    this process sees (`visible`, its CUDA_VISIBLE_DEVICES, when set), as PyTorch numbers them, so worker
+    LOCAL_RANK r computes on the r-th listed device. `gpus`: how many this process sees (0: the run is on
+    the CPU, and the list only counts the workers)."""
+    if nproc_per_node is not None and nproc_per_node != len(devices):
+        raise UserError(f"--nproc_per_node {nproc_per_node} and --devices {','.join(map(str, devices))} "
+                        f"({len(devices)} device(s)) disagree; one process runs per device: drop --nproc_per_node")
+    if not gpus:
+        return len(devices), None
+    missing = [d for d in devices if d >= gpus]
+    if missing:
+        shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+        raise UserError(f"--devices {','.join(map(str, devices))} names GPU {missing[0]}, but this machine shows "
+                        f"{gpus} GPU(s){shown}, numbered 0 to {gpus - 1}; choose among those")
+    names = visible.split(",") if visible else [str(d) for d in range(gpus)]
+    return len(devices), ",".join(names[d].strip() for d in devices)
 
 
 def stopped_line(signal_name):

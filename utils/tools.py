@@ -12,6 +12,7 @@ from utils.errors import UserError, require
 LR_SCHEDULES = ("type1", "type2", "cosine", "constant", "TST")
 PER_STEP_SCHEDULES = ("TST",)  # a rate per optimizer step, from the global step; the others one per epoch
 LR_SCALINGS = ("none", "linear", "sqrt")
+COSINE_ETA_MIN = 1e-8  # OpenLTM's --cosine: exp/exp_forecast.py CosineAnnealingLR(..., eta_min=1e-8)
 
 
 def global_batch_size(args, world_size):
@@ -35,6 +36,8 @@ def learning_rate_for_epoch(args, epoch):
     """Learning rate for 1-based `epoch` (TSLib's adjust_learning_rate semantics)."""
     # the experiment sets scaled_learning_rate from --lr_scaling; bare args start from --learning_rate
     base = getattr(args, "scaled_learning_rate", args.learning_rate)
+    if getattr(args, "cosine", False):  # OpenLTM: CosineAnnealingLR(T_max=tmax, eta_min=1e-8), one step an epoch
+        return COSINE_ETA_MIN + (base - COSINE_ETA_MIN) / 2 * (1 + math.cos((epoch - 1) / args.tmax * math.pi))
     if args.lradj == "type1":  # epochs 1-2 at base, then halve every epoch
         return base * 0.5 ** max(epoch - 2, 0)
     if args.lradj == "type2":  # TSLib's fixed table

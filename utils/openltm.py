@@ -1,0 +1,302 @@
+"""OpenLTM's checkpoints in and out: the key table between thuml/OpenLTM's Timer-XL and Timer
+(models/timer_xl.py, models/timer.py and its layers/) and ours (models/TimerXL.py, models/Timer.py),
+the recogniser that tells a foreign state_dict by its keys, and the conversions both ways.
+
+Written from OpenLTM's public model code (commit 0b30050, 2026-03-22; the layout has been the same
+since 2024-11-04, when `encoder` became `blocks`). Nothing here imports OpenLTM.
+
+The table, per model (`{n}`: a layer index, `{p}`: weight or bias):
+
+| ours | OpenLTM | shape |
+|---|---|---|
+| `embedding.{p}` | `embedding.{p}` | same (Timer: weight only, no bias in either) |
+| TimerXL `blocks.layers.{n}.attention.{q,k,v,out}_projection.{p}` | `blocks.attn_layers.{n}.attention.{q,k,v,out}_projection.{p}` | same |
+| Timer `blocks.layers.{n}.attention.causal.{query,key,value,out}.{p}` | `blocks.attn_layers.{n}.attention.{query,key,value,out}_projection.{p}` | same |
+| TimerXL `blocks.layers.{n}.attention.variable_bias.emb.weight` | `blocks.attn_layers.{n}.attention.inner_attention.attn_bias.emb.weight` | same, [2, n_heads] |
+| `blocks.layers.{n}.linear1.weight` | `blocks.attn_layers.{n}.conv1.weight` | ours [d_ff, d_model], OpenLTM [d_ff, d_model, 1] |
+| `blocks.layers.{n}.linear2.weight` | `blocks.attn_layers.{n}.conv2.weight` | ours [d_model, d_ff], OpenLTM [d_model, d_ff, 1] |
+| `blocks.layers.{n}.linear{1,2}.bias` | `blocks.attn_layers.{n}.conv{1,2}.bias` | same |
+| `blocks.layers.{n}.norm{1,2}.{p}` | `blocks.attn_layers.{n}.norm{1,2}.{p}` | same |
+| `blocks.norm.{p}`, `head.{p}` | `blocks.norm.{p}`, `head.{p}` | same |
+| (Timer: recomputed, not saved) | `position_embedding.pe` | OpenLTM's persistent sinusoid buffer [1, 6500, d_model]: checked and dropped on the way in, made on the way out |
+
+OpenLTM's query/key projection module (`inner_attention.qk_proj`, a QueryKeyProjection around a
+RotaryProjection) holds only non-persistent buffers (theta, cos, sin), so it has no keys: our
+RotaryEmbedding recomputes the same rotation. With more than one variable OpenLTM's Timer-XL
+computes another function than the paper (see layers/attention.TimeAttention, kind="openltm").
+"""
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from utils.errors import UserError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table: our key pattern, OpenLTM's, and whether the weight is a kernel-size-1
+    Conv1d there ([out, in, 1]) and a Linear here ([out, in])."""
+    ours: str
+    openltm: str
+    conv1x1: bool = False
+
+
+def _layer_rules():
+    """Feed-forward, norms and head: spelled alike by both models of both codebases."""
+    return (
+        Rule("blocks.layers.{n}.linear1.weight", "blocks.attn_layers.{n}.conv1.weight", conv1x1=True),
+        Rule("blocks.layers.{n}.linear1.bias", "blocks.attn_layers.{n}.conv1.bias"),
+        Rule("blocks.layers.{n}.linear2.weight", "blocks.attn_layers.{n}.conv2.weight", conv1x1=True),
+        Rule("blocks.layers.{n}.linear2.bias", "blocks.attn_layers.{n}.conv2.bias"),
+        Rule("blocks.layers.{n}.norm1.{p}", "blocks.attn_layers.{n}.norm1.{p}"),
+        Rule("blocks.layers.{n}.norm2.{p}", "blocks.attn_layers.{n}.norm2.{p}"),
+        Rule("blocks.norm.{p}", "blocks.norm.{p}"),
+        Rule("head.{p}", "head.{p}"),
+    )
+
+
+KEY_TABLE = {
+    "TimerXL": (
+        Rule("embedding.{p}", "embedding.{p}"),
+        *(Rule(f"blocks.layers.{{n}}.attention.{name}_projection.{{p}}",
+               f"blocks.attn_layers.{{n}}.attention.{name}_projection.{{p}}")
+          for name in ("query", "key", "value", "out")),
+        Rule("blocks.layers.{n}.attention.variable_bias.emb.weight",
+             "blocks.attn_layers.{n}.attention.inner_attention.attn_bias.emb.weight"),
+        *_layer_rules(),
+    ),
+    "Timer": (
+        Rule("embedding.weight", "embedding.weight"),
+        *(Rule(f"blocks.layers.{{n}}.attention.causal.{name}.{{p}}",
+               f"blocks.attn_layers.{{n}}.attention.{name}_projection.{{p}}")
+          for name in ("query", "key", "value", "out")),
+        *_layer_rules(),
+    ),
+}
+# Keys OpenLTM's model saves that ours computes: dropped on the way in, made on the way out.
+OPENLTM_ONLY = {"Timer": ("position_embedding.pe",), "TimerXL": ()}
+OPENLTM_PE_LEN = 6500  # OpenLTM layers/Embed.py PositionalEmbedding(max_len=6500)
+OPENLTM_FILES = {"TimerXL": "models/timer_xl.py", "Timer": "models/timer.py"}
+MODEL_NAMES = {"TimerXL": "Timer-XL", "Timer": "Timer"}
+
+
+def _pattern(template):
+    escaped = re.escape(template)
+    escaped = escaped.replace(re.escape("{n}"), r"(?P<n>\d+)").replace(re.escape("{p}"), r"(?P<p>weight|bias)")
+    return re.compile(escaped + "$")
+
+
+_COMPILED = {model: [(rule, _pattern(rule.ours), _pattern(rule.openltm)) for rule in rules]
+             for model, rules in KEY_TABLE.items()}
+
+
+def _translate(key, model, to_openltm):
+    """(the key in the other layout, its Rule), or None when no row matches."""
+    for rule, ours, theirs in _COMPILED[model]:
+        match = (ours if to_openltm else theirs).match(key)
+        if match:
+            target = rule.openltm if to_openltm else rule.ours
+            return target.format(**match.groupdict()), rule
+    return None
+
+
+# ------------------------------------------------------------ recognising a state_dict
+@dataclass(frozen=True)
+class Source:
+    """Where a state_dict came from: `model` is ours to load it into (None: a model we lack);
+    `what` names it for messages."""
+    what: str
+    model: str | None = None
+    why_not: str = ""
+
+    @property
+    def openltm(self):
+        return self.model is not None
+
+
+def _any(keys, pattern):
+    regex = re.compile(pattern)
+    return any(regex.search(k) for k in keys)
+
+
+HF_TIMER_DIFFERENCES = (
+    "its decoder layers have a gated SiLU feed-forward (ffn_layer.gate_proj / up_proj / down_proj, no biases), "
+    "rotary positions over the whole head (rotate-half) and no bias in o_proj, the embedding or lm_heads, "
+    "where our Timer has sinusoidal positions and a ReLU/GELU feed-forward with biases and our TimerXL "
+    "half-head rotary positions and a variable bias; loading it needs a model of that architecture, which "
+    "this codebase does not have")
+
+# (pattern any key matches, what it is, why it is not loaded): checked after OpenLTM's Timer-XL and Timer
+UNSUPPORTED = (
+    (r"^flow_loss\.|^model\.embed_layer\.hidden_layer\.", "Sundial (Hugging Face thuml/sundial-*: "
+     "model.embed_layer.hidden_layer, flow_loss)", "a flow-matching head and patch MLP embedding we have no model for"),
+    (r"\.ffn_layer\.experts\.|^model\.embed_layer\.emb_layer\.", "Time-MoE (Hugging Face Maple728/TimeMoE-*: "
+     "model.layers.N.ffn_layer.experts)", "a mixture-of-experts decoder we have no model for"),
+    (r"^model\.embed_layer\.emb\.weight$", "Timer as released on Hugging Face (thuml/timer-base-84m: "
+     "model.layers.N.self_attn.q_proj, lm_heads.N)", HF_TIMER_DIFFERENCES),
+    (r"^encoder\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.", "OpenLTM's Moirai (models/moirai.py: "
+     "encoder.attn_layers.N; OpenLTM's Timer-XL before 2024-11-04 had this layout too)",
+     "a masked encoder we have no model for"),
+    (r"^patch_embedding\.value_embedding\.", "OpenLTM's MOMENT or PatchTST (models/moment.py: patch_embedding, "
+     "encoder.attn_layers.N)", "an encoder with a flatten head we have no model for in OpenLTM's layout"),
+    (r"^encoder\.attn_layers\.\d+\.attention\.query_projection\.", "OpenLTM's Timer from before 2024-11-04 "
+     "(encoder.attn_layers.N)", "re-save it with OpenLTM's current code (blocks.attn_layers.N)"),
+    (r"^backbone\.", "OpenLTM's TTM (models/ttm.py: backbone.*)", "a TSMixer backbone we have no model for"),
+    (r"^gpt2\.", "OpenLTM's GPT4TS / OFA (models/gpt4ts.py: gpt2.*)", "a GPT-2 backbone we have no model for"),
+    (r"^llm_model\.|^reprogramming_layer\.", "OpenLTM's Time-LLM (models/time_llm.py)",
+     "a language-model backbone we have no model for"),
+    (r"^model\.(h|model|transformer)\.", "OpenLTM's AutoTimes (models/autotimes.py: an LLM under model.*)",
+     "a language-model backbone we have no model for"),
+)
+
+
+def recognise(state):
+    """The Source of a state_dict (wrapper prefixes already stripped) in a foreign layout, or None
+    when it is not one (ours, or something the strict load will name key by key)."""
+    keys = list(state)
+    if _any(keys, r"^blocks\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.emb\.weight$"):
+        return Source("OpenLTM's Timer-XL (models/timer_xl.py)", "TimerXL")
+    if _any(keys, r"^blocks\.attn_layers\.\d+\.attention\.query_projection\.weight$"):
+        return Source("OpenLTM's Timer (models/timer.py)", "Timer")
+    for pattern, what, why_not in UNSUPPORTED:
+        if _any(keys, pattern):
+            return Source(what, None, why_not)
+    return None
+
+
+def our_model_of(state):
+    """"TimerXL" or "Timer" for one of our state_dicts of those models, else None."""
+    keys = list(state)
+    if _any(keys, r"^blocks\.layers\.\d+\.attention\.variable_bias\.emb\.weight$"):
+        return "TimerXL"
+    if _any(keys, r"^blocks\.layers\.\d+\.attention\.causal\.query\.weight$"):
+        return "Timer"
+    return None
+
+
+# ------------------------------------------------------------ conversions
+def openltm_to_ours(state, model):
+    """OpenLTM's `model` ("TimerXL" / "Timer") state_dict in our layout. A key no row maps keeps its
+    name, so the strict load names it as unexpected; OpenLTM's Timer positions are checked against
+    ours and dropped."""
+    out = {}
+    for key, value in state.items():
+        if key in OPENLTM_ONLY[model]:
+            _check_positions(value, key)
+            continue
+        hit = _translate(key, model, to_openltm=False)
+        if hit is None:
+            out[key] = value
+            continue
+        name, rule = hit
+        if rule.conv1x1:
+            if value.dim() != 3 or value.shape[-1] != 1:
+                raise UserError(f"{key} has shape {tuple(value.shape)}, not a kernel-size-1 Conv1d weight "
+                                "[out, in, 1]: not a checkpoint of OpenLTM's code")
+            value = value.squeeze(-1)
+        out[name] = value
+    return out
+
+
+def ours_to_openltm(state, model=None):
+    """Our TimerXL / Timer state_dict in OpenLTM's layout, with the buffers OpenLTM saves."""
+    model = model or our_model_of(state)
+    if model not in KEY_TABLE:
+        raise UserError("not a TimerXL or Timer checkpoint of this codebase: OpenLTM has only those two of our "
+                        "models (--model TimerXL / Timer)")
+    out, unmapped = {}, []
+    for key, value in state.items():
+        hit = _translate(key, model, to_openltm=True)
+        if hit is None:
+            unmapped.append(key)
+            continue
+        name, rule = hit
+        out[name] = value.unsqueeze(-1) if rule.conv1x1 else value
+    if unmapped:
+        raise UserError(f"{len(unmapped)} key(s) of this {model} have no place in OpenLTM's "
+                        f"{OPENLTM_FILES[model]}: {', '.join(sorted(unmapped)[:6])}")
+    if model == "Timer":
+        d_model = state["embedding.weight"].shape[0]
+        out["position_embedding.pe"] = sinusoid_table(d_model, OPENLTM_PE_LEN).to(state["embedding.weight"].dtype)
+    return out
+
+
+def sinusoid_table(d_model, length):
+    """OpenLTM's (and TSLib's) fixed positions, [1, length, d_model]: our PositionalEmbedding's table."""
+    from layers.embed import PositionalEmbedding
+
+    return PositionalEmbedding(d_model, max_len=length).table.clone()
+
+
+def _check_positions(value, key):
+    if value.dim() != 3 or value.shape[0] != 1:
+        raise UserError(f"{key} has shape {tuple(value.shape)}, not OpenLTM's [1, length, d_model] positions")
+    expected = sinusoid_table(value.shape[-1], value.shape[1]).to(value.dtype)
+    if not torch.allclose(value.float().cpu(), expected.float(), atol=1e-4, rtol=0):
+        raise UserError(f"{key} is not the sinusoid table OpenLTM's Timer computes (our Timer recomputes it and "
+                        "cannot load other positions)")
+
+
+def shape_args(state, model):
+    """The model arguments a TimerXL / Timer state_dict in our layout shows: e_layers, d_model, d_ff,
+    n_heads (TimerXL only: Timer stores no per-head weight), input_token_len, output_token_len."""
+    layers = {int(m.group(1)) for k in state for m in [re.match(r"blocks\.layers\.(\d+)\.", k)] if m}
+    found = {"e_layers": max(layers) + 1 if layers else None}
+    probes = {"d_model": ("embedding.weight", 0), "input_token_len": ("embedding.weight", 1),
+              "d_ff": ("blocks.layers.0.linear1.weight", 0), "output_token_len": ("head.weight", 0)}
+    if model == "TimerXL":
+        probes["n_heads"] = ("blocks.layers.0.attention.variable_bias.emb.weight", 1)
+    for name, (key, dim) in probes.items():
+        value = state.get(key)
+        found[name] = int(value.shape[dim]) if value is not None and value.dim() > dim else None
+    return found
+
+
+# ------------------------------------------------------------ files: .pth, .safetensors, Hugging Face folders
+SAFETENSORS_NAME = "model.safetensors"
+
+
+def safetensors_path(path):
+    """The .safetensors file `path` names (itself, or a folder's model.safetensors), else None."""
+    if os.path.isdir(path):
+        inside = os.path.join(path, SAFETENSORS_NAME)
+        if not os.path.isfile(inside):
+            raise UserError(f"{path} is a folder without {SAFETENSORS_NAME}: pass a checkpoint file, or a "
+                            f"Hugging Face model folder ({SAFETENSORS_NAME} and config.json)")
+        return inside
+    return path if str(path).endswith(".safetensors") else None
+
+
+def read_safetensors(path, map_location="cpu"):
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UserError(f"{path} is a safetensors file: pip install safetensors (or pip install -e \".[hf]\") "
+                        "to read it") from None
+    try:
+        state = load_file(path, device="cpu")
+    except Exception as exc:  # the library raises its own error types for a bad header
+        raise UserError(f"cannot read {path}: not a valid safetensors file ({type(exc).__name__})") from None
+    return {k: v.to(map_location) for k, v in state.items()}
+
+
+def hf_config(path):
+    """config.json beside a .safetensors file (a Hugging Face model folder), or {}."""
+    config = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    try:
+        with open(config) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def describe_config(config):
+    """A few fields of a Hugging Face config.json, for messages."""
+    shown = [f"{k} {config[k]}" for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "input_token_len", "output_token_lens",
+                                           "hidden_act") if k in config]
+    return f" (config.json: {', '.join(shown)})" if shown else ""
