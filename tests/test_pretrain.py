@@ -230,3 +230,21 @@ def test_bad_fine_tuning_arguments_are_user_errors(argv, message):
     with pytest.raises(UserError) as caught:
         make_experiment(make_args("--synthetic_rows", 1500, *argv))
     assert message in str(caught.value)
+
+
+def test_a_series_with_room_for_exactly_one_window_gives_that_window():
+    """A split piece of exactly one window's span holds one window (n = 1), not none."""
+    import numpy as np
+
+    from data_provider.univariate import UnivariateData
+    from data_provider.windows import Window
+
+    window = Window(10, 10, 5)  # 10 rows in, the next 5 out: a span of 15
+    assert window.span == 15
+    series = [np.arange(100, dtype=np.float32), np.arange(100, dtype=np.float32) + 1000]
+    # val starts x_len rows before its border: the second series' val piece is rows 50..65, one span
+    data = UnivariateData(series, [(60, 80, 100), (60, 65, 100)])
+    val = data.window_dataset("val", window, with_marks=False)
+    assert len(val) == (80 - 50 - 15 + 1) + 1
+    x, *_ = val.__getitems__(torch.tensor([len(val) - 1]))
+    assert x.flatten().tolist() == list(range(1050, 1060))  # the short series' only window
