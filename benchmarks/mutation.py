@@ -52,6 +52,9 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "data_provider/interface.py:63:core/ReplaceTrueWithFalse":
+        "the default of `with_marks` in the interface's abstract window_dataset, which only raises "
+        "NotImplementedError: every data kind defines its own method with its own default",
     "exp/outputs.py:214:core/NumberReplacer":
         "`[0]` -> `[-1]` on the forecast of predict's batch: the batch is the one window of future_input "
         "(see exp/outputs.py:213 below), so its first and last rows are the same",

@@ -99,6 +99,8 @@ def test_resume_of_a_finished_run_trains_no_more(tmp_path):
     _assert_same_run(first, second)
     # the optimizer state is measured once a run, from the loaded state when no epoch is left to train
     assert first_proc.stdout.count("optimizer state per rank") == proc.stdout.count("optimizer state per rank") == 1
+    # measured as soon as it exists (after the first step), not when training ends
+    assert first_proc.stdout.index("optimizer state per rank") < first_proc.stdout.index("epoch 1/")
     assert second["optimizer_state_bytes"] == first["optimizer_state_bytes"]
 
 
