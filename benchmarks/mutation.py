@@ -45,9 +45,9 @@ TARGETS = {
                             "test_resume_and_restart.py", "test_bad_input.py"],
     "data_provider/permutation.py": ["test_permutation.py", "test_data.py", "test_corpus.py"],
     "data_provider/corpus.py": ["test_corpus.py", "test_bad_input.py"],
-    "data_provider/": ["test_data.py", "test_window_loader.py", "test_pretrain.py", "test_slicing.py",
-                       "test_argument_checks.py", "test_permutation.py", "test_corpus.py", "test_steps.py",
-                       "test_bad_input.py"],
+    "data_provider/": ["test_permutation.py", "test_data.py", "test_window_loader.py", "test_pretrain.py",
+                       "test_slicing.py", "test_argument_checks.py", "test_corpus.py", "test_steps.py",
+                       "test_openltm_scripts.py", "test_bad_input.py"],
 }
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
