@@ -211,7 +211,8 @@ def test_gpu_picks_the_device_of_a_single_process_run(fake_gpus):
 
 def test_peak_gpu_memory_is_every_ranks_and_absent_on_the_cpu(monkeypatch):
     """GPU runs record each rank's peak memory (history and metrics.json; tests/gpu checks a real run)."""
-    from exp.exp_forecast import epoch_line
+    from exp.exp_forecast import evaluation_line
+    from exp.steps import StepPlan
     from helpers import make_args
     from utils import distributed
     from utils.tools import EarlyStopping
@@ -220,9 +221,11 @@ def test_peak_gpu_memory_is_every_ranks_and_absent_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: asked.append(device) or 1536 * 2**20)
     assert distributed.peak_gpu_mib(torch.device("cuda", 1)) == [1536.0] and asked == [torch.device("cuda", 1)]
     assert distributed.peak_gpu_mib(torch.device("cpu")) is None
-    record = {"epoch": 1, "train_loss": 1.0, "vali_loss": 1.0, "test_loss": 1.0, "lr": 1e-4, "seconds": 1.0,
+    record = {"epoch": 1, "step": 10, "train_loss": 1.0, "vali_loss": 1.0, "test_loss": 1.0, "lr": 1e-4, "seconds": 1.0,
               "peak_gpu_mib": [1536.0, 1600.0]}
-    assert epoch_line(make_args(), record, 10.0, EarlyStopping(3), True).endswith("peak GPU memory 1600 MiB")
+    args = make_args()
+    line = evaluation_line(args, record, 10.0, EarlyStopping(3), True, StepPlan(args, steps_per_epoch=10))
+    assert line.endswith("peak GPU memory 1600 MiB")
 
 
 def _validation_subset(rank, world, argv):
