@@ -53,6 +53,13 @@ def test_the_corpus_gives_univariates_windows_with_the_same_ids(corpus, window):
     src, out = corpus
     index = json.loads((out / INDEX).read_text())
     assert len(index["shards"]) > 1 and len(index["series"]) == 6  # several shards, every series
+    limit = int(0.005 * 2**20) // 4  # --shard_mb 0.005, in float32 points
+    for number, shard in enumerate(index["shards"]):  # full shards, each at most the limit unless one series is longer
+        inside = [s["length"] for s in index["series"] if s["shard"] == number]
+        assert sum(inside) == shard["points"] and (shard["points"] <= limit or len(inside) == 1), (number, inside)
+        if number + 1 < len(index["shards"]):  # a new shard starts only when the next series would not fit
+            following = next(s["length"] for s in index["series"] if s["shard"] == number + 1)
+            assert shard["points"] + following > limit, (number, shard["points"], following)
     memory, mapped = _univariate(src), _corpus(out)
     for flag in ("train", "val", "test"):
         expected, got = memory.window_dataset(flag, window), mapped.window_dataset(flag, window)
