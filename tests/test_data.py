@@ -460,3 +460,12 @@ def test_time_features_follow_embed_as_typed_on_the_command_line():
     assert args.embed == "timeF" and args.embed is not "timeF"  # noqa: F632 (the point of the test)
     features = time_features(pd.date_range("2021-01-01", periods=5, freq="h"), args.freq, args.embed)
     assert features.shape == (5, 4) and np.abs(features).max() <= 0.5
+
+
+def test_a_split_whose_history_reaches_before_the_first_row_starts_at_row_0():
+    """val/test start x_len rows before their border, but never before the file's first row (not row 1)."""
+    from data_provider.splits import split_start
+
+    assert split_start((50, 80, 100), "val", 96) == 0
+    assert split_start((50, 80, 100), "test", 96) == 0
+    assert split_start((500, 800, 1000), "val", 96) == 404 and split_start((500, 800, 1000), "train", 96) == 0

@@ -283,3 +283,14 @@ def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
     result = records(tmp_path / "b")[-1]
     assert result["world_size"] == 2
     _assert_same_run(result, reference)
+
+
+def test_a_file_without_every_part_of_a_training_state_is_refused(tmp_path):
+    """A torch file holding a dict that lacks parts of last.pth (here the generators) is named for what it is."""
+    from utils.checkpoint import read_training_state
+    from utils.errors import UserError
+
+    path = tmp_path / "last.pth"
+    torch.save({"model": {}, "optimizer": {}, "early_stopping": {}, "epoch": 1, "model_args": {}, "history": []}, path)
+    with pytest.raises(UserError, match="is not a training state written by this codebase"):
+        read_training_state(str(path))

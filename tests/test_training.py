@@ -167,3 +167,19 @@ def test_a_non_finite_validation_loss_stops_the_run_saying_why(fp16):
     expected = "the fp16 forward overflowed .* use --amp_dtype bf16" if fp16 else "training diverged; lower --learning_rate"
     with pytest.raises(UserError, match=f"validation loss is nan after epoch 3: {expected}"):
         exp._epoch_losses("epoch 3", *loaders)
+
+
+def test_the_evaluation_line_marks_a_new_best_and_counts_patience_otherwise():
+    from exp.exp_forecast import evaluation_line
+    from exp.steps import StepPlan
+    from helpers import make_args
+    from utils.tools import EarlyStopping
+
+    args = make_args("--patience", 3)
+    record = {"epoch": 2, "step": 20, "train_loss": 1.0, "vali_loss": 0.5, "test_loss": 0.6, "lr": 1e-4, "seconds": 1.0}
+    stopper = EarlyStopping(3)
+    stopper.counter = 1
+    plan = StepPlan(args, steps_per_epoch=10)
+    assert "*best*" in evaluation_line(args, record, 10.0, stopper, True, plan)
+    line = evaluation_line(args, record, 10.0, stopper, False, plan)
+    assert "*best*" not in line and "(no improvement 1/3)" in line and line.startswith("epoch 2/10: train 1.000000")
