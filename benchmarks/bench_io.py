@@ -36,6 +36,7 @@ from benchmarks.bench_corpus import memory_kib, write_sources  # noqa: E402
 from data_provider.corpus import CorpusData  # noqa: E402
 from data_provider.windows import Window  # noqa: E402
 from utils.checkpoint import save_atomic  # noqa: E402
+from benchmarks.outputs import add_output_arguments, parse_with_outputs  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
 
 
@@ -147,14 +148,8 @@ def main():
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--span", type=int, default=120, help="points per window (seq_len + output tokens)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workdir", default="/tmp/bench_io")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bench_io.md"))
-    parser.add_argument("--overwrite", action="store_true")
-    options = parser.parse_args()
-    if os.path.exists(options.out) and not options.overwrite:
-        parser.error(f"{options.out} exists; pass --overwrite to replace it")
-    work = Path(options.workdir)
-    shutil.rmtree(work, ignore_errors=True)
+    add_output_arguments(parser, "bench_io.md", "/tmp/bench_io")
+    options, work = parse_with_outputs(parser)
     try:
         write_sources(work / "sources", options.points)
         build_s = build(work / "sources", work / "corpus")

@@ -11,7 +11,6 @@ Writes benchmarks/results/pretrain_ladder.md (an existing one only with --overwr
 """
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from data_provider.synthetic import make_synthetic  # noqa: E402
+from benchmarks.outputs import add_output_arguments, parse_with_outputs  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
 
 MODEL = ["--model", "TimerXL", "--features", "S", "--seq_len", "672", "--input_token_len", "96",
@@ -51,14 +51,8 @@ def main():
     parser.add_argument("--pretrain_steps", type=int, default=600)
     parser.add_argument("--epochs", type=int, default=2, help="fine-tuning and from-scratch epochs")
     parser.add_argument("--nproc", type=int, default=1)
-    parser.add_argument("--workdir", default="/tmp/pretrain_ladder")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pretrain_ladder.md"))
-    parser.add_argument("--overwrite", action="store_true")
-    options = parser.parse_args()
-    if os.path.exists(options.out) and not options.overwrite:
-        parser.error(f"{options.out} exists; pass --overwrite to replace it")
-    work = Path(options.workdir)
-    shutil.rmtree(work, ignore_errors=True)
+    add_output_arguments(parser, "pretrain_ladder.md", "/tmp/pretrain_ladder")
+    options, work = parse_with_outputs(parser)
     corpus = work / "corpus"
     corpus.mkdir(parents=True)
     for i in range(options.series_files):  # other seeds than the built-in set's 2021
