@@ -148,3 +148,27 @@ def test_the_unknown_argument_warning_prints_once_under_ddp(tmp_path):
                    "--nproc_per_node", 2, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (proc.stdout + proc.stderr).count("did you mean --learning_rate?") == 1
+
+
+def test_a_stop_during_a_write_is_raised_as_the_stop_not_as_the_writers_cleanup_error(tmp_path):
+    """SIGTERM arriving inside torch.save: its zip writer's clean-up then fails on the half-written file
+    (RuntimeError: unexpected pos); atomic_write re-raises the stop, so run.py ends with its one line."""
+    import pytest
+
+    from utils.files import atomic_write
+
+    class Stop(BaseException):
+        pass
+
+    def write(f):
+        try:
+            f.write(b"half")
+            raise Stop()
+        finally:
+            raise RuntimeError("unexpected pos 159360 vs 159252")  # what torch.save's __exit__ raises
+
+    with pytest.raises(Stop):
+        atomic_write(str(tmp_path / "last.pth"), write)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left
+    with pytest.raises(RuntimeError):  # a writer's own error, with no stop behind it, stays what it is
+        atomic_write(str(tmp_path / "x"), lambda f: (_ for _ in ()).throw(RuntimeError("disk says no")))

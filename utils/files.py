@@ -19,9 +19,14 @@ def atomic_write(path, write, binary=True):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as failure:
         if os.path.exists(tmp):
             os.remove(tmp)
+        stop = failure.__context__
+        if isinstance(failure, Exception) and stop is not None and not isinstance(stop, Exception):
+            # a signal (SIGTERM, Ctrl-C) mid-write, and the writer's clean-up then failing on the half-written
+            # file (torch.save's zip writer does): the stop is what happened, not the clean-up's error
+            raise stop from None
         raise
     return path
 
