@@ -193,7 +193,7 @@ def fmt(value):
 
 
 def report(rows, flash, seconds, root):
-    lines = [f"# OpenLTM cross-check: TimerXL and Timer loaded from OpenLTM's initial weights", "",
+    lines = ["# OpenLTM cross-check: TimerXL and Timer loaded from OpenLTM's initial weights", "",
              f"OpenLTM checkout {root}, {checkout_commit(root)}; `python benchmarks/openltm_crosscheck.py --openltm "
              f"{root} --num_threads 1`.", "",
              f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {seconds:.0f} s; "

@@ -39,7 +39,7 @@ def test_a_run_preempted_mid_epoch_resumes_bit_for_bit(tmp_path, nproc, extra, p
     assert killed.returncode != 0 and not (broken / "results" / "results.jsonl").exists()
     proc = run_cli(broken, *argv, "--resume", nproc=nproc)
     assert_ok(proc)
-    assert f"resumed from" in proc.stdout and f"at step {saved} (in epoch" in proc.stdout, proc.stdout
+    assert "resumed from" in proc.stdout and f"at step {saved} (in epoch" in proc.stdout, proc.stdout
     resumed = records(broken)[-1]
     assert _without_timings(resumed) == _without_timings(reference)  # every loss, exactly
     for key in ("mse", "mae", "rmse", "mape", "mspe", "vali_loss", "stopped_step"):
