@@ -13,6 +13,24 @@ logger = logging.getLogger("tsl")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def unshare_gradients(model):
+    """Give every parameter a .grad of its own.
+
+    torch.compile's backward can hand two parameters one gradient tensor (DLinear's two biases, whose
+    sum is all the forward uses), and autograd stores it as both .grad; the next micro-batch's in-place
+    accumulation then adds its gradient twice to that one tensor (seen on torch 2.11 CUDA and 2.13 CPU).
+    """
+    seen = set()
+    for parameter in model.parameters():
+        grad = parameter.grad
+        if grad is None:
+            continue
+        if grad.data_ptr() in seen:
+            parameter.grad = grad.clone()
+        else:
+            seen.add(grad.data_ptr())
+
+
 class Exp_Basic:
     def __init__(self, args, device):
         """`args` from exp.settings.resolve_args, `device` from utils.distributed.setup."""
@@ -49,6 +67,8 @@ class Exp_Basic:
     def backward(self, loss):
         """Backward of a (possibly fp16-scaled) loss; gradients add up until optimizer_step."""
         self.grad_scaler.scale(loss).backward()
+        if self.args.compile:
+            unshare_gradients(self.raw_model)
 
     def optimizer_step(self, optimizer):
         """One step of the added-up gradients; returns their global norm (a tensor: no host sync),

@@ -301,3 +301,40 @@ def make_experiment(args):
 
     resolve_args(args, distributed.world_size())
     return Exp_Forecast(args, distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads))
+
+
+def one_accumulated_step(argv, batch_size):
+    """An experiment from `argv` takes one train_step over the training split's first two micro-batches of
+    `batch_size` windows; returns (weights after the step, each parameter's .grad or None)."""
+    import torch
+    from data_provider.data_factory import data_provider
+
+    exp = make_experiment(make_args(*argv))
+    dataset, _ = data_provider(exp.args, "train", exp.device)
+    micro_batches = [dataset.__getitems__(torch.arange(i * batch_size, (i + 1) * batch_size)) for i in range(2)]
+    optimizer = exp.make_optimizer()
+    exp.model.train()
+    exp.train_step(micro_batches, optimizer)
+    # train_step zeroes gradients before its group, so .grad holds the whole step's gradient
+    weights = {name: p.detach().clone() for name, p in exp.raw_model.named_parameters()}
+    grads = {name: None if p.grad is None else p.grad.detach().clone() for name, p in exp.raw_model.named_parameters()}
+    return exp.device, weights, grads
+
+
+def assert_compiled_gradients_equal_eager(argv, batch_size, label):
+    """The same experiment with and without --compile (dropout 0 and learning rate 0 in `argv`): equal
+    starting weights, and every parameter's accumulated .grad agrees (rtol 1e-4, atol 1e-6)."""
+    import torch
+
+    _, eager_weights, eager = one_accumulated_step(argv, batch_size)
+    device, compiled_weights, compiled = one_accumulated_step([*argv, "--compile"], batch_size)
+    assert sorted(compiled) == sorted(eager)
+    for name, weight in eager_weights.items():  # the same start (and learning rate 0 kept it)
+        assert torch.equal(compiled_weights[name], weight), name
+    assert any(g is not None and g.abs().max() > 0 for g in eager.values()), "no gradient at all"
+    for name, grad in eager.items():
+        assert (compiled[name] is None) == (grad is None), f"{name}: a gradient on one side only"
+        if grad is not None:
+            torch.testing.assert_close(compiled[name], grad, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, name=name: f"{label} {name}: {m}")
+    return device

@@ -1,11 +1,12 @@
 """--use_amp and --compile change speed, never results: bf16 AMP trains to nearly the fp32 result, a
-compiled model saves plain checkpoints, and fp16 AMP is refused on CPU."""
+compiled model saves plain checkpoints and accumulates the eager model's gradients, and fp16 AMP is refused
+on CPU."""
 import os
 
 import pytest
 import torch
 
-from helpers import assert_ok, make_args, make_experiment, records, run_cli
+from helpers import assert_compiled_gradients_equal_eager, assert_ok, make_args, make_experiment, records, run_cli
 from utils.errors import UserError
 
 
@@ -25,6 +26,15 @@ def test_compiled_training_saves_plain_checkpoints(tmp_path):
     assert sorted(state) == ["Linear_Seasonal.bias", "Linear_Seasonal.weight", "Linear_Trend.bias", "Linear_Trend.weight"]
     assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--synthetic_rows", 1500))
     assert records(tmp_path)[-1]["mse"] == pytest.approx(compiled["mse"], rel=1e-4)
+
+
+def test_compiled_accumulated_gradients_equal_eager():
+    """torch.compile's backward gives DLinear's two biases one gradient tensor, which autograd stored as both
+    .grad: the second micro-batch's gradient was added twice (found by the GPU tier on its first H100 run;
+    the same on this CPU). Exp_Basic.backward gives each parameter its own .grad again."""
+    argv = ["--synthetic_rows", 1500, "--dropout", 0, "--learning_rate", 0, "--accumulation_steps", 2,
+            "--batch_size", 8, "--use_gpu", "false"]
+    assert_compiled_gradients_equal_eager(argv, 8, "DLinear")
 
 
 def test_fp16_is_refused_on_cpu():
