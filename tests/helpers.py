@@ -209,7 +209,8 @@ def _wait_like_torchrun(processes, timeout):
 
 def run_command(cmd, timeout=240, extra_env=None):
     env = subprocess_env()
-    env.update(extra_env or {})
+    for name, value in (extra_env or {}).items():  # None: the variable unset
+        env.pop(name, None) if value is None else env.__setitem__(name, value)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -152,7 +152,7 @@ def fake_gpus(monkeypatch):
 
 
 @pytest.mark.parametrize("visible, local_rank, processes, expected", [
-    (1, 3, 4, 0),  # one GPU shown to each process (SLURM --gpus-per-task=1): its only one
+    (1, 3, 4, 0),  # one GPU shown to each process (SLURM --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES): its only one
     (2, 1, 2, 1),  # one process per GPU: its LOCAL_RANK's
     (8, 0, 1, 0),
 ])
@@ -162,6 +162,8 @@ def test_a_ddp_process_computes_on_its_local_gpu(fake_gpus, monkeypatch, visible
     from utils import distributed
 
     fake_gpus["visible"] = visible
+    if visible == 1:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     device = distributed.setup(True, True, None, 60, 1)
@@ -299,3 +301,41 @@ def test_a_check_that_raises_stops_every_rank_with_its_message(on):
     """A check may raise UserError instead of returning the message (a loader does): caught on its rank
     and shared, so the other ranks raise it too instead of waiting in the collective."""
     assert run_on_ranks(_raise_from_a_check, 2, on, timeout=60) == ["rank 0 cannot read the file"] * 2
+
+
+def test_two_processes_on_a_one_gpu_machine_are_refused_before_nccl(fake_gpus, monkeypatch):
+    """torchrun --nproc_per_node 2 on a machine with one GPU (no CUDA_VISIBLE_DEVICES): both processes took
+    GPU 0 and NCCL failed on every rank with 'Duplicate GPU detected' and a traceback (seen on an H100)."""
+    from utils import distributed
+    from utils.errors import NodeError
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(NodeError, match=r"runs 2 processes but shows 1 GPU\(s\); start at most 1 per machine"):
+        distributed.setup(True, True, None, 60, 1)
+    assert fake_gpus["set"] == [] and fake_gpus["groups"] == []
+
+
+def test_nccls_duplicate_gpu_refusal_becomes_one_line(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=0 exported for both processes: each sees one GPU, so only NCCL can tell they are
+    the same one; its error (this text on torch 2.11, CUDA 13) becomes a NodeError naming the fix."""
+    import torch.distributed as dist
+
+    from utils import distributed
+    from utils.errors import NodeError
+
+    def nccl_refuses(**options):
+        raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1234, invalid usage, NCCL version 2.27.7\n"
+                                    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+                                    "Last error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60")
+
+    monkeypatch.setattr(dist, "init_process_group", nccl_refuses)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    with pytest.raises(NodeError, match=r"two processes of this job share one GPU on .* each process needs a GPU "
+                                        r"of its own") as raised:
+        distributed._init_process_group(True, torch.device("cuda", 0), 60)
+    assert "\n" not in str(raised.value)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda **options: (_ for _ in ()).throw(dist.DistBackendError("NCCL timeout")))
+    with pytest.raises(dist.DistBackendError, match="NCCL timeout"):  # any other failure is not renamed
+        distributed._init_process_group(True, torch.device("cuda", 0), 60)

@@ -266,9 +266,10 @@ def setup(ddp, use_gpu, gpu, timeout_s, threads):
 def cuda_device_index(ddp, gpu=None):
     """The visible GPU this process computes on, or a NodeError that says why there is none.
 
-    Under DDP: LOCAL_RANK's GPU, or GPU 0 when each process sees exactly one (SLURM
-    --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per process). Every process of a machine
-    decides from the same counts, so they all refuse together.
+    Under DDP: LOCAL_RANK's GPU, or GPU 0 when each process sees exactly one through
+    CUDA_VISIBLE_DEVICES (SLURM --gpus-per-task=1 sets it per task). Every process of a machine
+    decides from the same counts, so they all refuse together; processes shown the same single
+    GPU are caught by NCCL's own check when the group starts (_init_process_group).
     """
     visible = torch.cuda.device_count()
     shown = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -279,7 +280,7 @@ def cuda_device_index(ddp, gpu=None):
             raise UserError(f"--gpu {index} is not a GPU of this machine: it shows {seen}, numbered 0 to "
                             f"{visible - 1}; choose one of those")
         return index
-    if visible == 1:
+    if visible == 1 and shown is not None:
         return 0
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank() + 1))
     if max(processes, local_rank() + 1) > visible:
@@ -302,7 +303,17 @@ def _init_process_group(cuda, device, timeout_s):
         dist.init_process_group(store=dist.PrefixStore(f"restart_{restart}", store),
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **options)
     else:
-        dist.init_process_group(init_method="env://", **options)
+        try:
+            dist.init_process_group(init_method="env://", **options)
+        except RuntimeError as error:  # torch.distributed.DistBackendError
+            # CUDA_VISIBLE_DEVICES=0 exported for every process of a 1-GPU machine: NCCL refuses
+            # on every rank at once, with a traceback that names a bus id, not the fix
+            if "Duplicate GPU detected" not in str(error):
+                raise
+            raise NodeError(f"two processes of this job share one GPU on {socket.gethostname()} (NCCL: "
+                            "Duplicate GPU detected): each process needs a GPU of its own; start at most as "
+                            "many processes per machine as it has GPUs, or show each process a different "
+                            "one (CUDA_VISIBLE_DEVICES)") from None
 
 
 def _set_threads(threads):

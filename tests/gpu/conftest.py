@@ -4,6 +4,7 @@ reason where there is no CUDA device, or fewer GPUs than its `gpus(n)` mark asks
 Its tests start real torchrun jobs (fresh interpreters, nccl, one GPU per process) and compare numbers, so
 they take minutes; on a CPU-only machine the whole tier is skipped, never failed.
 """
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 NO_CUDA = "no CUDA device here: the GPU tier needs one (python -m pytest -m gpu on a GPU machine)"
+HIDDEN = "GPU tier: python -m pytest -m gpu on a GPU machine (the plain suite runs on the CPU, GPUs hidden)"
 
 
 def pytest_configure(config):
@@ -31,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
     for item in ours:
         item.add_marker(pytest.mark.gpu)
         if not cuda:
-            item.add_marker(pytest.mark.skip(reason=NO_CUDA))
+            item.add_marker(pytest.mark.skip(reason=HIDDEN if os.environ.get("TSL_TESTS_HIDE_GPUS") else NO_CUDA))
             continue
         needed = max((int(mark.args[0]) for mark in item.iter_markers("gpus")), default=1)
         if count < needed:
