@@ -1,0 +1,91 @@
+"""Speed work must not change a model's mathematics: every zoo model, loaded with the weights saved in
+tests/golden/model_outputs.pt, gives the saved forecast and the saved parameter gradients of the training
+loss on the saved batch (the contract configuration, trained a few steps first so nothing sits at its
+initial value), to float tolerance.
+
+A deliberate change of a model's function (not of its speed) rewrites the file, and says so in its commit:
+    python tests/test_model_outputs.py --write
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if __name__ == "__main__":  # the repository and tests/ on the path, as tests/conftest.py puts them
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from helpers import make_args, make_experiment  # noqa: E402
+from models import available_models  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "model_outputs.pt"
+WARM_STEPS = 3
+
+
+def _experiment(name):
+    from test_model_contract import CONTRACT_ARGS
+
+    # the contract configuration with its script's learning rate set aside: a few steps move every weight
+    return make_experiment(make_args("--model", name, *CONTRACT_ARGS, "--learning_rate", 0.01))
+
+
+def _loss(exp, batch):
+    from exp.forward import forward
+    from utils.metrics import batch_loss
+
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
+    return pred, batch_loss(pred.float(), true, exp.args.loss)
+
+
+def record(name):
+    """(state_dict, batch, forecast, gradients) of `name` after WARM_STEPS training steps."""
+    from data_provider.data_factory import data_provider
+
+    exp = _experiment(name)
+    _, loader = data_provider(exp.args, "train")
+    optimizer = exp.make_optimizer()
+    batches = iter(loader)
+    exp.raw_model.train()
+    for _ in range(WARM_STEPS):
+        exp.train_step([next(batches)], optimizer)
+    batch = next(batches)
+    return {"state_dict": {k: v.clone() for k, v in exp.raw_model.state_dict().items()},
+            "batch": batch, **_outputs(exp, batch)}
+
+
+def _outputs(exp, batch):
+    exp.raw_model.train()  # dropout is 0 in the contract configuration; BatchNorm uses the batch
+    exp.raw_model.zero_grad(set_to_none=True)
+    pred, loss = _loss(exp, batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in exp.raw_model.named_parameters() if p.grad is not None}
+    return {"forecast": pred.detach().clone(), "grads": grads}
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return torch.load(GOLDEN, weights_only=True)
+
+
+@pytest.mark.parametrize("name", available_models())
+def test_a_model_computes_what_it_computed_before(golden, name):
+    assert name in golden, f"no golden outputs for {name}: python tests/test_model_outputs.py --write"
+    saved = golden[name]
+    exp = _experiment(name)
+    exp.raw_model.load_state_dict(saved["state_dict"], strict=True)
+    now = _outputs(exp, saved["batch"])
+    torch.testing.assert_close(now["forecast"], saved["forecast"], rtol=1e-4, atol=1e-5,
+                               msg=lambda m: f"{name}'s forecast changed: {m}")
+    assert sorted(now["grads"]) == sorted(saved["grads"])
+    for key, grad in saved["grads"].items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(now["grads"][key], grad, rtol=1e-3, atol=1e-5 * max(scale, 1e-3),
+                                   msg=lambda m, key=key: f"{name}'s gradient of {key} changed: {m}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_model_outputs.py --write")
+    GOLDEN.parent.mkdir(exist_ok=True)
+    torch.save({name: record(name) for name in available_models()}, GOLDEN)
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1e6:.2f} MB)")
