@@ -121,7 +121,8 @@ class Exp_Forecast(Exp_Basic):
         if peak is not None:
             record["peak_gpu_mib"] = peak  # per rank, so far
         history.append(record)
-        step_log.scalars(step, {"val/loss": vali_loss, "test/loss": test_loss})
+        step_log.scalars(step, {"val/loss": vali_loss} if test_loss is None else
+                         {"val/loss": vali_loss, "test/loss": test_loss})
         logger.info(evaluation_line(self.args, record, samples_per_s, stopper, improved, plan))
 
     def _log_step(self, step_log, since_log, step, epoch, optimizer):
@@ -148,7 +149,7 @@ class Exp_Forecast(Exp_Basic):
         # evaluate (and save) one model: rank 0's running statistics on every rank
         distributed.broadcast_buffers(self.raw_model)
         vali_loss = self.vali(vali_loader, "val")
-        test_loss = self._loss_of(self.evaluate(test_loader, "test"))
+        test_loss = self._loss_of(self.evaluate(test_loader, "test")) if self.args.test_every_epoch else None
         fp16 = self.args.use_amp and self.args.amp_dtype == "fp16"
         require(math.isfinite(vali_loss), f"validation loss is {vali_loss} after {when}: "
                 + ("the fp16 forward overflowed (fp16 ends at 65504) or training diverged; use --amp_dtype bf16 "
@@ -299,7 +300,9 @@ def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
     where = (f"step {record['step']}/{plan.total_steps} (epoch {record['epoch']})" if plan.step_based
              else f"epoch {record['epoch']}/{args.train_epochs}")
     return (f"{where}: train {record['train_loss']:.6f} "
-            f"vali {record['vali_loss']:.6f} test {record['test_loss']:.6f} lr {record['lr']:.3g} "
+            f"vali {record['vali_loss']:.6f} "
+            + ("" if record["test_loss"] is None else f"test {record['test_loss']:.6f} ")
+            + f"lr {record['lr']:.3g} "
             f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
             + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
             + (f", grad norm {record['grad_norm']:.4g}" if "grad_norm" in record else "")

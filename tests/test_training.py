@@ -183,3 +183,23 @@ def test_the_evaluation_line_marks_a_new_best_and_counts_patience_otherwise():
     assert "*best*" in evaluation_line(args, record, 10.0, stopper, True, plan)
     line = evaluation_line(args, record, 10.0, stopper, False, plan)
     assert "*best*" not in line and "(no improvement 1/3)" in line and line.startswith("epoch 2/10: train 1.000000")
+
+
+def test_without_the_test_every_epoch_training_is_the_same_and_the_test_is_scored_once(tmp_path):
+    """--test_every_epoch false: the same trajectory (every train / validation loss, the final metrics to the
+    last digit), no test loss in the history, the epoch line or the picture, and the test split scored once,
+    at the end."""
+    argv = ["--train_epochs", 3, "--synthetic_rows", 1500, "--lradj", "type1", "--dropout", 0.1, "--model",
+            "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 1]
+    assert_ok(run_cli(tmp_path / "every", *argv))
+    skipped = run_cli(tmp_path / "end", *argv, "--test_every_epoch", "false", plots=True)
+    assert_ok(skipped)
+    every, end = records(tmp_path / "every")[-1], records(tmp_path / "end")[-1]
+    for key in ("train_loss", "vali_loss", "lr"):
+        assert [h[key] for h in end["history"]] == [h[key] for h in every["history"]], key
+    assert all(h["test_loss"] is None for h in end["history"]) and every["history"][0]["test_loss"] > 0
+    for key in ("mse", "mae", "vali_loss"):
+        assert end[key] == every[key], key
+    epoch_lines = [line for line in skipped.stdout.splitlines() if "epoch 2/3: train" in line]
+    assert epoch_lines and " vali " in epoch_lines[0] and " test " not in epoch_lines[0]
+    assert (tmp_path / "end" / "results" / end["setting"] / "training_curves.png").is_file()

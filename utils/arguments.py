@@ -139,6 +139,9 @@ def build_parser():
     g.add_argument("--last_token", action="store_true", help="score only the last token")
     g.add_argument("--nonautoregressive", action="store_true", help="token models: test with one forward, no roll-out")
     g.add_argument("--valid_last", action="store_true", help="validate on the last token only")
+    g.add_argument("--test_every_epoch", type=str2bool, nargs="?", const=True, default=True,
+                   help="score the test split at every evaluation during training as TSLib does (false: validation "
+                        "only, the test once at the end; history and pictures then carry no test loss)")
     g.add_argument("--val_windows", type=non_negative_int, default=0,
                    help="validate on this many windows, a fixed random subset of a huge validation split (0: all)")
 

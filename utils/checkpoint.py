@@ -157,6 +157,8 @@ NOT_IDENTITY = {
     # speed only: validation and test metrics are exact sums whatever the batch, loader workers and
     # threads do not reorder batches, where batches are gathered changes no value, and --compile runs
     # the same model (rounding only; a run must be able to continue without the compiler)
+    # the test split's loss during training is reported, never used: training runs the same without it
+    "evaluation": ("test_every_epoch",),
     "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and --zero shards the same Adam state

@@ -79,6 +79,8 @@ def plot_training(path, history, title):
     epochs = [h[unit] for h in history]
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for key, name in (("train_loss", "train"), ("vali_loss", "vali"), ("test_loss", "test")):
+        if any(h.get(key) is None for h in history):  # --test_every_epoch false: no test loss during training
+            continue
         ax.plot(epochs, [h[key] for h in history], marker="o", ms=3.5, lw=1.4, color=COLORS[name], label=f"{name} loss")
     best = min(history, key=lambda h: h["vali_loss"])
     ax.plot([best[unit]], [best["vali_loss"]], marker="*", ms=13, color=COLORS["vali"], ls="none",
