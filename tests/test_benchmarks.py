@@ -359,3 +359,54 @@ def test_openltm_crosscheck_imports_the_checkout_and_refuses_what_is_not_one(tmp
     (checkout / "utils" / "masking.py").unlink()
     with pytest.raises(UserError, match="has no utils/masking.py"):
         openltm_modules(checkout)
+
+
+# ------------------------------------------------------------------ bench_models.py
+def test_bench_models_takes_each_models_arguments_from_its_script():
+    """The table follows the scripts: TiDE's flags as TiDE_ETTh1.sh passes them at horizon 96, and for a
+    protocol-C script (which first runs `python -c` to name its runs) the training run, not the roll-outs."""
+    from benchmarks.bench_models import _flag, script_arguments
+
+    tide = script_arguments("TiDE")
+    assert [_flag(tide, f) for f in ("--batch_size", "--c_out", "--d_model", "--pred_len", "--model")] == [
+        "512", "8", "256", "96", "TiDE"]
+    timerxl = script_arguments("TimerXL")
+    assert (_flag(timerxl, "--is_training"), _flag(timerxl, "--pred_len"), _flag(timerxl, "--seq_len")) == ("1", "96", "672")
+    assert "--checkpoint" not in timerxl
+
+
+def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
+    """One round of DLinear against a stand-in TSLib checkout's DLinear (imported from there): the table
+    has the step times, the FLOPs and the shares, and TSLib's loop trained the stand-in."""
+    import subprocess
+
+    checkout = tmp_path / "Time-Series-Library"
+    (checkout / "models").mkdir(parents=True)
+    (checkout / "models" / "__init__.py").write_text("")
+    (checkout / "models" / "DLinear.py").write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self, configs):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(configs.seq_len, configs.pred_len)\n"
+        "        self.marker = open(%r, 'a')\n"
+        "    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec):\n"
+        "        assert x_dec.shape[1] == 48 + 96 and x_mark_dec is not None\n"
+        "        self.marker.write('step\\n'); self.marker.flush()\n"
+        "        return self.linear(x_enc.transpose(1, 2)).transpose(1, 2)\n" % str(tmp_path / "tslib_steps"))
+    out = tmp_path / "table.md"
+    done = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--models", "DLinear", "--variants",
+                           "eager,tslib", "--tslib", str(checkout), "--steps", "2", "--rounds", "1", "--root_path",
+                           str(tmp_path / "nowhere"), "--out", str(out), "--device", "cpu"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| DLinear")]
+    assert len(rows) == 1, out.read_text()
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1] == "script: batch 32" and float(cells[2]) > 0 and float(cells[3]) > 0
+    assert re.fullmatch(r"[\d.]+ \([\d.]+x\)", cells[6]) and cells[7].endswith("%") and "(" in cells[8]
+    assert "synthetic" in out.read_text()
+    assert len((tmp_path / "tslib_steps").read_text().split()) >= 3 + 2  # warm-up and timed steps
+    again = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--out", str(out)],
+                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
