@@ -91,6 +91,9 @@ EQUIVALENT = {
     "exp/outputs.py:213:core/NumberReplacer":
         "`dataset.__getitems__([0])` -> `([-1])` in predict: future_input's dataset is x_len + horizon rows, "
         "exactly one window's span (horizon = pred_len / test_pred_len >= 1), so it holds one window and -1 is 0",
+    "utils/distributed.py:349:core/ReplaceComparisonOperator_Eq_GtE":
+        "`get_backend() == \"nccl\"` -> `>= \"nccl\"` in _device_for_collectives: setup only ever starts gloo or "
+        "nccl groups, and \"gloo\" >= \"nccl\" is False like ==",
 }
 
 

@@ -373,3 +373,51 @@ def test_reading_batches_leaves_no_shard_pages_in_the_process(tmp_path):
         windows.__getitems__(batch)
     grown = _rss_file_kib() - before
     assert grown < 8192, f"{grown} KiB of shard pages stayed mapped"  # without the release: ~27,000 KiB
+
+
+def test_each_finished_file_is_forced_to_disk_before_the_build_state_records_it(tmp_path, monkeypatch):
+    """The build state says which source files are done; a crash (power loss) after it is written must not
+    find those files' points or records missing, so every open shard and the journal are fsync'ed first."""
+    import data_provider.corpus as corpus_module
+
+    events = []
+    fsync = os.fsync
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        fsync(fd)
+
+    write_state = corpus_module.atomic_write
+
+    def recording_write(path, *args, **kwargs):
+        events.append(("write", os.path.basename(str(path))))
+        return write_state(path, *args, **kwargs)
+
+    monkeypatch.setattr(corpus_module.os, "fsync", recording_fsync)
+    monkeypatch.setattr(corpus_module, "atomic_write", recording_write)
+    build(str(tmp_path / "out"), [str(_sources(tmp_path / "src"))], shard_mb=0.005, progress=False)
+    states = [i for i, event in enumerate(events) if event == ("write", STATE)]
+    assert len(states) >= 3, events  # one per source file at least
+    for i in states:
+        synced = {name for kind, name in events[:i] if kind == "fsync"}
+        assert corpus_module.JOURNAL in synced and any(name.endswith(".bin") for name in synced), events[:i]
+
+
+def test_a_corpus_reports_its_bytes_for_the_gpu_placement_decision(corpus):
+    """--data_on_device auto puts the data on a GPU when its bytes fit: a corpus's bytes are its float32
+    points, 4 each."""
+    _, out = corpus
+    index = json.loads((out / INDEX).read_text())
+    points = sum(shard["points"] for shard in index["shards"])
+    assert _corpus(out).nbytes() == 4 * points
+
+
+def test_a_time_moe_scale_that_is_not_a_whole_number_is_named_by_its_first_bad_sequence(tmp_path, time_moe):
+    folder = tmp_path / "moe"
+    shutil.copytree(time_moe["one"], folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["scales"][2]["length"] = 2.5
+    meta["scales"][4]["length"] = -3
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"sequence 2's length is 2\.5, not a whole number >= 0"):
+        _corpus(folder)

@@ -132,3 +132,13 @@ def test_the_forecast_picture_draws_the_target_on_its_own_scale(tmp_path, monkey
     np.testing.assert_allclose(first["history"] + first["truth"], test_rows[:72], rtol=1e-5)
     n = len(test_rows) - 72 + 1  # four windows spread from the first test window to the last
     assert [w["label"].split(",")[0] for w in drawn["w"]] == [f"test window {i} of {n}" for i in (1, 73, 145, n)]
+
+
+def test_pictures_name_a_named_data_set_and_a_custom_file():
+    """The pictures' titles say what was forecast: `--data ETTh1` by its name, `--data custom` by its file
+    (the data set's name alone would be 'custom' for every CSV)."""
+    from exp.outputs import _data_label
+
+    assert _data_label(make_args("--data", "ETTh1", "--data_path", "ETTh1.csv")) == "ETTh1"
+    assert _data_label(make_args("--data", "synthetic")) == "synthetic"
+    assert _data_label(make_args("--data", "custom", "--data_path", "weather/weather.csv")) == "weather.csv"

@@ -91,3 +91,11 @@ def test_the_loader_of_a_corpus_kind_hands_out_batches_one_at_a_time():
     assert not isinstance(batches, (list, tuple))  # a generator: nothing held beyond the current batch
     batches = [b.tolist() for b in batches]
     assert [len(b) for b in batches] == [32, 32, 32, 4] and sorted(sum(batches, [])) == list(range(100))
+
+
+def test_one_process_takes_the_whole_permutation_by_default():
+    """ShuffledShards(n, seed) is the single-process order: every window once, rank 0's positions."""
+    alone = ShuffledShards(50, 3)
+    explicit = ShuffledShards(50, 3, rank=0, world_size=1)
+    assert np.array_equal(alone.indices(0, 50), explicit.indices(0, 50))
+    assert sorted(alone.indices(0, 50).tolist()) == list(range(50))
