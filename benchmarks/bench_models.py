@@ -192,6 +192,23 @@ class TslibStep:
         self.optimizer.step()
 
 
+def profile_top(step, device, top):
+    """The `top` operators of one step by their own time (CPU, or the GPU's kernel time), with their
+    share of the step: where the time goes beyond the matrix products."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(3):
+            step()
+        synchronizer(device)()
+    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in profiler.key_averages() if getattr(e, attribute) > 0]
+    total = sum(getattr(e, attribute) for e in events)
+    events.sort(key=lambda e: getattr(e, attribute), reverse=True)
+    return [(e.key, 100 * getattr(e, attribute) / total, e.count // 3) for e in events[:top]]
+
+
 def step_flops(step):
     """Matrix-product and convolution FLOPs of one forward + backward (the optimizer's element-wise
     update is not counted)."""
@@ -290,6 +307,13 @@ def render(rows, meta):
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Columns after eager: that variant's ms per step and eager's time over it (above 1x: faster "
               "than our eager step; for `tslib`, how many times faster ours is)."]
+    profiled = [row for row in rows if row.get("profile")]
+    if profiled:
+        lines += ["", "## Where an eager step's time goes (torch.profiler: each operator's own time, share of the "
+                  "step, calls per step)", ""]
+        for row in profiled:
+            ops = "; ".join(f"`{name}` {share:.0f} % ({calls})" for name, share, calls in row["profile"])
+            lines.append(f"- {row['model']} ({row['setting']}): {ops}")
     return "\n".join(lines) + "\n"
 
 
@@ -309,6 +333,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scaled", action="store_true", help="also the SCALED settings")
     parser.add_argument("--no_shares", action="store_true", help="skip the data and evaluation shares")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also list each model's N most expensive operators (torch.profiler, eager step)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     add_output_arguments(parser, "bench_models.md", workdir=None)
@@ -382,6 +408,8 @@ def main():
             row["data_share"] = 100 * fetch / (fetch + step)
             row["eval_share"] = 100 * (val + test) / (train_epoch + val + test)
             row["val_share"] = 100 * val / (train_epoch + val)
+        if opts.profile:
+            row["profile"] = profile_top(case["steps"]["eager"], device, opts.profile)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items()}), flush=True)
 
