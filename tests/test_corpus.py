@@ -421,3 +421,10 @@ def test_a_time_moe_scale_that_is_not_a_whole_number_is_named_by_its_first_bad_s
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match=r"sequence 2's length is 2\.5, not a whole number >= 0"):
         _corpus(folder)
+
+
+@pytest.mark.parametrize("shard_mb", [0, -1])
+def test_a_shard_size_that_is_not_positive_is_refused(tmp_path, shard_mb):
+    with pytest.raises(UserError, match=f"--shard_mb must be positive, got {shard_mb}"):
+        build(str(tmp_path / "out"), [str(_sources(tmp_path / "src"))], shard_mb=shard_mb, progress=False)
+    assert not (tmp_path / "out").exists()
