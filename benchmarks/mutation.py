@@ -94,6 +94,9 @@ EQUIVALENT = {
     "utils/distributed.py:349:core/ReplaceComparisonOperator_Eq_GtE":
         "`get_backend() == \"nccl\"` -> `>= \"nccl\"` in _device_for_collectives: setup only ever starts gloo or "
         "nccl groups, and \"gloo\" >= \"nccl\" is False like ==",
+    "data_provider/data_factory.py:123:core/NumberReplacer":
+        "`batch_size > 0` -> `> -1` for evaluation batches: --eval_batch_size is parsed as a positive int and "
+        "an unset one is 4 x --batch_size, itself checked > 0 two lines above, so the batch size here is >= 1",
 }
 
 

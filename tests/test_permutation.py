@@ -33,6 +33,9 @@ def test_the_order_is_the_same_in_every_version_of_the_code():
     assert FeistelPermutation(12, epoch_key(2021, 1))(np.arange(12)).tolist() == [10, 0, 9, 1, 8, 2, 4, 5, 3, 6, 11, 7]
     assert FeistelPermutation(10 ** 12, epoch_key(0, 0))(np.arange(3)).tolist() == [162966501541, 913917534993,
                                                                                     868751853013]
+    # n - 1 of an odd bit length (3 and 13 bits): the halves' width rounds up
+    assert FeistelPermutation(7, epoch_key(2021, 1))(np.arange(7)).tolist() == [5, 0, 6, 1, 3, 2, 4]
+    assert FeistelPermutation(4097, epoch_key(2021, 1))(np.arange(6)).tolist() == [1048, 1332, 2013, 3405, 3188, 2973]
 
 
 def test_the_validation_subset_is_the_same_in_every_version_of_the_code():
