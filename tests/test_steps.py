@@ -127,3 +127,21 @@ def test_a_training_state_that_cannot_be_written_stops_every_rank_with_one_line(
     assert blocker.is_dir() and not any(blocker.iterdir())
     assert not [p for p in blocker.parent.iterdir() if p.name.startswith(".tmp_")]  # no temp file left
     assert not (tmp_path / "results" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("epoch, end_of_epoch, whole", [(5, False, 4), (5, True, 5), (1, False, 0)])
+def test_a_training_state_records_the_last_whole_epoch(tmp_path, epoch, end_of_epoch, whole):
+    """last.pth's `epoch` is the last epoch trained to its end (a resume on another number of processes
+    re-seeds from it); a save in the middle of epoch 5 has finished epoch 4, and says where it stands."""
+    import torch
+
+    from helpers import make_args, make_experiment
+    from utils.checkpoint import save_training_state
+    from utils.tools import EarlyStopping
+
+    exp = make_experiment(make_args("--synthetic_rows", 1500))
+    path = tmp_path / "last.pth"
+    save_training_state(path, exp.raw_model, exp.make_optimizer(), EarlyStopping(3), exp.args, epoch, 40, [], False,
+                        windows=64, end_of_epoch=end_of_epoch)
+    state = torch.load(path, weights_only=False)
+    assert state["epoch"] == whole and state["position"]["epoch"] == epoch
