@@ -97,6 +97,9 @@ EQUIVALENT = {
     "data_provider/data_factory.py:123:core/NumberReplacer":
         "`batch_size > 0` -> `> -1` for evaluation batches: --eval_batch_size is parsed as a positive int and "
         "an unset one is 4 x --batch_size, itself checked > 0 two lines above, so the batch size here is >= 1",
+    "data_provider/table.py:87:core/ReplaceComparisonOperator_Eq_GtE":
+        "`features == \"S\"` -> `>= \"S\"` in select_columns: the line above admits only M, S and MS, and of "
+        "those only \"S\" is >= \"S\" (\"M\" and \"MS\" sort before it)",
 }
 
 
