@@ -428,3 +428,17 @@ def test_a_shard_size_that_is_not_positive_is_refused(tmp_path, shard_mb):
     with pytest.raises(UserError, match=f"--shard_mb must be positive, got {shard_mb}"):
         build(str(tmp_path / "out"), [str(_sources(tmp_path / "src"))], shard_mb=shard_mb, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_window_across_a_shard_boundary_releases_both_shards(corpus, monkeypatch):
+    """A window that runs into the next shard touched that shard's pages too: both are released."""
+    _, out = corpus
+    data = CorpusData(str(out))
+    released = []
+    monkeypatch.setattr(data, "release", lambda files: released.append(sorted(int(f) for f in files)))
+    boundary = int(data.file_start[1])
+    data.read(np.array([boundary - 10, 0]), 40)  # the first window crosses from shard 0 into shard 1
+    assert released == [[0, 1]]
+    released.clear()
+    data.read(np.array([boundary + 5]), 40)  # inside shard 1 only
+    assert released == [[1]]
