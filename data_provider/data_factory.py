@@ -7,16 +7,15 @@ import logging
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler
-
 from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
 from data_provider.openltm_data import OPENLTM_DATA
-from data_provider.permutation import FeistelPermutation, ShuffledShards, epoch_key
+from data_provider.global_batches import GlobalBatches
+from data_provider.permutation import FeistelPermutation, epoch_key
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
 from data_provider.univariate import UNIVARIATE, prepare_univariate
-from data_provider.windows import ShardSampler, Window, WindowLoader, WindowSelection
+from data_provider.windows import ShardSampler, TrainLoader, Window, WindowLoader, WindowSelection
 from utils import distributed
 from utils.arguments import DATA_ARGS
 from utils.errors import require
@@ -103,8 +102,10 @@ def validation_subset(dataset, n, seed):
 
 
 def data_provider(args, flag, device=None):
-    """(dataset, loader) of one split. On a GPU the split lives there when keeps_data_on_device
-    says so; otherwise batches are gathered in host memory (pinned, when workers gather them)."""
+    """(dataset, loader) of one split: a TrainLoader of global-batch steps for "train" (data_provider.
+    global_batches), a WindowLoader of this rank's contiguous share for "val" and "test". On a GPU the
+    split lives there when keeps_data_on_device says so; otherwise batches are gathered in host memory
+    (pinned, when workers gather them)."""
     if flag not in SPLITS:
         raise ValueError(f"flag must be one of {SPLITS}, got {flag!r}")
     reads_marks = "x_mark_enc" in args.model_inputs or "x_mark_dec" in args.model_inputs
@@ -121,18 +122,16 @@ def data_provider(args, flag, device=None):
     if flag != "train":
         batch_size = args.eval_batch_size or 4 * args.batch_size
         require(batch_size > 0, f"--eval_batch_size must be positive, got {batch_size}")
-    if flag == "train":
-        if prepared_data(args).constant_memory_shuffle:  # corpus-scale kinds: no randperm of every window
-            sampler = ShuffledShards(len(dataset), args.seed, distributed.rank(), distributed.world_size())
-        else:
-            sampler = DistributedSampler(dataset, num_replicas=distributed.world_size(), rank=distributed.rank(),
-                                         shuffle=True, seed=args.seed, drop_last=False)
-        # both samplers give every rank the same count, so every rank drops alike
-        drop_last = args.train_drop_last
-        require(not drop_last or len(sampler) >= batch_size,
-                f"--train_drop_last leaves no training batch: each process holds {len(sampler)} training windows, "
-                f"fewer than --batch_size {batch_size}; lower --batch_size or drop --train_drop_last")
-    else:
-        sampler, drop_last = ShardSampler(len(dataset)), False  # every window is scored
     feeds_gpu = device is not None and torch.device(device).type == "cuda" and not on_device
-    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, drop_last, pin_memory=feeds_gpu)
+    if flag == "train":  # one order and global batches for any world size; O(1) memory for corpus-scale kinds
+        sampler = GlobalBatches(len(dataset), args.seed, batch_size, args.accumulation_steps, distributed.rank(),
+                                distributed.world_size(), drop_last=args.train_drop_last,
+                                constant_memory=prepared_data(args).constant_memory_shuffle)
+        require(len(sampler) > 0,
+                f"--train_drop_last leaves no training batch: {len(dataset)} training windows, fewer than one "
+                f"global batch of {sampler.global_batch} (--batch_size {batch_size} x {distributed.world_size()} "
+                f"processes x {args.accumulation_steps} accumulation steps); lower --batch_size or drop "
+                "--train_drop_last")
+        return dataset, TrainLoader(dataset, sampler, args.num_workers, pin_memory=feeds_gpu)
+    sampler = ShardSampler(len(dataset))  # every window is scored
+    return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, pin_memory=feeds_gpu)

@@ -1,9 +1,11 @@
-"""Shuffled training order in O(1) memory: a seeded bijection of [0, n) and each rank's share of it.
+"""Shuffled training order in O(1) memory: a seeded bijection of [0, n).
 
-DistributedSampler draws torch.randperm(n) every epoch on every rank: 8 bytes per window, 8 GB for
-a corpus of a billion windows. Here the order is a function: position p of an epoch is window
+torch.randperm(n) every epoch on every rank costs 8 bytes per window, 8 GB for a corpus of a
+billion windows. Here the order is a function: position p of an epoch is window
 `FeistelPermutation(n, key)(p)`, computed for one batch of positions at a time, so an epoch's
-order costs nothing to hold and a position within an epoch is one integer.
+order costs nothing to hold and a position within an epoch is one integer. Training deals it in
+world-size-independent global batches (data_provider.global_batches.GlobalBatches);
+ShuffledShards is the older round-robin share of the same order (DistributedSampler's dealing).
 """
 import numpy as np
 

@@ -5,10 +5,12 @@ is gathered in one indexing operation (`__getitems__`), so the loader does no pe
 Python work and no collation.
 
 Sharding under DDP:
-- train: DistributedSampler (shuffled, `set_epoch` every epoch; it pads the last
-  batch with repeats, harmless for SGD and it keeps every rank's step count equal);
-- val/test: each rank takes a contiguous, unpadded share of the windows (ShardSampler),
-  so every window is scored exactly once and no loader drops any.
+- train (TrainLoader): global batches that do not depend on the world size
+  (data_provider.global_batches.GlobalBatches): one seeded order per epoch, step k takes its k-th
+  chunk of batch_size x world_size x accumulation_steps windows, and each rank a contiguous part
+  of it, cut into micro-batches; nothing padded or repeated;
+- val/test (WindowLoader): each rank takes a contiguous, unpadded share of the windows
+  (ShardSampler), so every window is scored exactly once and no loader drops any.
 """
 import itertools
 from dataclasses import dataclass
@@ -151,17 +153,18 @@ class _StartAt:
 
 
 class WindowLoader:
-    """This rank's batches of a WindowDataset, in the sampler's order.
+    """This rank's batches of a WindowDataset, in the sampler's order (validation and test: its
+    contiguous share, every window once).
 
     Without workers a batch is an index tensor cut from the epoch's order and gathered in
     one operation: no per-batch index lists, no collation. With --num_workers the same
     batches come from a torch DataLoader (workers gather them, into pinned memory for a GPU).
     """
 
-    def __init__(self, dataset, sampler, batch_size, num_workers, drop_last=False, pin_memory=False):
-        self.dataset, self.sampler, self.batch_size, self.drop_last = dataset, sampler, batch_size, drop_last
+    def __init__(self, dataset, sampler, batch_size, num_workers, pin_memory=False):
+        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
         # pin_memory: workers' batches land in page-locked memory, so the copy to the GPU runs asynchronously
-        self._worker_batches = BatchSampler(_StartAt(sampler), batch_size, drop_last=drop_last)
+        self._worker_batches = BatchSampler(_StartAt(sampler), batch_size, drop_last=False)
         self._worker_loader = DataLoader(
             dataset, batch_sampler=self._worker_batches, collate_fn=_identity,
             num_workers=num_workers, persistent_workers=True, pin_memory=pin_memory,
@@ -170,17 +173,17 @@ class WindowLoader:
             generator=torch.Generator().manual_seed(0)) if num_workers > 0 else None
 
     def set_epoch(self, epoch):
-        """Reshuffle the training order (DistributedSampler semantics); no-op for val/test."""
+        """Reshuffle a shuffling sampler's order (ShuffledShards'); a no-op for val/test."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
     def batch_indices(self, start=0):
         """The epoch's batches as index tensors from position `start` of this rank's share on (the last
-        one may be short, unless drop_last), on the data's device: one copy per epoch, not a blocking
-        host-to-GPU copy before every batch. An O(1)-memory order (ShuffledShards) on host data gives
-        its batches one at a time instead."""
+        one may be short), on the data's device: one copy per epoch, not a blocking host-to-GPU copy
+        before every batch. An O(1)-memory order (ShuffledShards) on host data gives its batches one at
+        a time instead."""
         device, size = self.dataset.device, self.batch_size
-        end = len(self) * size if self.drop_last else len(self.sampler)
+        end = len(self.sampler)
         if hasattr(self.sampler, "indices") and device.type == "cpu":
             return (torch.from_numpy(self.sampler.indices(b, min(b + size, end))) for b in range(start, end, size))
         order = torch.tensor(list(self.sampler), dtype=torch.long)[start:end].to(device)
@@ -198,6 +201,81 @@ class WindowLoader:
         return self.batches()
 
     def __len__(self):
-        if self.drop_last:
-            return len(self.sampler) // self.batch_size
         return -(-len(self.sampler) // self.batch_size)
+
+
+class _GatherSteps(Dataset):
+    """For loader workers: item `step` (a GlobalStep of index tensors) is that step gathered."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitems__(self, step):
+        return step.map(self.dataset.__getitems__)
+
+
+class _StepsFrom:
+    """A GlobalBatches' steps from position `start` on (set before each pass; the workers' batch
+    sampler runs in this process)."""
+
+    def __init__(self, sampler):
+        self.sampler, self.start = sampler, 0
+
+    def __iter__(self):
+        return self.sampler.steps(self.start)
+
+    def __len__(self):
+        return self.sampler.steps_from(self.start)
+
+
+class TrainLoader:
+    """This rank's training steps: per optimizer step, a GlobalStep of gathered micro-batches
+    (data_provider.global_batches.GlobalBatches' index tensors, one gather each).
+
+    Without workers the indices are cut from the epoch's order on the data's device (one copy per
+    epoch for an order held in memory). With --num_workers the same steps come from a torch
+    DataLoader whose workers gather a whole step at a time (into pinned memory for a GPU).
+    Iterating the loader itself gives the micro-batches one by one.
+    """
+
+    def __init__(self, dataset, sampler, num_workers=0, pin_memory=False):
+        self.dataset, self.sampler, self.batch_size = dataset, sampler, sampler.batch_size
+        self._worker_steps = _StepsFrom(sampler)
+        self._worker_loader = DataLoader(
+            _GatherSteps(dataset), batch_sampler=self._worker_steps, collate_fn=_identity,
+            num_workers=num_workers, persistent_workers=True, pin_memory=pin_memory,
+            # its own generator: workers only gather (nothing random), and drawing their seed from the global
+            # one would shift dropout's stream by a draw per pass, so a mid-epoch resume would differ
+            generator=torch.Generator().manual_seed(0)) if num_workers > 0 else None
+
+    @property
+    def steps_per_epoch(self):
+        return len(self.sampler)
+
+    def set_epoch(self, epoch):
+        """The epoch's order: a function of --seed and the epoch alone."""
+        self.sampler.set_epoch(epoch)
+
+    def steps(self, start=0):
+        """The epoch's steps from global position `start` of its order on (the windows every rank
+        together took before a mid-epoch resume)."""
+        if self._worker_loader is not None:
+            self._worker_steps.start = start
+            return iter(self._worker_loader)
+        return (step.map(self.dataset.__getitems__) for step in self.sampler.steps(start, self.dataset.device))
+
+    def batch_indices(self, start=0):
+        """This rank's micro-batches of the epoch as index tensors, on the data's device."""
+        return [indices for step in self.sampler.steps(start, self.dataset.device) for indices in step]
+
+    def __iter__(self):
+        """This rank's micro-batches, one by one (a stand-in is none)."""
+        for step in self.steps():
+            yield from step
+
+    def __len__(self):
+        """This rank's micro-batches in an epoch (what iterating the loader gives)."""
+        return self.sampler.micro_batches()

@@ -1,7 +1,9 @@
 """Exp_Forecast: the train / vali / test loop for direct (TSLib) and token (OpenLTM) forecasters.
 
 Distributed semantics, all owned here and in utils.distributed:
-- training steps go through the DDP wrapper (gradient all-reduce);
+- training steps go through the DDP wrapper (gradient all-reduce); step k takes the k-th global
+  batch of the epoch's one order, whatever the world size (data_provider.global_batches), each
+  rank's losses weighted so that DDP's average is that global batch's mean;
 - evaluation runs the unwrapped model on each rank's unpadded share of the windows,
   with no collective inside the loop; one all_reduce of error sums then gives the
   exact global metrics, identical on every rank and equal to a single-process run;
@@ -57,7 +59,7 @@ class Exp_Forecast(Exp_Basic):
         self.running = (since_eval, since_log)  # train_epoch adds every step to both
         run = resume(args, setting, self.raw_model, optimizer, stopper, self.grad_scaler,
                      running={"since_eval": since_eval, "since_log": since_log})
-        plan = StepPlan(args, steps_per_epoch=-(-len(train_loader) // args.accumulation_steps))
+        plan = StepPlan(args, steps_per_epoch=train_loader.steps_per_epoch)
         schedule = LearningRateSchedule(args, plan.steps_per_epoch)
         step_log = StepLog(args, output_path(args, setting, "steps.csv"), tensorboard_dir(args, setting), run.step)
         logger.info(training_summary(args, setting, len(train_loader.dataset), plan))
@@ -85,7 +87,7 @@ class Exp_Forecast(Exp_Basic):
         step, epoch = run.step, run.epoch
         while not stopper.stopped and not plan.finished(step) and epoch <= plan.last_epoch:
             train_loader.set_epoch(epoch)
-            start = run.windows if epoch == run.epoch else 0  # this rank's windows done before a resume
+            start = run.windows if epoch == run.epoch else 0  # the epoch's windows done before a resume
             step = self.train_epoch(train_loader, optimizer, schedule, epoch, step, start, after_step)
             epoch += 1
         step_log.close()
@@ -167,20 +169,21 @@ class Exp_Forecast(Exp_Basic):
         return improved, distributed.any_rank(stopper.should_stop)
 
     def train_epoch(self, loader, optimizer, schedule=None, epoch=0, step=0, start=0, after_step=None):
-        """Train through this epoch's batches from this rank's window `start` on, each optimizer step
-        at `schedule`'s rate (None: the optimizer's own); `step` counts the run's steps before.
+        """Train through this epoch's global batches (a TrainLoader's steps) from position `start` of
+        the epoch's order on (the windows every rank together took before a resume), each optimizer
+        step at `schedule`'s rate (None: the optimizer's own); `step` counts the run's steps before.
         after_step(step, epoch, windows done, end_of_epoch) runs after each step; True from it ends
         the epoch early. Returns the run's step count after the epoch."""
-        accumulation = self.args.accumulation_steps
-        progress = EpochProgress(epoch, -(-len(loader) // accumulation), progress_mode(self.args.quiet),
-                                 done=-(-start // (loader.batch_size * accumulation)))
+        global_batch = loader.sampler.global_batch
+        progress = EpochProgress(epoch, loader.steps_per_epoch, progress_mode(self.args.quiet),
+                                 done=-(-start // global_batch))
         self.model.train()
-        for group, end_of_epoch in _ending(_groups(loader.batches(start), accumulation)):  # the last may be short
+        for micro_batches, end_of_epoch in _ending(loader.steps(start)):  # the last may be short
             if schedule is not None:
                 schedule.apply(optimizer, epoch, step)
-            loss_sum, n_scored = self.train_step(group, optimizer)
-            samples = sum(batch[0].shape[0] for batch in group)
-            step, start = step + 1, start + samples
+            loss_sum, n_scored = self.train_step(micro_batches, optimizer)
+            samples = sum(batch[0].shape[0] for batch in micro_batches)  # this rank's
+            step, start = step + 1, start + micro_batches.windows
             progress.update(loss_sum, n_scored, samples)
             for running in self.running:
                 running.add(loss_sum, n_scored, samples, self.last_grad_norm)
@@ -190,25 +193,48 @@ class Exp_Forecast(Exp_Basic):
         return step
 
     def train_step(self, micro_batches, optimizer):
-        """One optimizer step over a group of micro-batches, equal to one step over all of them.
+        """One optimizer step over this rank's micro-batches of a global batch, equal to one
+        single-process step over the whole global batch.
 
-        Gradients add up over the group: each loss is divided by the group's size, and only
-        the last backward all-reduces (DDP no_sync before it). Returns the group's
-        element-weighted loss sum (a tensor: no host sync) and its number of scored elements.
+        `micro_batches`: a GlobalStep (data_provider.global_batches), which also says how many windows
+        the global batch holds over every rank, or a plain list (every rank then holds as many windows
+        as this one). Each micro-batch's backward loss is its elementwise loss sum x world size / the
+        global batch's scored elements, so gradients add up over the micro-batches (only the last
+        backward all-reduces, DDP no_sync before it) and DDP's average over ranks is the gradient of
+        the global batch's mean loss, however the windows are spread. A rank with no window in the
+        step still joins the all-reduce (_stand_in_pass). Returns this rank's element-weighted loss
+        sum (a tensor: no host sync) and its number of scored elements.
         """
         optimizer.zero_grad(set_to_none=True)
+        world = distributed.world_size()
+        windows = getattr(micro_batches, "windows", None) or world * sum(batch[0].shape[0] for batch in micro_batches)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored, last = 0, len(micro_batches) - 1
-        for i, batch in enumerate(micro_batches):
-            with distributed.no_sync(self.model, skip=i < last):
-                with self.autocast():
-                    pred, true = forward(self.model, batch, self.args, "train", self.device)
-                    loss = batch_loss(pred.float(), true, self.args.loss)
-                self.backward(loss / len(micro_batches) if len(micro_batches) > 1 else loss)
-            loss_sum.add_(loss.detach(), alpha=pred.numel())
-            n_scored += pred.numel()
+        # ranks that run different numbers of forwards (a short last batch) cannot pair SyncBatchNorm's gathers
+        with distributed.local_batch_norm(self.model, getattr(micro_batches, "uneven", False)):
+            for i, batch in enumerate(micro_batches):
+                with distributed.no_sync(self.model, skip=i < last):
+                    with self.autocast():
+                        pred, true = forward(self.model, batch, self.args, "train", self.device)
+                        loss = batch_loss(pred.float(), true, self.args.loss)  # the mean over pred's elements
+                    weight = world * pred.shape[0] / windows  # pred's windows x W / the global batch's
+                    self.backward(loss if weight == 1 else loss * weight)
+                loss_sum.add_(loss.detach(), alpha=pred.numel())
+                n_scored += pred.numel()
+            if not micro_batches:
+                self._stand_in_pass(micro_batches.stand_in)
         self.last_grad_norm = self.optimizer_step(optimizer)
         return loss_sum, n_scored
+
+    def _stand_in_pass(self, batch):
+        """A forward and backward that contributes nothing, for a rank whose part of a short last global
+        batch is empty: DDP all-reduces in backward, so every rank must run one. Zero-weighted, on one
+        real window, in eval mode so that BatchNorm's running statistics and dropout's random stream
+        stay as they were."""
+        with eval_mode(self.model), self.autocast():
+            pred, true = forward(self.model, batch, self.args, "train", self.device)
+            loss = batch_loss(pred.float(), true, self.args.loss)
+        self.backward(loss * 0.0)
 
     def _log_optimizer_state_bytes(self, optimizer):
         """Every rank's optimizer-state bytes (halved per rank by --zero on 2 ranks), logged."""
@@ -331,14 +357,3 @@ def _ending(items):
 
 _NOTHING = object()
 
-
-def _groups(batches, size):
-    """Consecutive lists of `size` batches; the last list may be shorter."""
-    group = []
-    for batch in batches:
-        group.append(batch)
-        if len(group) == size:
-            yield group
-            group = []
-    if group:
-        yield group

@@ -125,15 +125,18 @@ def _no_sync_state(model):
     return inside, unskipped, ddp.require_backward_grad_sync
 
 
-def test_micro_batch_groups_and_no_sync_without_ddp():
+def test_micro_batches_of_a_step_and_no_sync_without_ddp():
     import contextlib
 
-    from exp.exp_forecast import _groups
+    from data_provider.global_batches import GlobalBatches
     from utils import distributed
 
-    assert [len(g) for g in _groups(range(7), 3)] == [3, 3, 1]  # a short last group
-    assert [g for g in _groups(range(4), 1)] == [[0], [1], [2], [3]]
-    assert list(_groups(range(0), 2)) == []
+    def micro_sizes(n, batch_size, accumulation):
+        return [[len(m) for m in step] for step in GlobalBatches(n, 0, batch_size, accumulation).steps()]
+
+    assert micro_sizes(16, 3, 3) == [[3, 3, 3], [2, 2, 3]]  # a short last step, cut as evenly as possible
+    assert micro_sizes(2, 3, 3) == [[1, 1]]  # and never into an empty micro-batch
+    assert micro_sizes(4, 1, 1) == [[1], [1], [1], [1]]
     model = torch.nn.Linear(2, 2)
     assert isinstance(distributed.no_sync(model), contextlib.nullcontext)
     assert distributed.ddp_module(_Compiled(_Compiled(model))) is None

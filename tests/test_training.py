@@ -106,8 +106,9 @@ def test_every_epoch_draws_a_new_order_of_the_same_windows(tmp_path, world):
         assert batches[:half] != batches[half:], f"rank {rank}: epoch 2 repeated epoch 1's order"
         for epoch, part in zip(epochs, (batches[:half], batches[half:])):
             epoch.extend(v for batch in part for v in batch)
-    # together the ranks see every window each epoch (but the up to world - 1 that even shards leave out)
-    assert len(epochs[0]) == len(epochs[1]) and len(set(epochs[0]) ^ set(epochs[1])) <= 2 * (world - 1)
+    # together the ranks see every window each epoch exactly once: nothing padded, nothing left out
+    assert len(epochs[0]) == len(set(epochs[0])) == len(set(epochs[1])) == len(epochs[1])
+    assert set(epochs[0]) == set(epochs[1])
 
 
 def _stop_alone(rank, world, tmp):
@@ -203,3 +204,14 @@ def test_without_the_test_every_epoch_training_is_the_same_and_the_test_is_score
     epoch_lines = [line for line in skipped.stdout.splitlines() if "epoch 2/3: train" in line]
     assert epoch_lines and " vali " in epoch_lines[0] and " test " not in epoch_lines[0]
     assert (tmp_path / "end" / "results" / end["setting"] / "training_curves.png").is_file()
+
+
+@pytest.mark.parametrize("loss, metric", [("MSE", "mse"), ("MAE", "mae")])
+def test_the_validation_loss_is_the_training_losss_metric(loss, metric):
+    """Early stopping compares the metric training minimises: MAE for --loss MAE, not the MSE."""
+    from data_provider.data_factory import data_provider
+
+    exp = make_experiment(make_args("--synthetic_rows", 1500, "--loss", loss))
+    _, loader = data_provider(exp.args, "val")
+    metrics = exp.evaluate(loader, "val").metrics()
+    assert exp.vali(loader) == metrics[metric] and metrics["mse"] != metrics["mae"]

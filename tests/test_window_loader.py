@@ -1,6 +1,7 @@
-"""The window loader (data_provider.windows.WindowLoader, as data_provider builds it): its batches are
-DistributedSampler's windows stacked, --train_drop_last drops the same short batch on every rank, and a
-model that reads no time features gets none."""
+"""The window loaders (data_provider.windows, as data_provider builds them): training batches are the
+global batches' windows stacked (data_provider.global_batches), the same with loader workers, and
+--train_drop_last drops the last short global batch on every rank alike; a model that reads no time
+features gets none."""
 import sys
 
 import pytest
@@ -13,28 +14,28 @@ from helpers import make_args, make_experiment, run_on_ranks
 
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("rank, world", [(0, 1), (1, 3)])
-def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world, drop_last):
-    """Index-tensor batches: DistributedSampler's order and shard, equal to stacked per-window items,
-    and the same batches when workers build them; with drop_last, BatchSampler's drop_last batches."""
-    from torch.utils.data import BatchSampler, DistributedSampler
-
-    from data_provider.windows import WindowLoader
+def test_loader_batches_are_the_global_batches_windows_stacked(rank, world, drop_last):
+    """Index-tensor batches: GlobalBatches' micro-batches of this rank, equal to stacked per-window items,
+    and the same batches when workers build them; with drop_last, the last short global batch dropped."""
+    from data_provider.global_batches import GlobalBatches
+    from data_provider.windows import TrainLoader
 
     args = make_args("--batch_size", 16, "--synthetic_rows", 1200)
     args.autoregressive = False
     dataset, _ = data_provider(args, "train")
 
     def loader(workers):
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=False)
-        made = WindowLoader(dataset, sampler, 16, workers, drop_last)
+        sampler = GlobalBatches(len(dataset), 7, 16, 1, rank, world, drop_last=drop_last)
+        made = TrainLoader(dataset, sampler, workers)
         made.set_epoch(3)
         return made, sampler
 
     fast, sampler = loader(0)
-    assert len(sampler) % 16, "the shard must end on a short batch for drop_last to matter"
-    expected_order = list(BatchSampler(sampler, 16, drop_last=drop_last))
+    assert len(dataset) % (16 * world), "the epoch must end on a short global batch for drop_last to matter"
+    expected_order = [micro.tolist() for step in sampler.steps() for micro in step]
     assert [i.tolist() for i in fast.batch_indices()] == expected_order
     assert (len(expected_order[-1]) == 16) == drop_last
+    assert len(expected_order) == -(-len(dataset) // (16 * world)) - drop_last
     batches = list(fast)
     assert len(batches) == len(fast) == len(expected_order)
     for order, batch in zip(expected_order, batches):
@@ -50,12 +51,13 @@ def test_loader_batches_are_distributed_samplers_windows_stacked(rank, world, dr
 
 
 def _train_batch_sizes(rank, world, argv):
+    """This rank's micro-batch sizes, step by step."""
     from data_provider.data_factory import data_provider
 
     args = make_args(*argv, "--ddp")
     args.autoregressive = False
     _, loader = data_provider(args, "train")
-    return [batch[0].shape[0] for batch in loader]
+    return [[batch[0].shape[0] for batch in step] for step in loader.steps()]
 
 
 def test_train_drop_last_accepts_exactly_one_full_batch():
@@ -71,15 +73,17 @@ def test_train_drop_last_accepts_exactly_one_full_batch():
         data_provider(args, "train")
 
 
-def test_train_drop_last_gives_every_rank_the_same_full_batches():
-    """Uneven shards (3 ranks): DistributedSampler pads every rank to one count, so every rank
-    drops the same short batch and runs the same number of DDP steps."""
+def test_train_drop_last_drops_the_last_short_global_batch_on_every_rank():
+    """Uneven parts (3 ranks): every rank runs the same number of steps, the ranks' parts of the short last
+    global batch differ by at most one window, and --train_drop_last drops that step on every rank."""
     argv = ["--batch_size", 64, "--synthetic_rows", 1200]
     kept = run_on_ranks(_train_batch_sizes, 3, argv)
     dropped = run_on_ranks(_train_batch_sizes, 3, [*argv, "--train_drop_last"])
-    assert kept[0][-1] < 64, "the shards must end on a short batch for the test to mean anything"
+    last = [sum(steps[-1]) for steps in kept]
+    assert max(last) < 64 and max(last) - min(last) <= 1, "the epoch must end on a short global batch"
     for rank in range(3):
-        assert kept[rank] == kept[0] and dropped[rank] == kept[0][:-1]
+        assert len(kept[rank]) == len(kept[0]) and kept[rank][:-1] == [[64]] * (len(kept[0]) - 1)
+        assert dropped[rank] == kept[rank][:-1]
 
 
 def test_loader_skips_time_features_of_a_model_that_reads_none():
@@ -187,3 +191,19 @@ def test_data_on_device_never_as_typed_does_not_ask_the_gpu(monkeypatch):
     make_experiment(args)
     assert args.data_on_device == "never" and args.data_on_device is not sys.intern("never")
     assert keeps_data_on_device(args, torch.device("cuda", 0)) is False
+
+
+def test_a_selections_single_item_is_its_window_and_out_of_range_is_refused():
+    """WindowSelection[i] (torch's DataLoader without __getitems__ asks for items one by one) is window
+    indices[i] of its base; a position outside [0, len) is an IndexError, never another window."""
+    from data_provider.windows import WindowSelection
+
+    args = make_args("--synthetic_rows", 600, "--seq_len", 48, "--label_len", 24, "--pred_len", 24)
+    base, _ = data_provider(args, "train")
+    chosen = WindowSelection(base, [5, 9, 30])
+    for i, window in enumerate((5, 9, 30)):
+        for got, want in zip(chosen[i], base[window]):
+            assert (got is None and want is None) or torch.equal(got, want)
+    for outside in (3, -1):
+        with pytest.raises(IndexError):
+            chosen[outside]

@@ -227,7 +227,8 @@ def restart_count():
 def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped, grad_scaler=None,
                         windows=0, end_of_epoch=True, running=None):
     """last.pth: everything needed to continue exactly after optimizer step `step`, taken in `epoch`
-    with this rank's first `windows` windows of the epoch done (the whole epoch when `end_of_epoch`).
+    with the first `windows` positions of the epoch's order done by all ranks together (the whole
+    epoch when `end_of_epoch`): a count that does not depend on the world size.
     A collective: every rank calls it (its generators, its `running` sums (name -> RunningLoss) and,
     under --zero, its optimizer shard go in); rank 0 writes, and if it cannot, every rank stops with
     its one line. `grad_scaler`: fp16's loss scale (the same on every rank: it follows the
@@ -244,8 +245,9 @@ def save_training_state(path, model, optimizer, stopper, args, epoch, step, hist
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
             "early_stopping": stopper.state_dict(),
             "epoch": epoch if end_of_epoch else epoch - 1,  # the last whole epoch
-            # where training stands: set_epoch(epoch) reproduces the order, each rank skips `windows` of it
-            "position": {"epoch": epoch, "windows": windows, "end_of_epoch": end_of_epoch},
+            # where training stands: set_epoch(epoch) reproduces the order (one for any world size), and
+            # its first `global_windows` positions are done (data_provider.global_batches)
+            "position": {"epoch": epoch, "global_windows": windows, "end_of_epoch": end_of_epoch},
             "global_step": step,
             "stopped": stopped,
             "rng": list(rng),
@@ -350,7 +352,8 @@ def _written_by_another_launch(state):
 @dataclass
 class RunStart:
     """Where training (re)starts: the history so far, the optimizer steps taken, whether it had
-    stopped, the epoch to train in and this rank's windows of that epoch already done."""
+    stopped, the epoch to train in and the positions of that epoch's order already done (all ranks
+    together)."""
     history: list = field(default_factory=list)
     step: int = 0
     stopped: bool = False
@@ -379,7 +382,7 @@ def resume(args, setting, model, optimizer, stopper, grad_scaler=None, running=N
     start = RunStart(state["history"], state["global_step"], state["stopped"], state["epoch"] + 1)
     position = state.get("position")
     if position and not position["end_of_epoch"]:
-        start.epoch, start.windows = position["epoch"], _windows_here(position["windows"], state["world_size"])
+        start.epoch, start.windows = position["epoch"], _windows_done(position, state.get("world_size") or 1)
     same_ranks = state.get("world_size") == distributed.world_size() and "running" in state
     for name, sums in (running or {}).items():
         if same_ranks:
@@ -387,17 +390,14 @@ def resume(args, setting, model, optimizer, stopper, grad_scaler=None, running=N
     return start
 
 
-def _windows_here(windows, saved_world_size):
-    """This rank's windows done in the interrupted epoch: the saved count on the same number of
-    processes; on another, the same share of the epoch's order as near as whole windows allow (the
-    samplers deal positions round-robin, so the first windows x saved ranks positions are done)."""
-    if saved_world_size == distributed.world_size():
-        return windows
-    here = windows * saved_world_size // distributed.world_size()
-    logger.warning(f"resuming mid-epoch on {distributed.world_size()} processes from a run on {saved_world_size}: "
-                   f"each process skips the first {here} windows of its share of the epoch (up to "
-                   f"{distributed.world_size()} windows may be seen twice or not at all this epoch)")
-    return here
+def _windows_done(position, saved_world_size):
+    """Positions of the interrupted epoch's order done. The order and its global batches do not depend
+    on the world size, so the count holds on any number of processes (a different global batch then
+    cuts the rest of the epoch from there). A state written before global batches recorded each rank's
+    own count of round-robin shares: those ranks had done the first `windows x ranks` positions."""
+    if "global_windows" in position:
+        return position["global_windows"]
+    return position["windows"] * saved_world_size
 
 
 def writable_dir_problem(folder, option):

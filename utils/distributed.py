@@ -565,6 +565,22 @@ def no_sync(model, skip=True):
     return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def local_batch_norm(model, local=True):
+    """With `local`, `model`'s SyncBatchNorm layers normalise with this rank's own batch statistics inside
+    the block (plain BatchNorm's forward): no all_gather in forward. For a training step in which ranks
+    run different numbers of forward passes (the short last global batch of an epoch), where
+    SyncBatchNorm's gathers would not pair up across ranks. A no-op without SyncBatchNorm."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)] if local else []
+    for layer in layers:
+        layer.forward = torch.nn.modules.batchnorm._BatchNorm.forward.__get__(layer)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
 def make_optimizer(params, optimizer_class, shard=False, **options):
     """optimizer_class(params, **options); with `shard` and a process group, wrapped in
     ZeroRedundancyOptimizer: each rank keeps the state of its share of the parameters only."""

@@ -1,0 +1,277 @@
+"""One training run, however many processes share it: each epoch has one seeded order of the training
+windows, optimizer step k takes its k-th chunk of batch_size x world_size x accumulation_steps windows
+(data_provider.global_batches.GlobalBatches), each rank a contiguous part of it, and each micro-batch's
+loss is weighted by its share of the whole chunk, so DDP's gradient average is the chunk's mean.
+
+End to end: DLinear and NLinear (no dropout, no batch statistics) trained 3 epochs as 1 x 32, 2 x 16,
+4 x 8 (batch_size x processes), 1 x 16 and 2 x 8 with 2 accumulation steps, and 1 x 24 against 3 x 8,
+give the same per-epoch losses and test metrics (1e-6 relative). 835 training windows end every epoch
+on a short chunk: 3 windows at a global batch of 32 (4 x 8: rank 0's part is empty; 2 x 16: parts of 1
+and 2), 19 at 24 (3 x 8: parts of 6, 6 and 7)."""
+import numpy as np
+import pytest
+import torch
+
+from data_provider.global_batches import GlobalBatches, GlobalStep
+from helpers import assert_ok, make_args, make_experiment, records, run_cli
+
+ROWS = 1466  # -> 835 training windows at the default --seq_len 96 --pred_len 96
+TRAIN_WINDOWS = 835
+COMMON = ["--synthetic_rows", ROWS, "--train_epochs", 3, "--patience", 10, "--learning_rate", 0.005]
+GLOBAL_32 = {  # name: (--batch_size, processes, --accumulation_steps)
+    "1 x 32": (32, None, 1), "2 x 16": (16, 2, 1), "4 x 8": (8, 4, 1), "1 x 16 x 2": (16, None, 2),
+    "2 x 8 x 2": (8, 2, 2)}
+GLOBAL_24 = {"1 x 24": (24, None, 1), "3 x 8": (8, 3, 1)}
+METRICS = ("mse", "mae", "rmse", "mape", "mspe", "vali_loss")
+
+
+def _train(tmp_path, model, runs):
+    results = {}
+    for name, (batch_size, nproc, accumulation) in runs.items():
+        folder = tmp_path / name.replace(" ", "")
+        assert_ok(run_cli(folder, *COMMON, "--model", model, "--batch_size", batch_size,
+                          "--accumulation_steps", accumulation, nproc=nproc, timeout=300))
+        results[name] = records(folder)[-1]
+        assert results[name]["train_windows"] == TRAIN_WINDOWS
+        assert results[name]["world_size"] == (nproc or 1)
+    return results
+
+
+def _assert_same_training(results):
+    (reference_name, reference), *others = results.items()
+    for name, record in others:
+        assert len(record["history"]) == len(reference["history"]) == 3, name
+        for epoch, (got, want) in enumerate(zip(record["history"], reference["history"]), 1):
+            assert got["step"] == want["step"], (name, epoch)
+            for key in ("train_loss", "vali_loss"):
+                assert got[key] == pytest.approx(want[key], rel=1e-6, abs=0), (
+                    f"{name} vs {reference_name}, epoch {epoch} {key}")
+        for key in METRICS:
+            assert record[key] == pytest.approx(reference[key], rel=1e-6, abs=0), f"{name} vs {reference_name}: {key}"
+
+
+@pytest.mark.parametrize("model", ["DLinear", "NLinear"])
+def test_the_same_global_batch_trains_the_same_model_on_any_number_of_processes(tmp_path, model):
+    results = _train(tmp_path, model, GLOBAL_32)
+    assert results["1 x 32"]["history"][0]["step"] == -(-TRAIN_WINDOWS // 32)  # ceil(n / G) steps an epoch
+    _assert_same_training(results)
+
+
+def test_three_processes_with_uneven_parts_train_the_single_process_model(tmp_path):
+    _assert_same_training(_train(tmp_path, "DLinear", GLOBAL_24))
+
+
+# ---------------------------------------------------------------- the sampler
+def _epoch(n, batch_size, accumulation, world, epoch=3, drop_last=False, constant_memory=False, seed=2021):
+    """Every rank's steps of one epoch: [rank][step] -> GlobalStep of int lists."""
+    ranks = []
+    for rank in range(world):
+        sampler = GlobalBatches(n, seed, batch_size, accumulation, rank, world, drop_last=drop_last,
+                                constant_memory=constant_memory)
+        sampler.set_epoch(epoch)
+        steps = [GlobalStep([m.tolist() for m in step], step.windows,
+                            None if step.stand_in is None else step.stand_in.tolist(), step.uneven)
+                 for step in sampler.steps()]
+        assert len(steps) == len(sampler), "len() is the number of steps the epoch gives"
+        ranks.append(steps)
+    return ranks
+
+
+def _single_process_order(n, epoch=3, constant_memory=False, seed=2021):
+    sampler = GlobalBatches(n, seed, batch_size=n, constant_memory=constant_memory)
+    sampler.set_epoch(epoch)
+    return sampler.order(0, n).tolist()
+
+
+CASES = [(835, 8, 1), (835, 8, 2), (100, 5, 3), (7, 4, 1), (64, 8, 2), (1, 3, 2)]
+
+
+@pytest.mark.parametrize("constant_memory", [False, True], ids=["in memory", "corpus"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("n, batch_size, accumulation", CASES)
+def test_every_window_once_an_epoch_and_step_k_is_chunk_k_of_the_one_order(n, batch_size, accumulation, world,
+                                                                           constant_memory):
+    """No padding, no repeats, the same number of steps on every rank, and the ranks' parts of step k,
+    taken in rank order, are exactly the k-th chunk of the single-process order (contiguous parts: an
+    interleaved split would give the same windows in another order)."""
+    ranks = _epoch(n, batch_size, accumulation, world, constant_memory=constant_memory)
+    order = _single_process_order(n, constant_memory=constant_memory)
+    global_batch = batch_size * world * accumulation
+    assert {len(steps) for steps in ranks} == {-(-n // global_batch)}
+    taken = []
+    for k in range(len(ranks[0])):
+        chunk = order[k * global_batch:(k + 1) * global_batch]
+        parts = [[w for micro in steps[k] for w in micro] for steps in ranks]
+        assert [w for part in parts for w in part] == chunk, f"step {k}"
+        assert {steps[k].windows for steps in ranks} == {len(chunk)}
+        sizes = [len(part) for part in parts]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes), f"step {k}: parts {sizes}"
+        for steps in ranks:
+            micro_sizes = [len(micro) for micro in steps[k]]
+            if len(chunk) == global_batch:
+                assert micro_sizes == [batch_size] * accumulation, f"step {k}"
+            elif micro_sizes:  # a short chunk: as even as possible, no empty micro-batch
+                assert max(micro_sizes) - min(micro_sizes) <= 1 and min(micro_sizes) > 0, f"step {k}"
+            assert (steps[k].stand_in is None) == bool(steps[k]), "a stand-in exactly when the part is empty"
+            if steps[k].stand_in is not None:
+                assert len(steps[k].stand_in) == 1 and steps[k].stand_in[0] in chunk
+        forwards = {len(steps[k]) for steps in ranks}
+        assert all(steps[k].uneven == (len(forwards) > 1) for steps in ranks), f"step {k}"
+        taken.extend(chunk)
+    assert sorted(taken) == list(range(n))  # every window exactly once
+
+
+def test_in_memory_order_is_the_single_process_distributed_sampler_order():
+    """A 1-process run keeps its trajectory: the order is DistributedSampler's with one replica."""
+    from torch.utils.data import DistributedSampler
+
+    for epoch in (0, 1, 5):
+        reference = DistributedSampler(range(835), num_replicas=1, rank=0, shuffle=True, seed=2021)
+        reference.set_epoch(epoch)
+        for world in (1, 3):
+            ranks = _epoch(835, 16, 2, world, epoch=epoch)
+            flat = [w for k in range(len(ranks[0])) for steps in ranks for micro in steps[k] for w in micro]
+            assert flat == list(reference), (epoch, world)
+
+
+def test_corpus_order_is_the_feistel_permutation_and_costs_no_memory():
+    from data_provider.permutation import FeistelPermutation, ShuffledShards, epoch_key
+
+    ranks = _epoch(1000, 8, 2, 3, epoch=4, constant_memory=True, seed=7)
+    flat = [w for k in range(len(ranks[0])) for steps in ranks for micro in steps[k] for w in micro]
+    assert flat == FeistelPermutation(1000, epoch_key(7, 4))(np.arange(1000)).tolist()
+    single = ShuffledShards(1000, 7)  # the same order ShuffledShards deals on one process
+    single.set_epoch(4)
+    assert flat == list(single)
+    huge = GlobalBatches(10 ** 12, 1, 256, 2, rank=3, world_size=8, constant_memory=True)
+    huge.set_epoch(5)
+    first = next(huge.steps())
+    assert [len(m) for m in first] == [256, 256] and huge._order is None  # no array of 1e12 windows
+    assert len(huge) == -(-10 ** 12 // (256 * 8 * 2))
+
+
+def test_drop_last_drops_the_last_short_global_chunk_only():
+    kept, dropped = _epoch(835, 8, 1, 4), _epoch(835, 8, 1, 4, drop_last=True)
+    for rank in range(4):
+        assert len(kept[rank]) == 27 and kept[rank][-1].windows == 3
+        assert [list(s) for s in dropped[rank]] == [list(s) for s in kept[rank][:-1]]
+    exact = _epoch(64, 8, 2, 2, drop_last=True)  # whole chunks only: nothing to drop
+    assert [len(steps) for steps in exact] == [2, 2]
+
+
+def test_a_resumed_epoch_continues_from_a_global_position():
+    """A run resumed mid-epoch starts at the windows done (a multiple of the global batch): the same
+    steps as the rest of the uninterrupted epoch."""
+    for rank in range(3):
+        sampler = GlobalBatches(835, 2021, 8, 2, rank, 3)
+        sampler.set_epoch(2)
+        whole = [[m.tolist() for m in s] for s in sampler.steps()]
+        rest = [[m.tolist() for m in s] for s in sampler.steps(start=5 * 48)]
+        assert rest == whole[5:] and sampler.steps_from(5 * 48) == len(whole) - 5
+
+
+# ---------------------------------------------------------------- the loader and the step
+@pytest.mark.parametrize("rank, world", [(0, 1), (0, 4), (3, 4)])
+def test_loader_steps_are_the_samplers_windows_with_and_without_workers(rank, world):
+    """Each micro-batch is its index tensor gathered, the stand-in too, and loader workers give the
+    same steps (also from a resumed position)."""
+    from data_provider.data_factory import data_provider
+    from data_provider.windows import TrainLoader
+
+    args = make_args("--batch_size", 8, "--synthetic_rows", ROWS)
+    args.autoregressive = False
+    dataset, _ = data_provider(args, "train")
+    assert len(dataset) == TRAIN_WINDOWS
+
+    def loader(workers):
+        made = TrainLoader(dataset, GlobalBatches(len(dataset), 7, 8, 2, rank, world), workers)
+        made.set_epoch(3)
+        return made
+
+    fast = loader(0)
+    index_steps = list(fast.sampler.steps())
+    for start in (0, 10 * 16 * world):
+        steps = list(fast.steps(start))
+        assert len(steps) == fast.sampler.steps_from(start)
+        for indices, step in zip(index_steps[start // (16 * world):], steps):
+            assert step.windows == indices.windows and step.uneven == indices.uneven and len(step) == len(indices)
+            for order, batch in zip([*indices, indices.stand_in], [*step, step.stand_in]):
+                if order is None:
+                    assert batch is None
+                    continue
+                for part, gathered in zip(batch, dataset.__getitems__(order)):
+                    assert (part is None) == (gathered is None)
+                    if part is not None:
+                        torch.testing.assert_close(part, gathered, rtol=0, atol=0)
+        with_workers = list(loader(2).steps(start))
+        assert len(with_workers) == len(steps)
+        for a, b in zip(steps, with_workers):
+            assert (a.windows, a.uneven, len(a)) == (b.windows, b.uneven, len(b))
+            for batch_a, batch_b in zip([*a, a.stand_in], [*b, b.stand_in]):
+                assert (batch_a is None) == (batch_b is None)
+                for x, y in zip(batch_a or (), batch_b or ()):
+                    assert (x is None) == (y is None)
+                    if x is not None:
+                        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert len(fast) == sum(len(step) for step in index_steps)  # the micro-batches iterating it gives
+    assert len(list(fast)) == len(fast)
+
+
+def test_the_stand_in_pass_changes_nothing():
+    """A rank with no window in a step still runs a forward and backward (DDP all-reduces there), zero-
+    weighted and in eval mode: gradients zero, weights, BatchNorm statistics and the random stream
+    untouched, and the model back in train mode."""
+    from data_provider.data_factory import data_provider
+
+    exp = make_experiment(make_args("--model", "PatchTST", "--synthetic_rows", ROWS, "--batch_size", 8,
+                                    "--dropout", 0.3, "--e_layers", 1, "--d_model", 16, "--d_ff", 16))
+    dataset, _ = data_provider(exp.args, "train")
+    optimizer = exp.make_optimizer()  # fresh: Adam moves no weight on zero gradients
+    exp.model.train()
+    before = {k: v.clone() for k, v in exp.raw_model.state_dict().items()}
+    assert any("running_mean" in k for k in before), "PatchTST keeps BatchNorm statistics"
+    rng = torch.get_rng_state()
+    loss_sum, n_scored = exp.train_step(GlobalStep([], 3, stand_in=dataset.__getitems__(torch.arange(5, 6))),
+                                        optimizer)
+    assert float(loss_sum) == 0 and n_scored == 0
+    assert all(p.grad is not None and not p.grad.any() for p in exp.raw_model.parameters())
+    after = exp.raw_model.state_dict()
+    for name, value in before.items():
+        assert torch.equal(after[name], value), name
+    assert torch.equal(torch.get_rng_state(), rng) and exp.model.training
+
+
+def test_a_micro_batch_weighs_its_share_of_the_global_batch():
+    """train_step's gradient over a rank's micro-batches is its windows' share of the global batch's
+    mean: (windows here / global windows) x world size x their mean's gradient. On one process, a step
+    told its global batch holds twice the windows takes half the gradient."""
+    from data_provider.data_factory import data_provider
+
+    exp = make_experiment(make_args("--synthetic_rows", ROWS, "--batch_size", 8, "--learning_rate", 0))
+    dataset, _ = data_provider(exp.args, "train")
+    optimizer = exp.make_optimizer()
+    micro = [dataset.__getitems__(torch.arange(0, 3)), dataset.__getitems__(torch.arange(3, 8))]
+    gradients = []
+    for step in (micro, GlobalStep(micro, 8), GlobalStep(micro, 16), [dataset.__getitems__(torch.arange(8))]):
+        exp.train_step(step, optimizer)
+        gradients.append(torch.cat([p.grad.flatten() for p in exp.raw_model.parameters()]))
+    torch.testing.assert_close(gradients[0], gradients[3], rtol=1e-5, atol=1e-7)  # the mean of all 8
+    torch.testing.assert_close(gradients[1], gradients[3], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(gradients[2], gradients[3] / 2, rtol=1e-5, atol=1e-7)
+
+
+def test_sync_batchnorm_normalises_locally_in_an_uneven_step():
+    """In a step whose ranks run different numbers of forwards, SyncBatchNorm's gathers could not pair
+    up: local_batch_norm gives it plain BatchNorm's forward (no collective) and restores it after."""
+    from utils import distributed
+
+    torch.manual_seed(0)
+    plain = torch.nn.BatchNorm1d(4)
+    synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
+    synced.load_state_dict({f"0.{k}": v for k, v in plain.state_dict().items()})
+    x = torch.randn(6, 4, 5)
+    with distributed.local_batch_norm(synced):
+        torch.testing.assert_close(synced(x), plain(x), rtol=0, atol=0)
+    assert "forward" not in vars(synced[0])  # SyncBatchNorm's own forward again
+    with distributed.local_batch_norm(synced, local=False):
+        assert "forward" not in vars(synced[0])
