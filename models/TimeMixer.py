@@ -39,6 +39,38 @@ def _feature_mlp(d_model: int, d_ff: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
 
+def _over_features(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """A (Linear, activation, Linear) MLP applied to every column of x [d_in, M] -> [d_out, M].
+
+    The hidden state is feature-major ([D, N, T], see Model.forward), so the feature MLP is a product
+    with the weight on the left: one matrix product per layer and no transposed copies.
+    """
+    first, activation, second = mlp
+    # mm, then the bias in place: addmm with a column bias is several times slower on the CPU
+    hidden = activation(torch.mm(first.weight, x).add_(first.bias.unsqueeze(1)))
+    return torch.mm(second.weight, hidden).add_(second.bias.unsqueeze(1))
+
+
+def _time_mlp_after(mlp: nn.Sequential, x: torch.Tensor, time_map: torch.Tensor) -> torch.Tensor:
+    """mlp(x @ time_map^T) for x [rows, T], with the fixed [T, T] map folded into the first layer's weight."""
+    first, activation, second = mlp
+    return second(activation(nn.functional.linear(x, first.weight @ time_map, first.bias)))
+
+
+def _dropout_(x: torch.Tensor, dropout: nn.Dropout) -> torch.Tensor:
+    """dropout(x), in place on the CPU (x: a fresh product no other operation reads), with the mask
+    drawn from 31 uniform bits per element.
+
+    Same probability (to 2**-31) and the same 1 / (1 - p) scaling as nn.Dropout, whose Bernoulli
+    sampling is several times slower on the CPU than drawing integers; other devices use nn.Dropout.
+    """
+    p = dropout.p
+    if not dropout.training or p == 0 or p == 1 or x.device.type != "cpu":
+        return dropout(x)
+    keep = torch.empty(x.shape, dtype=torch.int32).random_() < round((1 - p) * 2 ** 31)
+    return x.mul_(torch.where(keep, 1 / (1 - p), 0.0).to(x.dtype))
+
+
 class DFTDecomposition(nn.Module):
     """Seasonal part = the top_k strongest non-zero frequencies of each series over time; trend = the rest.
 
@@ -51,15 +83,15 @@ class DFTDecomposition(nn.Module):
         super().__init__()
         self.top_k = top_k
 
-    def forward(self, x: torch.Tensor):  # x [B, T, D]
-        length = x.shape[1]
-        spectrum = torch.fft.rfft(x.float(), dim=1)
+    def forward(self, x: torch.Tensor):  # x [..., T]: time on the last axis
+        length = x.shape[-1]
+        spectrum = torch.fft.rfft(x.float(), dim=-1)
         amplitude = spectrum.abs().detach()
-        amplitude[:, 0] = 0  # the mean is trend, never season
-        k = min(self.top_k, amplitude.shape[1] - 1)
+        amplitude[..., 0] = 0  # the mean is trend, never season
+        k = min(self.top_k, amplitude.shape[-1] - 1)
         keep = torch.zeros_like(amplitude, dtype=torch.bool)
-        keep.scatter_(1, amplitude.topk(k, dim=1).indices, True)
-        season = torch.fft.irfft(spectrum * keep, n=length, dim=1).to(x.dtype)
+        keep.scatter_(-1, amplitude.topk(k, dim=-1).indices, True)
+        season = torch.fft.irfft(spectrum * keep, n=length, dim=-1).to(x.dtype)
         return season, x - season
 
 
@@ -71,7 +103,7 @@ class MultiScaleSeasonMixing(nn.Module):
         self.down_sampling_layers = nn.ModuleList(
             _time_mlp(lengths[i], lengths[i + 1]) for i in range(len(lengths) - 1))
 
-    def forward(self, seasons: list[torch.Tensor]) -> list[torch.Tensor]:  # each [B', D, T_i]
+    def forward(self, seasons: list[torch.Tensor]) -> list[torch.Tensor]:  # each [..., T_i]
         mixed = [seasons[0]]
         for coarser, layer in zip(seasons[1:], self.down_sampling_layers):
             mixed.append(coarser + layer(mixed[-1]))
@@ -87,7 +119,7 @@ class MultiScaleTrendMixing(nn.Module):
         self.up_sampling_layers = nn.ModuleList(
             _time_mlp(lengths[i + 1], lengths[i]) for i in reversed(range(len(lengths) - 1)))
 
-    def forward(self, trends: list[torch.Tensor]) -> list[torch.Tensor]:  # each [B', D, T_i]
+    def forward(self, trends: list[torch.Tensor]) -> list[torch.Tensor]:  # each [..., T_i]
         mixed = [trends[-1]]
         for finer, layer in zip(reversed(trends[:-1]), self.up_sampling_layers):
             mixed.append(finer + layer(mixed[-1]))
@@ -95,7 +127,8 @@ class MultiScaleTrendMixing(nn.Module):
 
 
 class PastDecomposableMixing(nn.Module):
-    """One PDM block over the list of scales, each [B', T_i, d_model].
+    """One PDM block over all scales at once: x [d_model, N, sum of T_i], feature-major (N series), the
+    scales side by side along time, finest first.
 
     Channel independent: out = x + FFN(mixed season + mixed trend), as the official code.
     Channel mixing: season and trend first pass a shared feature MLP and the output is the
@@ -105,6 +138,7 @@ class PastDecomposableMixing(nn.Module):
 
     def __init__(self, configs, lengths: list[int]):
         super().__init__()
+        self.lengths = lengths
         self.channel_independence = getattr(configs, "channel_independence", 1) == 1
         method = getattr(configs, "decomp_method", "moving_avg")
         if method == "moving_avg":
@@ -115,6 +149,8 @@ class PastDecomposableMixing(nn.Module):
             self.decompositions = nn.ModuleList(DFTDecomposition(getattr(configs, "top_k", 5)) for _ in lengths)
         else:
             raise ValueError(f"decomp_method must be 'moving_avg' or 'dft_decomp', got {method!r}")
+        # a linear decomposition mixed without a feature MLP in between folds into the mixing
+        self.folded = method == "moving_avg" and self.channel_independence
         if self.channel_independence:
             self.out_cross_layer = _feature_mlp(configs.d_model, configs.d_ff)
         else:
@@ -122,21 +158,63 @@ class PastDecomposableMixing(nn.Module):
         self.mixing_multi_scale_season = MultiScaleSeasonMixing(lengths)
         self.mixing_multi_scale_trend = MultiScaleTrendMixing(lengths)
 
-    def forward(self, scales: list[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Time mixing runs along the rows of each scale's [d_model * N, T_i] (views of x with row stride
+        # sum T_i, which the matrix products take as they are); the feature MLP along the columns of
+        # [d_model, N * sum T_i], all scales in one product.
+        rows = [scale.view(-1, scale.shape[-1]) for scale in x.split(self.lengths, dim=-1)]
+        mixed = self._mix_folded(x, rows) if self.folded else self._mix(rows, len(x))
+        if not self.channel_independence:
+            return mixed.view(x.shape)
+        width = len(x)
+        return _over_features(self.out_cross_layer, mixed.view(width, -1)).add_(x.view(width, -1)).view(x.shape)
+
+    def _mix(self, rows: list[torch.Tensor], width: int) -> torch.Tensor:
+        """Decompose every scale, mix seasons bottom-up and trends top-down; their sums side by side."""
         seasons, trends = [], []
-        for x, decomposition in zip(scales, self.decompositions):
-            season, trend = decomposition(x)
+        for x, decomposition in zip(rows, self.decompositions):
+            if isinstance(decomposition, SeriesDecomposition):
+                trend = x @ decomposition.averaging_matrix.to(x.dtype).t()  # the moving average over time
+                season = x - trend
+            else:
+                season, trend = decomposition(x)
             if not self.channel_independence:
-                season, trend = self.cross_layer(season), self.cross_layer(trend)
-            seasons.append(season.transpose(1, 2))  # mixing runs along time, the last axis
-            trends.append(trend.transpose(1, 2))
+                season = _over_features(self.cross_layer, season.reshape(width, -1)).view(x.shape)
+                trend = _over_features(self.cross_layer, trend.reshape(width, -1)).view(x.shape)
+            seasons.append(season)
+            trends.append(trend)
         seasons = self.mixing_multi_scale_season(seasons)
         trends = self.mixing_multi_scale_trend(trends)
-        out = []
-        for x, season, trend in zip(scales, seasons, trends):
-            mixed = (season + trend).transpose(1, 2)
-            out.append(x + self.out_cross_layer(mixed) if self.channel_independence else mixed)
-        return out
+        return torch.cat([(season + trend).view(width, -1, season.shape[-1])
+                          for season, trend in zip(seasons, trends)], dim=-1)
+
+    def _mix_folded(self, x: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
+        """_mix for the moving average without a feature MLP between decomposition and mixing.
+
+        The moving average is a fixed matrix A over time, so scale i's season is one product
+        x_i (I - A_i)^T and its trend x_i A_i^T; the product adds the term mixed into that scale
+        (addmm's addend) instead of a separate pass. The finest season and the coarsest trend only
+        feed an MLP, so their maps fold into its first layer. As season + trend = x, every scale's sum
+        is x_i + (its bottom-up term) + (its top-down term): x plus one tensor of those terms.
+        """
+        n = len(rows)
+        if n == 1:
+            return x
+        trend_maps = [d.averaging_matrix.to(x.dtype) for d in self.decompositions]  # A_i
+        season_maps = [torch.eye(len(a), dtype=a.dtype, device=a.device) - a for a in trend_maps]  # I - A_i
+        # bottom-up: s_0 = x_0 (I - A_0)^T, s_i = x_i (I - A_i)^T + down_i(s_{i-1})
+        down_layers = self.mixing_multi_scale_season.down_sampling_layers
+        downs = [None, _time_mlp_after(down_layers[0], rows[0], season_maps[0])]  # at i: scale i's term
+        for i, layer in enumerate(down_layers[1:], 1):
+            downs.append(layer(torch.addmm(downs[i], rows[i], season_maps[i].t())))
+        # top-down: t_n = x_n A_n^T, t_i = x_i A_i^T + up_i(t_{i+1})
+        up_layers = self.mixing_multi_scale_trend.up_sampling_layers
+        ups = [None] * n
+        ups[n - 2] = _time_mlp_after(up_layers[0], rows[-1], trend_maps[-1])
+        for i, layer in zip(reversed(range(n - 2)), up_layers[1:]):
+            ups[i] = layer(torch.addmm(ups[i + 1], rows[i + 1], trend_maps[i + 1].t()))
+        terms = [ups[0], *(down + up for down, up in zip(downs[1:-1], ups[1:-1])), downs[-1]]
+        return torch.cat([term.view(len(x), -1, term.shape[-1]) for term in terms], dim=-1).add_(x)
 
 
 class Model(nn.Module):
@@ -170,6 +248,12 @@ class Model(nn.Module):
             self.normalize_layers = nn.ModuleList(InstanceNorm(configs.enc_in, affine=True) for _ in range(n_scales))
         self.enc_embedding = DataEmbedding(1 if self.channel_independence else configs.enc_in, configs.d_model,
                                            mark_dim, getattr(configs, "dropout", 0.1), position=False)
+        # The value embedding's width-3 circular convolution reads steps t-1, t, t+1 of each scale (modulo
+        # its length): their indices into the scales laid side by side, [3 * sum T_i] (not in the state_dict).
+        starts = [sum(self.lengths[:i]) for i in range(n_scales)]
+        self.register_buffer("conv_taps", torch.cat([
+            torch.cat([start + (torch.arange(length) + shift) % length for start, length in zip(starts, self.lengths)])
+            for shift in (-1, 0, 1)]), persistent=False)
         self.pdm_blocks = nn.ModuleList(PastDecomposableMixing(configs, self.lengths)
                                         for _ in range(configs.e_layers))
 
@@ -210,6 +294,32 @@ class Model(nn.Module):
             return marks.repeat(channels, 1, 1)
         return marks.repeat_interleave(channels, dim=0)  # window b's own calendar
 
+    def _embed(self, xs: list[torch.Tensor], marks: list[torch.Tensor | None]) -> torch.Tensor:
+        """Every scale's [B, T_i, C] series (and marks) -> the embeddings, feature-major and side by
+        side along time: [d_model, N, sum T_i], N = B * C channel-independent series (b * C + c) or B.
+
+        Without calendar marks the embedding is the value term alone, a width-3 circular convolution
+        over each scale's time axis: one gather of the three neighbours of every step from all scales
+        at once, then one product with the weight [d_model, c_in * 3] (dropout as DataEmbedding's).
+        """
+        embedding = self.enc_embedding
+        if embedding.position is None and all(m is None for m in marks):
+            series = torch.cat(xs, dim=1)  # [B, L, C], L = sum T_i
+            batch, total, channels = series.shape
+            taps = series.index_select(1, self.conv_taps).view(batch, 3, total, channels)
+            if self.channel_independence:  # [3, B * C, L]: tap k of series b * C + c
+                taps = taps.permute(1, 0, 3, 2).reshape(3, -1)
+            else:  # [C * 3, B, L], the conv weight's (channel, tap) order
+                taps = taps.permute(3, 1, 0, 2).reshape(channels * 3, -1)
+            weight = embedding.value.conv.weight  # [d_model, c_in, 3]
+            out = (weight.reshape(len(weight), -1) @ taps).view(len(weight), -1, total)
+            return _dropout_(out, embedding.dropout)
+        if self.channel_independence:
+            # every channel becomes its own univariate series: [B, T, C] -> [B * C, T, 1]
+            marks = [None if m is None else self._pair_marks(m, x.shape[-1]) for x, m in zip(xs, marks)]
+            xs = [x.transpose(1, 2).reshape(-1, x.shape[1], 1) for x in xs]
+        return torch.cat([embedding(x, m).permute(2, 0, 1) for x, m in zip(xs, marks)], dim=-1)
+
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
         batch, length, channels = x_enc.shape
         if length != self.lengths[0]:
@@ -221,27 +331,35 @@ class Model(nn.Module):
             xs = [norm.norm(x) for norm, x in zip(self.normalize_layers, xs)]
 
         trends = None
-        if self.channel_independence:
-            # every channel becomes its own univariate sample: [B, T, C] -> [B * C, T, 1]
-            xs = [x.transpose(1, 2).reshape(batch * channels, -1, 1) for x in xs]
-            marks = [None if m is None else self._pair_marks(m, channels) for m in marks]
-        else:
+        if not self.channel_independence:
             parts = [decomposition(x) for decomposition, x in zip(self.preprocess, xs)]
             xs, trends = [season for season, _ in parts], [trend for _, trend in parts]
 
-        scales = [self.enc_embedding(x, m) for x, m in zip(xs, marks)]
+        # The hidden state is feature-major with the scales side by side along time, [d_model, N, sum T_i]:
+        # the time MLPs are products over the rows of each scale's [d_model * N, T_i] and the feature
+        # MLPs over the columns of [d_model, N * sum T_i], with no transposed copy between the embedding
+        # and the head.
+        hidden = self._embed(xs, marks)
         for block in self.pdm_blocks:
-            scales = block(scales)
+            hidden = block(hidden)
 
-        forecast = 0
-        for i, (hidden, predict) in enumerate(zip(scales, self.predict_layers)):
-            out = self.projection_layer(predict(hidden.transpose(1, 2)).transpose(1, 2))  # [B', P, 1 or c_out]
-            if self.channel_independence:
-                out = out.reshape(batch, channels, self.pred_len).transpose(1, 2)
-            else:
-                trend = self.regression_layers[i](self.out_res_layers[i](trends[i].transpose(1, 2)))
-                out = out + trend.transpose(1, 2)
-            forecast = forecast + out
+        # Future-Multipredictor-Mixing: the sum over scales of projection(predict_i(h_i)). Both maps are
+        # linear, so the projection over features (to 1 or c_out) goes first, making the maps over time
+        # d_model / c_out times cheaper; the scales' maps then are one product with their weights side by
+        # side, and the biases add up to one [c, P] term.
+        projection = self.projection_layer
+        width, series, total = hidden.shape
+        projected = projection.weight @ hidden.view(width, -1)  # [c, N * sum T_i]
+        weight = torch.cat([predict.weight for predict in self.predict_layers], dim=1)  # [P, sum T_i]
+        bias = (projection.weight.sum(1, keepdim=True) * sum(predict.bias for predict in self.predict_layers)
+                + projection.bias.unsqueeze(1) * len(self.predict_layers))  # [c, P]
+        forecast = (projected.view(-1, total) @ weight.t()).view(-1, series, self.pred_len) + bias.unsqueeze(1)
+        if self.channel_independence:
+            forecast = forecast.view(batch, channels, self.pred_len).transpose(1, 2)
+        else:
+            forecast = forecast.permute(1, 2, 0)
+            for trend, res, regression in zip(trends, self.out_res_layers, self.regression_layers):
+                forecast = forecast + regression(res(trend.transpose(1, 2))).transpose(1, 2)
         if self.normalize_layers is not None:
             forecast = self.normalize_layers[0].denorm(forecast)
         return forecast

@@ -2,14 +2,19 @@
 (time features join as extra tokens), self-attention mixes the variates, the feed-forward network works
 within each variate, and one linear map turns every variate token into its forecast. Liu et al.,
 "iTransformer: Inverted Transformers Are Effective for Time Series Forecasting", ICLR 2024; follows TSLib."""
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from layers.embed import DataEmbeddingInverted
-from layers.encoder import Encoder, EncoderLayer
+from layers.encoder import Encoder, EncoderLayer, add_dropout, dropout, dropout_noise
 from layers.normalization import InstanceNorm
 
 
 class Model(nn.Module):
+    """The modules (and state_dict keys) are TSLib's; forward runs them on token-major tensors
+    [tokens, B, d_model] through _encoder_layer, which computes EncoderLayer.forward's function."""
+
     autoregressive = False
     inputs_used = ("x_enc", "x_mark_enc")
 
@@ -36,11 +41,53 @@ class Model(nn.Module):
         if self.use_norm:
             x_enc = self.normalizer.norm(x_enc)
 
-        tokens = self.encoder(self.embedding(x_enc, x_mark_enc))  # [B, C (+ marks), d_model]
-        # Time-feature tokens only inform the variates through attention; they are not forecast,
-        # so project just the C variate tokens.
-        out = self.projector(tokens[:, :n_vars]).transpose(1, 2)  # [B, pred_len, C]
+        # Token-major [tokens, B, d_model]: the batched matrix products of attention then read each head's
+        # rows in place, where [B, tokens, d_model] needs a copy of q, k and v per layer to split the heads.
+        tokens = x_enc.permute(2, 0, 1)
+        if x_mark_enc is not None and x_mark_enc.shape[-1]:
+            tokens = torch.cat([tokens, x_mark_enc.permute(2, 0, 1)])  # time features join as extra tokens
+        tokens = dropout(self.embedding.linear(tokens), self.embedding.dropout.p, self.training)
+        layers = self.encoder.layers
+        for i, layer in enumerate(layers):
+            # Time-feature tokens only inform the variates through attention; they are not forecast, so the
+            # last layer computes the C variate tokens only (the others' outputs would be dropped).
+            tokens = _encoder_layer(layer, tokens, n_vars if i == len(layers) - 1 else len(tokens))
+        out = self.projector(self.encoder.norm(tokens[:n_vars])).permute(1, 2, 0)  # [B, pred_len, C]
 
         if self.use_norm:
             out = self.normalizer.denorm(out)
         return out
+
+
+def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Tensor:
+    """EncoderLayer.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
+
+    Dropout and the residual additions go through layers.encoder's dropout helpers (the cheaper CPU mask,
+    fused with the addition)."""
+    training = layer.training
+    queries = x if n_out == len(x) else x[:n_out]
+    attended = _attention(layer.attention, queries, x)
+    x = layer.norm1(add_dropout(queries, attended, layer.dropout.p, training))
+    ff = layer.feed_forward
+    hidden = dropout(ff.activation(ff.linear1(x)), ff.dropout.p, training)
+    return layer.norm2(add_dropout(x, ff.linear2(hidden), ff.dropout.p, training))
+
+
+def _attention(attention, queries: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """AttentionLayer.forward(queries, x, x) on token-major tensors [N, B, d_model]."""
+    n_q, batch, d_model = queries.shape
+    n_heads = attention.n_heads
+    d_head = d_model // n_heads
+    q, k, v = attention.query(queries), attention.key(x), attention.value(x)
+    p = attention.dropout if attention.training else 0.0
+    if p == 0.0 or x.device.type != "cpu":
+        q, k, v = (t.view(len(t), batch, n_heads, d_head).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, N, E]
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return attention.out(attended.permute(2, 0, 1, 3).reshape(n_q, batch, d_model))
+    # CPU training with dropout, where scaled_dot_product_attention takes its unfused math path anyway: the
+    # same arithmetic with the cheaper dropout mask, and with the keys along dim 1 of the scores, since the
+    # CPU softmax over a middle dimension is some 3x faster than over a last dimension of a few tokens.
+    q, k, v = (t.view(len(t), batch * n_heads, d_head).transpose(0, 1) for t in (q, k, v))  # [B * H, N, E] views
+    weights = torch.softmax(torch.bmm(k, q.transpose(1, 2)).mul_(d_head**-0.5), dim=1)  # [B * H, keys, queries]
+    attended = torch.bmm((weights * dropout_noise(weights, p)).transpose(1, 2), v)  # [B * H, queries, E]
+    return attention.out(attended.transpose(0, 1).reshape(n_q, batch, d_model))
