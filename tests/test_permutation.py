@@ -102,3 +102,10 @@ def test_one_process_takes_the_whole_permutation_by_default():
     explicit = ShuffledShards(50, 3, rank=0, world_size=1)
     assert np.array_equal(alone.indices(0, 50), explicit.indices(0, 50))
     assert sorted(alone.indices(0, 50).tolist()) == list(range(50))
+
+
+def test_rank_r_of_w_takes_positions_r_r_plus_w_and_so_on():
+    whole = ShuffledShards(23, 5).indices(0, 23)
+    for rank in range(3):
+        share = ShuffledShards(23, 5, rank=rank, world_size=3).indices(0, 8)
+        assert share.tolist() == [whole[(rank + 3 * k) % 23] for k in range(8)]
