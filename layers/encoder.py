@@ -2,6 +2,8 @@
 iTransformer and PatchTST use them. Attention runs through PyTorch's fused
 scaled_dot_product_attention (flash/memory-efficient kernels where the device has them).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,21 +20,57 @@ def activation_fn(name: str):
 def dropout_noise(like: torch.Tensor, p: float) -> torch.Tensor:
     """The factor F.dropout multiplies by, for a tensor like `like`: 1 / (1 - p) with probability 1 - p, else 0.
 
-    From one 31-bit random integer per element, kept if below (1 - p) * 2**31. F.dropout's CPU kernel draws
-    a double per element, twice the generator's work, and the serial generator is the dearest part of a
-    small CPU training step after the matrix products. The masks differ from F.dropout's for the same seed;
-    their distribution does not.
+    The same distribution as F.dropout's mask (its draws differ for the same seed) from fewer random
+    numbers, which is what counts on the CPU, whose serial generator is, with F.dropout's double per
+    element, the dearest part of a small training step after the matrix products. For the usual small p
+    only the dropped positions are drawn (dropped_positions: some p random numbers per element); otherwise
+    one 31-bit integer per element, kept if below (1 - p) * 2**31.
     """
     keep = 1.0 - p
     if keep == 0.0:
         return torch.zeros_like(like)
-    bits = torch.empty(like.shape, dtype=torch.int32, device=like.device).random_()  # uniform on [0, 2**31)
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    if p < 0.25:
+        noise = torch.full(like.shape, 1.0 / keep, dtype=dtype, device=like.device)
+        noise.view(-1).index_fill_(0, dropped_positions(noise.numel(), p, like.device), 0.0)
+        return noise.to(like.dtype)
+    bits = torch.empty(like.shape, dtype=torch.int32, device=like.device).random_()  # uniform on [0, 2**31)
     return bits.to(dtype).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), with dropout_noise's cheaper mask on the CPU (GPUs have a fused kernel)."""
+def dropout_noises(like: torch.Tensor, p: float, *shapes) -> list[torch.Tensor]:
+    """dropout_noise for tensors of several shapes (dtype and device of `like`), drawn at once."""
+    sizes = [math.prod(shape) for shape in shapes]
+    noise = dropout_noise(like.new_empty(sum(sizes)), p)
+    return [part.view(shape) for part, shape in zip(noise.split(sizes), shapes)]
+
+
+def dropped_positions(n: int, p: float, device=None) -> torch.Tensor:
+    """The positions in [0, n) that independent Bernoulli(p) trials hit, in increasing order.
+
+    Sampled by the gaps between hits, geometric: floor(log(u) / log(1 - p)) misses before each hit for u
+    uniform on (0, 1] with 31 random bits (so the distribution is exact to 2**-31); about n * p draws."""
+    if n == 0:
+        return torch.empty(0, dtype=torch.long, device=device)
+    log_miss = math.log1p(-p)
+    chunks, start = [], 0
+    while start < n:  # a second round has a probability of about 1e-9
+        expected = (n - start) * p
+        draws = int(expected + 6.0 * math.sqrt(expected) + 16)
+        u = torch.empty(draws, dtype=torch.int32, device=device).random_().to(torch.float64).add_(1.0).mul_(2.0**-31)
+        steps = u.log_().div_(log_miss).floor_().add_(1.0)  # from one hit to the next
+        positions = steps.cumsum_(0).add_(start - 1)  # integers in float64: exact below 2**53
+        chunks.append(positions)
+        start = int(positions[-1]) + 1
+    positions = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return positions[: int(torch.searchsorted(positions, float(n)))].long()
+
+
+def dropout(x: torch.Tensor, p: float, training: bool, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """F.dropout(x, p, training), with dropout_noise's cheaper mask on the CPU (GPUs have a fused kernel);
+    `noise`: that mask, drawn already (dropout_noises)."""
+    if noise is not None:
+        return x * noise
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
@@ -40,13 +78,15 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * dropout_noise(x, p)
 
 
-def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """x + dropout(y, p, training), the residual connection after a sublayer: one multiply-add on the CPU."""
-    if not training or p == 0.0:
+def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+    """x + dropout(y, p, training, noise), the residual connection after a sublayer: one multiply-add
+    on the CPU."""
+    if noise is None and (not training or p == 0.0):
         return x + y
-    if y.device.type != "cpu":
+    if noise is None and y.device.type != "cpu":
         return x + F.dropout(y, p, True)
-    return torch.addcmul(x, y, dropout_noise(y, p))
+    return torch.addcmul(x, y, dropout_noise(y, p) if noise is None else noise)
 
 
 class AttentionLayer(nn.Module):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.embed import DataEmbeddingInverted
-from layers.encoder import Encoder, EncoderLayer, add_dropout, dropout, dropout_noise
+from layers.encoder import Encoder, EncoderLayer, add_dropout, dropout, dropout_noises
 from layers.normalization import InstanceNorm
 
 
@@ -62,25 +62,40 @@ class Model(nn.Module):
 def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Tensor:
     """EncoderLayer.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
 
-    Dropout and the residual additions go through layers.encoder's dropout helpers (the cheaper CPU mask,
-    fused with the addition)."""
+    Dropout goes through layers.encoder's helpers: on the CPU the four masks of the layer come from one
+    draw of the cheaper sampler, and each residual addition is fused with its dropout."""
     training = layer.training
     queries = x if n_out == len(x) else x[:n_out]
-    attended = _attention(layer.attention, queries, x)
-    x = layer.norm1(add_dropout(queries, attended, layer.dropout.p, training))
+    attention_noise, out_noise, hidden_noise, ff_noise = _layer_noise(layer, queries, x)
+    attended = _attention(layer.attention, queries, x, attention_noise)
+    x = layer.norm1(add_dropout(queries, attended, layer.dropout.p, training, out_noise))
     ff = layer.feed_forward
-    hidden = dropout(ff.activation(ff.linear1(x)), ff.dropout.p, training)
-    return layer.norm2(add_dropout(x, ff.linear2(hidden), ff.dropout.p, training))
+    hidden = dropout(ff.activation(ff.linear1(x)), ff.dropout.p, training, hidden_noise)
+    return layer.norm2(add_dropout(x, ff.linear2(hidden), ff.dropout.p, training, ff_noise))
 
 
-def _attention(attention, queries: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """AttentionLayer.forward(queries, x, x) on token-major tensors [N, B, d_model]."""
+def _layer_noise(layer: EncoderLayer, queries: torch.Tensor, x: torch.Tensor):
+    """The dropout masks of the layer's attention weights, attention output, hidden layer and feed-forward
+    output, drawn at once in CPU training (with one dropout rate, as iTransformer builds them); else Nones,
+    and each dropout draws its own (or runs F.dropout)."""
+    attention, ff, p = layer.attention, layer.feed_forward, layer.dropout.p
+    if not (layer.training and p > 0.0 and x.device.type == "cpu" and attention.dropout == ff.dropout.p == p):
+        return None, None, None, None
+    n_out, batch, _ = queries.shape
+    weights_shape = (batch * attention.n_heads, len(x), n_out)  # [B * H, keys, queries], as in _attention
+    hidden_shape = (n_out, batch, ff.linear1.out_features)
+    return dropout_noises(x, p, weights_shape, queries.shape, hidden_shape, queries.shape)
+
+
+def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """AttentionLayer.forward(queries, x, x) on token-major tensors [N, B, d_model]; `noise`: the attention
+    weights' dropout mask, if drawn already."""
     n_q, batch, d_model = queries.shape
     n_heads = attention.n_heads
     d_head = d_model // n_heads
     q, k, v = attention.query(queries), attention.key(x), attention.value(x)
     p = attention.dropout if attention.training else 0.0
-    if p == 0.0 or x.device.type != "cpu":
+    if noise is None and (p == 0.0 or x.device.type != "cpu"):
         q, k, v = (t.view(len(t), batch, n_heads, d_head).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, N, E]
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return attention.out(attended.permute(2, 0, 1, 3).reshape(n_q, batch, d_model))
@@ -89,5 +104,5 @@ def _attention(attention, queries: torch.Tensor, x: torch.Tensor) -> torch.Tenso
     # CPU softmax over a middle dimension is some 3x faster than over a last dimension of a few tokens.
     q, k, v = (t.view(len(t), batch * n_heads, d_head).transpose(0, 1) for t in (q, k, v))  # [B * H, N, E] views
     weights = torch.softmax(torch.bmm(k, q.transpose(1, 2)).mul_(d_head**-0.5), dim=1)  # [B * H, keys, queries]
-    attended = torch.bmm((weights * dropout_noise(weights, p)).transpose(1, 2), v)  # [B * H, queries, E]
+    attended = torch.bmm(dropout(weights, p, True, noise).transpose(1, 2), v)  # [B * H, queries, E]
     return attention.out(attended.transpose(0, 1).reshape(n_q, batch, d_model))
