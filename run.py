@@ -130,7 +130,8 @@ def main(argv=None):
     except UserError as problem:
         # the process group may not exist: rank 0 says why, or each machine's first process what is wrong there
         if distributed.env_rank() == 0 or (isinstance(problem, NodeError) and distributed.local_rank() == 0):
-            print(f"error: {problem}", file=sys.stderr)
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+        distributed.wait_for_the_message(problem)
         distributed.end_job_on_user_error()  # a restart would meet the same error
         return 2
     except Exception:

@@ -39,7 +39,9 @@ class Exp_Basic:
         seed_everything(args.seed)
         # raw_model: the plain module that is evaluated, saved and loaded; never a DDP or
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
-        self.raw_model, model = distributed.wrap_ddp(build_model(args).to(device), device, args.sync_bn)
+        built = []  # a model that cannot be built stops every rank together, rank 0 saying why
+        distributed.raise_on_every_rank(lambda: built.append(build_model(args)), on="all")
+        self.raw_model, model = distributed.wrap_ddp(built[0].to(device), device, args.sync_bn)
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         self._amp_dtype = AMP_DTYPES[args.amp_dtype] if args.use_amp else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.

@@ -434,7 +434,22 @@ def raise_on_every_rank(check, on="main"):
     else:
         problem = next((p for p in gather_objects(problem) if p is not None), None)
     if problem is not None:
-        raise UserError(problem)
+        raise AgreedError(problem)
+
+
+class AgreedError(UserError):
+    """A UserError every rank raised together (raise_on_every_rank): rank 0 prints it, and the other
+    ranks may wait for that (wait_for_the_message) without meeting a rank that is elsewhere."""
+
+
+def wait_for_the_message(problem):
+    """After rank 0 printed an AgreedError, every rank leaves together: a rank that left first would have
+    torchrun's agent kill rank 0 before its line was out (a busy machine can delay it that long)."""
+    if isinstance(problem, AgreedError) and is_dist():
+        try:
+            barrier()
+        except Exception:  # a broken group: leaving is all that is left to do
+            pass
 
 
 def require_same(value, message):
