@@ -37,16 +37,20 @@ class GlobalStep(list):
       stand_in  when this rank's part is empty (the list is), one window of the chunk to run a
                 zero-weighted pass on, so that the rank still joins DDP's all-reduce; else None;
       uneven    whether ranks run different numbers of forward passes in this step (only in a short
-                last chunk): layers that synchronise in forward (SyncBatchNorm) must not then."""
+                last chunk): layers that synchronise in forward (SyncBatchNorm) must not then;
+      epoch, firsts  the epoch, and each micro-batch's position of its first window in the epoch's
+                order: what dropout masks are keyed by (layers.dropout.masks_follow_samples)."""
 
-    def __init__(self, micro_batches, windows, stand_in=None, uneven=False):
+    def __init__(self, micro_batches, windows, stand_in=None, uneven=False, epoch=0, firsts=None):
         super().__init__(micro_batches)
         self.windows, self.stand_in, self.uneven = windows, stand_in, uneven
+        self.epoch, self.firsts = epoch, firsts
 
     def map(self, gather):
         """The same step with `gather` applied to each micro-batch and to the stand-in."""
         return GlobalStep([gather(m) for m in self], self.windows,
-                          None if self.stand_in is None else gather(self.stand_in), self.uneven)
+                          None if self.stand_in is None else gather(self.stand_in), self.uneven, self.epoch,
+                          self.firsts)
 
 
 def even_cuts(size, parts):
@@ -124,8 +128,9 @@ class GlobalBatches:
             windows = min(self.global_batch, self.n - begin)
             first, last = self.part(windows)
             part = self.order(begin + first, begin + last, device)  # one read (one copy) per step
-            micro = [part[a:b] for a, b in even_cuts(len(part), self.accumulation) if b > a]
+            cuts = [(a, b) for a, b in even_cuts(len(part), self.accumulation) if b > a]
+            micro = [part[a:b] for a, b in cuts]
             stand_in = None if micro else self.order(begin, begin + 1, device)
             uneven = windows < self.global_batch and len({self._forwards(windows, r)
                                                           for r in range(self.world_size)}) > 1
-            yield GlobalStep(micro, windows, stand_in, uneven)
+            yield GlobalStep(micro, windows, stand_in, uneven, self.epoch, [begin + first + a for a, _ in cuts])

@@ -43,6 +43,8 @@ class Exp_Basic:
         distributed.raise_on_every_rank(lambda: built.append(build_model(args)), on="all")
         self.raw_model, model = distributed.wrap_ddp(built[0].to(device), device, args.sync_bn)
         self.model = torch.compile(model) if args.compile else model  # what training steps run
+        # dropout masks keyed by the sample (layers.dropout), unless the model says they cannot be
+        self.masks_follow_samples = getattr(self.raw_model, "randomness_follows_sample", True) and not args.compile
         self._amp_dtype = AMP_DTYPES[args.amp_dtype] if args.use_amp else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)

@@ -10,6 +10,7 @@ Distributed semantics, all owned here and in utils.distributed:
 - early stopping follows that global loss, agreed by a collective; rank 0 saves the
   best weights atomically, everyone waits at a barrier, then loads them.
 """
+import contextlib
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from exp.forward import forward
 from exp.steps import RunningLoss, StepLog, StepPlan, tensorboard_problem
 from exp.outputs import (OriginalScale, draw_forecasts, draw_training, output_path, require_one_scale,
                          require_outputs_writable, save_window_errors, tensorboard_dir)
+from layers.dropout import mask_key, masks_follow_samples
 from utils import distributed
 from utils.checkpoint import (checkpoint_path, load_weights, require_writable, resume, save_best,
                               save_training_state)
@@ -214,7 +216,7 @@ class Exp_Forecast(Exp_Basic):
         with distributed.local_batch_norm(self.model, getattr(micro_batches, "uneven", False)):
             for i, batch in enumerate(micro_batches):
                 with distributed.no_sync(self.model, skip=i < last):
-                    with self.autocast():
+                    with self.autocast(), self.sample_masks(micro_batches, i, batch[0].shape[0]):
                         pred, true = forward(self.model, batch, self.args, "train", self.device)
                         loss = batch_loss(pred.float(), true, self.args.loss)  # the mean over pred's elements
                     weight = world * pred.shape[0] / windows  # pred's windows x W / the global batch's
@@ -225,6 +227,16 @@ class Exp_Forecast(Exp_Basic):
                 self._stand_in_pass(micro_batches.stand_in)
         self.last_grad_norm = self.optimizer_step(optimizer)
         return loss_sum, n_scored
+
+    def sample_masks(self, micro_batches, i, samples):
+        """Dropout masks that follow the samples of micro-batch i (layers.dropout), the same whichever rank
+        trains them; not for a model that says its randomness cannot (`randomness_follows_sample`), nor
+        under --compile (a keyed mask would break the compiled graph at every dropout), nor for steps
+        that do not say where their windows sit in the epoch's order."""
+        firsts = getattr(micro_batches, "firsts", None)
+        if not self.masks_follow_samples or firsts is None:
+            return contextlib.nullcontext()
+        return masks_follow_samples(mask_key(self.args.seed, micro_batches.epoch), firsts[i], samples)
 
     def _stand_in_pass(self, batch):
         """A forward and backward that contributes nothing, for a rank whose part of a short last global

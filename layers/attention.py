@@ -5,8 +5,9 @@ Tokens of C variables with N patches each are flattened variable-major: token in
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from layers.dropout import attention
 
 
 def token_ids(n_vars: int, n_tokens: int, device=None):
@@ -151,8 +152,8 @@ class TimeAttention(nn.Module):
         key = self.rotary(key, positions)
 
         mask = self.attention_mask(n_vars, n_tokens, x.device, query.dtype)
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+        out = attention(
+            query, key, value, self.dropout, self.training, attn_mask=mask,
             scale=1.0 / math.sqrt(self.head_dim),
         )
         return self.out_projection(out.transpose(1, 2).reshape(batch, seq, -1))

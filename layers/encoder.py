@@ -2,11 +2,11 @@
 iTransformer and PatchTST use them. Attention runs through PyTorch's fused
 scaled_dot_product_attention (flash/memory-efficient kernels where the device has them).
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from layers.dropout import Dropout, attention
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -15,78 +15,6 @@ def activation_fn(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]
-
-
-def dropout_noise(like: torch.Tensor, p: float) -> torch.Tensor:
-    """The factor F.dropout multiplies by, for a tensor like `like`: 1 / (1 - p) with probability 1 - p, else 0.
-
-    The same distribution as F.dropout's mask (its draws differ for the same seed) from fewer random
-    numbers, which is what counts on the CPU, whose serial generator is, with F.dropout's double per
-    element, the dearest part of a small training step after the matrix products. For the usual small p
-    only the dropped positions are drawn (dropped_positions: some p random numbers per element); otherwise
-    one 31-bit integer per element, kept if below (1 - p) * 2**31.
-    """
-    keep = 1.0 - p
-    if keep == 0.0:
-        return torch.zeros_like(like)
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    if p < 0.25:
-        noise = torch.full(like.shape, 1.0 / keep, dtype=dtype, device=like.device)
-        noise.view(-1).index_fill_(0, dropped_positions(noise.numel(), p, like.device), 0.0)
-        return noise.to(like.dtype)
-    bits = torch.empty(like.shape, dtype=torch.int32, device=like.device).random_()  # uniform on [0, 2**31)
-    return bits.to(dtype).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
-
-
-def dropout_noises(like: torch.Tensor, p: float, *shapes) -> list[torch.Tensor]:
-    """dropout_noise for tensors of several shapes (dtype and device of `like`), drawn at once."""
-    sizes = [math.prod(shape) for shape in shapes]
-    noise = dropout_noise(like.new_empty(sum(sizes)), p)
-    return [part.view(shape) for part, shape in zip(noise.split(sizes), shapes)]
-
-
-def dropped_positions(n: int, p: float, device=None) -> torch.Tensor:
-    """The positions in [0, n) that independent Bernoulli(p) trials hit, in increasing order.
-
-    Sampled by the gaps between hits, geometric: floor(log(u) / log(1 - p)) misses before each hit for u
-    uniform on (0, 1] with 31 random bits (so the distribution is exact to 2**-31); about n * p draws."""
-    if n == 0:
-        return torch.empty(0, dtype=torch.long, device=device)
-    log_miss = math.log1p(-p)
-    chunks, start = [], 0
-    while start < n:  # a second round has a probability of about 1e-9
-        expected = (n - start) * p
-        draws = int(expected + 6.0 * math.sqrt(expected) + 16)
-        u = torch.empty(draws, dtype=torch.int32, device=device).random_().to(torch.float64).add_(1.0).mul_(2.0**-31)
-        steps = u.log_().div_(log_miss).floor_().add_(1.0)  # from one hit to the next
-        positions = steps.cumsum_(0).add_(start - 1)  # integers in float64: exact below 2**53
-        chunks.append(positions)
-        start = int(positions[-1]) + 1
-    positions = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-    return positions[: int(torch.searchsorted(positions, float(n)))].long()
-
-
-def dropout(x: torch.Tensor, p: float, training: bool, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """F.dropout(x, p, training), with dropout_noise's cheaper mask on the CPU (GPUs have a fused kernel);
-    `noise`: that mask, drawn already (dropout_noises)."""
-    if noise is not None:
-        return x * noise
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu":
-        return F.dropout(x, p, True)
-    return x * dropout_noise(x, p)
-
-
-def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool,
-                noise: torch.Tensor | None = None) -> torch.Tensor:
-    """x + dropout(y, p, training, noise), the residual connection after a sublayer: one multiply-add
-    on the CPU."""
-    if noise is None and (not training or p == 0.0):
-        return x + y
-    if noise is None and y.device.type != "cpu":
-        return x + F.dropout(y, p, True)
-    return torch.addcmul(x, y, dropout_noise(y, p) if noise is None else noise)
 
 
 class AttentionLayer(nn.Module):
@@ -106,9 +34,8 @@ class AttentionLayer(nn.Module):
         return x.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
 
     def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        attended = F.scaled_dot_product_attention(
-            self._heads(self.query(queries)), self._heads(self.key(keys)), self._heads(self.value(values)),
-            dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal)
+        attended = attention(self._heads(self.query(queries)), self._heads(self.key(keys)),
+                             self._heads(self.value(values)), self.dropout, self.training, is_causal=self.causal)
         return self.out(attended.transpose(1, 2).flatten(-2))
 
 
@@ -119,7 +46,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.activation = activation_fn(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +62,7 @@ class EncoderLayer(nn.Module):
         self.attention = AttentionLayer(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2 = _norm(norm, d_model), _norm(norm, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.attention(x, x, x)))
@@ -166,7 +93,7 @@ class DecoderLayer(nn.Module):
         self.cross_attention = AttentionLayer(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.self_attention(x, x, x)))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.encoder import add_dropout
+from layers.dropout import Dropout, add_dropout
 from layers.normalization import InstanceNorm
 
 
@@ -25,9 +25,9 @@ class MixerBlock(nn.Module):
     def __init__(self, seq_len: int, channels: int, d_model: int, dropout: float):
         super().__init__()
         self.temporal = nn.Sequential(
-            nn.Linear(seq_len, d_model), nn.ReLU(), nn.Linear(d_model, seq_len), nn.Dropout(dropout))
+            nn.Linear(seq_len, d_model), nn.ReLU(), nn.Linear(d_model, seq_len), Dropout(dropout))
         self.channel = nn.Sequential(
-            nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), nn.Dropout(dropout))
+            nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), Dropout(dropout))
 
     def forward(self, x):
         """x [L, B, C], contiguous; returns the same layout."""
@@ -35,7 +35,7 @@ class MixerBlock(nn.Module):
         up, _, down, drop = self.temporal
         series = x.view(steps, -1).t()  # [B * C, L]
         mixed = F.linear(F.linear(series, up.weight, up.bias).relu_(), down.weight, down.bias)
-        x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training)
+        x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training, batch_dim=1)
 
         up, _, down, drop = self.channel
         rows = x.view(-1, channels)  # [L * B, C]
@@ -43,7 +43,7 @@ class MixerBlock(nn.Module):
             mixed = _ChannelMLP.apply(rows, up.weight, up.bias, down.weight, down.bias)
         else:
             mixed = F.linear(F.linear(rows, up.weight, up.bias).relu_(), down.weight, down.bias)
-        return add_dropout(x, mixed.view_as(x), drop.p, self.training)
+        return add_dropout(x, mixed.view_as(x), drop.p, self.training, batch_dim=1)
 
 
 class Model(nn.Module):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from layers.dropout import Dropout, dropout_noise, keyed
 from layers.normalization import InstanceNorm
 
 # Width each step's time features are projected to before they join the encoder input and the
@@ -100,6 +101,8 @@ def dropout(module, x):
     p = module.p
     if not module.training or p == 0:
         return x
+    if keyed():  # masks that follow the samples (layers.dropout)
+        return x * dropout_noise(x, p)
     if x.device.type != "cpu" or p == 1:
         return module(x)
     return x * torch.rand_like(x).ge_(p).div_(1 - p)
@@ -126,7 +129,7 @@ class ResBlock(nn.Module):
         self.fc1 = nn.Linear(input_dim, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, output_dim)
         self.fc3 = nn.Linear(input_dim, output_dim)  # linear skip connection
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.ln = nn.LayerNorm(output_dim) if output_dim > 1 or NORMALIZE_ONE_WIDE_OUTPUT else None
         # the feature encoder and the temporal decoder: narrow ends around a wide hidden layer
         self.wide_hidden = 8 * max(input_dim, output_dim) <= hidden_dim

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from layers.decomposition import SeriesDecomposition
+from layers.dropout import dropout_noise, keyed
 from layers.embed import DataEmbedding
 from layers.normalization import InstanceNorm
 
@@ -57,7 +58,7 @@ def _time_mlp_after(mlp: nn.Sequential, x: torch.Tensor, time_map: torch.Tensor)
     return second(activation(nn.functional.linear(x, first.weight @ time_map, first.bias)))
 
 
-def _dropout_(x: torch.Tensor, dropout: nn.Dropout) -> torch.Tensor:
+def _dropout_(x: torch.Tensor, dropout: nn.Dropout, batch_dim: int = 0) -> torch.Tensor:
     """dropout(x), in place on the CPU (x: a fresh product no other operation reads), with the mask
     drawn from 31 uniform bits per element.
 
@@ -65,6 +66,8 @@ def _dropout_(x: torch.Tensor, dropout: nn.Dropout) -> torch.Tensor:
     sampling is several times slower on the CPU than drawing integers; other devices use nn.Dropout.
     """
     p = dropout.p
+    if keyed() and dropout.training:  # masks that follow the samples (layers.dropout)
+        return x.mul_(dropout_noise(x, p, batch_dim))
     if not dropout.training or p == 0 or p == 1 or x.device.type != "cpu":
         return dropout(x)
     keep = torch.empty(x.shape, dtype=torch.int32).random_() < round((1 - p) * 2 ** 31)
@@ -313,7 +316,7 @@ class Model(nn.Module):
                 taps = taps.permute(3, 1, 0, 2).reshape(channels * 3, -1)
             weight = embedding.value.conv.weight  # [d_model, c_in, 3]
             out = (weight.reshape(len(weight), -1) @ taps).view(len(weight), -1, total)
-            return _dropout_(out, embedding.dropout)
+            return _dropout_(out, embedding.dropout, batch_dim=1)  # out: [d_model, N, L]
         if self.channel_independence:
             # every channel becomes its own univariate series: [B, T, C] -> [B * C, T, 1]
             marks = [None if m is None else self._pair_marks(m, x.shape[-1]) for x, m in zip(xs, marks)]

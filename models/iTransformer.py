@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from layers.dropout import add_dropout, dropout, dropout_noise, dropout_noises, keyed
 from layers.embed import DataEmbeddingInverted
-from layers.encoder import Encoder, EncoderLayer, add_dropout, dropout, dropout_noises
+from layers.encoder import Encoder, EncoderLayer
 from layers.normalization import InstanceNorm
 
 
@@ -46,7 +47,7 @@ class Model(nn.Module):
         tokens = x_enc.permute(2, 0, 1)
         if x_mark_enc is not None and x_mark_enc.shape[-1]:
             tokens = torch.cat([tokens, x_mark_enc.permute(2, 0, 1)])  # time features join as extra tokens
-        tokens = dropout(self.embedding.linear(tokens), self.embedding.dropout.p, self.training)
+        tokens = dropout(self.embedding.linear(tokens), self.embedding.dropout.p, self.training, batch_dim=1)
         layers = self.encoder.layers
         for i, layer in enumerate(layers):
             # Time-feature tokens only inform the variates through attention; they are not forecast, so the
@@ -62,7 +63,7 @@ class Model(nn.Module):
 def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Tensor:
     """EncoderLayer.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
 
-    Dropout goes through layers.encoder's helpers: on the CPU the four masks of the layer come from one
+    Dropout goes through layers.dropout's helpers: on the CPU the four masks of the layer come from one
     draw of the cheaper sampler, and each residual addition is fused with its dropout."""
     training = layer.training
     queries = x if n_out == len(x) else x[:n_out]
@@ -76,14 +77,19 @@ def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Te
 
 def _layer_noise(layer: EncoderLayer, queries: torch.Tensor, x: torch.Tensor):
     """The dropout masks of the layer's attention weights, attention output, hidden layer and feed-forward
-    output, drawn at once in CPU training (with one dropout rate, as iTransformer builds them); else Nones,
-    and each dropout draws its own (or runs F.dropout)."""
+    output, drawn at once in CPU training (with one dropout rate, as iTransformer builds them), or each
+    following its samples (layers.dropout.keyed: every device); else Nones, and each dropout draws its own
+    (or runs F.dropout)."""
     attention, ff, p = layer.attention, layer.feed_forward, layer.dropout.p
-    if not (layer.training and p > 0.0 and x.device.type == "cpu" and attention.dropout == ff.dropout.p == p):
+    if not (layer.training and p > 0.0 and (x.device.type == "cpu" or keyed())
+            and attention.dropout == ff.dropout.p == p):
         return None, None, None, None
     n_out, batch, _ = queries.shape
     weights_shape = (batch * attention.n_heads, len(x), n_out)  # [B * H, keys, queries], as in _attention
     hidden_shape = (n_out, batch, ff.linear1.out_features)
+    if keyed():  # token-major tensors hold the samples along dim 1
+        return [dropout_noise(x.new_empty(shape), p, batch_dim) for shape, batch_dim in
+                ((weights_shape, 0), (queries.shape, 1), (hidden_shape, 1), (queries.shape, 1))]
     return dropout_noises(x, p, weights_shape, queries.shape, hidden_shape, queries.shape)
 
 
@@ -95,7 +101,7 @@ def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.T
     d_head = d_model // n_heads
     q, k, v = attention.query(queries), attention.key(x), attention.value(x)
     p = attention.dropout if attention.training else 0.0
-    if noise is None and (p == 0.0 or x.device.type != "cpu"):
+    if noise is None and (p == 0.0 or (x.device.type != "cpu" and not keyed())):
         q, k, v = (t.view(len(t), batch, n_heads, d_head).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, N, E]
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return attention.out(attended.permute(2, 0, 1, 3).reshape(n_q, batch, d_model))

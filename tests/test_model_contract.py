@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from exp.forward import forward
 from helpers import make_args, make_experiment, run_on_ranks
 from models import available_models
+from utils.distributed import has_running_statistics
 
 # One small configuration for every model; each model reads the fields it needs.
 CONTRACT_ARGS = [
@@ -296,6 +297,73 @@ def check_ddp_step(spec, per_rank):
                         "track_running_stats), which utils.distributed.has_running_statistics detects")
 
 
+INVARIANCE_STEPS = 2  # optimizer steps compared, each on its own global batch of 8 windows
+
+
+def invariance_gradients(rank, world_size, specs):
+    """Runs on every rank (inside run_on_ranks): INVARIANCE_STEPS training steps of each model, the global
+    batch of 8 windows split over the ranks (data_provider.global_batches), with dropout 0.1; per model each
+    step's gradients (as DDP averaged them) on rank 0, or the error."""
+    import torch.distributed as dist
+
+    from data_provider.data_factory import data_provider
+
+    results = {}
+    for spec in map(ModelSpec._make, specs):
+        try:
+            exp = build_experiment(spec, "--features", "M", "--dropout", 0.1, "--batch_size", 8 // world_size)
+            declared = getattr(exp.raw_model, "randomness_follows_sample", True)
+            if not declared:  # the claim is tested with masks keyed as for any other model
+                exp.masks_follow_samples = True
+            optimizer = exp.make_optimizer()
+            _, loader = data_provider(exp.args, "train")
+            loader.set_epoch(1)
+            exp.model.train()
+            steps = []
+            for _, micro_batches in zip(range(INVARIANCE_STEPS), loader.steps()):
+                exp.train_step(micro_batches, optimizer)
+                steps.append({name: p.grad.detach().numpy().copy()  # numpy: sent by value, not shared memory
+                              for name, p in exp.raw_model.named_parameters() if p.grad is not None})
+            results[spec.name] = {"gradients": steps if rank == 0 else None, "follows": declared,
+                                  "batch_norm": has_running_statistics(exp.raw_model)}
+        except Exception as exc:
+            results[spec.name] = {"error": describe_error(exc)}
+        exp = optimizer = None
+        if dist.is_initialized():
+            dist.barrier()
+    return results
+
+
+def check_world_size_invariance(spec, single, pair):
+    """`single`, `pair`: invariance_gradients' results on 1 and 2 processes. A model whose randomness follows
+    the sample (the default) takes the same steps as 1 x 8 and 2 x 4 (gradients to 1e-4 of their norm; a
+    different dropout mask changes them by tens of per cent); one that says it cannot
+    (`randomness_follows_sample = False`) must really differ, or the claim gives away the guarantee. A
+    `batch_dependent` model (its forward reads the batch-mates) is exempt, and so is BatchNorm on the CPU."""
+    title = "the same training on 1 process x 8 windows and 2 processes x 4"
+    outcomes = [single[0][spec.name], *(results[spec.name] for results in pair)]
+    for where, outcome in zip(("1 process", "rank 0 of 2", "rank 1 of 2"), outcomes):
+        if "error" in outcome:
+            raise violation(spec, title, f"{where} failed: {outcome['error']}")
+    if getattr(model_class(spec), "batch_dependent", None) or outcomes[0]["batch_norm"]:
+        # a forward that reads its batch-mates trains differently on other splits of the batch; BatchNorm
+        # does in training (--sync_bn, on GPUs only, makes its statistics the global batch's again)
+        return
+    follows = outcomes[0]["follows"]
+    worst = 0.0  # over the steps: |difference| / |gradient|, all parameters together (a bias with no real
+    for one, two in zip(outcomes[0]["gradients"], outcomes[1]["gradients"]):  # gradient is all rounding)
+        difference = sum(float(np.square(grad - two[name]).sum()) for name, grad in one.items())
+        worst = max(worst, (difference / max(sum(float(np.square(g).sum()) for g in one.values()), 1e-24)) ** 0.5)
+    if follows and worst > 1e-4:
+        raise violation(spec, title, f"gradients differ by {worst:.2g} of their norm; every dropout must go "
+                        "through layers.dropout, with each sample's rows together along the dimension it is told "
+                        "(batch_dim), and no other randomness; if that cannot be, declare "
+                        "`randomness_follows_sample = False`")
+    if not follows and worst <= 1e-4:
+        raise violation(spec, title, "the model says its randomness cannot follow the sample "
+                        "(randomness_follows_sample = False), yet 1 x 8 and 2 x 4 train alike: drop the claim")
+
+
 def check_same_seed(spec):
     """Two models built with the same seed give identical eval-mode outputs on the same batch."""
     title = "same seed, same output"
@@ -487,6 +555,20 @@ def ddp_results(request, broken_models):
 @pytest.mark.parametrize("name", MODELS)
 def test_ddp_training_step(name, ddp_results):
     check_ddp_step(ModelSpec(name), ddp_results)
+
+
+@pytest.fixture(scope="module")
+def invariance_results(request):
+    """Every selected model's steps in one process and in ONE pair of processes."""
+    specs = [ModelSpec(getattr(item, "callspec").params["name"]) for item in request.session.items
+             if getattr(item, "originalname", None) == "test_world_size_invariance"]
+    specs = [tuple(s) for s in dict.fromkeys(specs)]
+    return run_on_ranks(invariance_gradients, 1, specs, timeout=300), run_on_ranks(invariance_gradients, 2, specs, timeout=300)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_world_size_invariance(name, invariance_results):
+    check_world_size_invariance(ModelSpec(name), *invariance_results)
 
 
 @pytest.mark.parametrize("name", MODELS)

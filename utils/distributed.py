@@ -529,8 +529,8 @@ def shard_range(n, rank_=None, world_size_=None):
 # ---------------------------------------------------------------- scaling up: wrapping, accumulation, ZeRO
 def convert_sync_batchnorm(module):
     """`module` with its BatchNorm layers as SyncBatchNorm (statistics of the global batch)
-    when distributed; unchanged otherwise. Parameter and buffer names stay the same."""
-    if not is_dist():
+    when distributed over several processes; unchanged otherwise. Parameter and buffer names stay the same."""
+    if world_size() == 1:
         return module
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 

@@ -1,0 +1,204 @@
+"""Dropout, the only randomness of training, drawn so that it follows the sample rather than the process.
+
+Inside `masks_follow_samples(key, first, samples)` (Exp_Forecast.train_step opens it around each
+training forward) every dropout mask is drawn sample by sample: the rows of sample s come from a
+generator seeded with (key, the mask's call number in the forward, first + s), where `first + s` is
+the sample's position in the epoch's global order (data_provider.global_batches). A window therefore
+gets the same masks whichever process trains it and however its global batch is cut into micro-batches:
+1 x 32, 2 x 16 and 1 x 16 with 2 accumulation steps draw the same numbers. Outside the context
+(evaluation, a model used on its own, `--compile`) masks come from the global generator as usual.
+
+Every dropout goes through this module: `Dropout` (a drop-in for nn.Dropout), `dropout` and
+`add_dropout` for functional code, `dropout_noise(s)` for code that applies the mask itself, and
+`attention` for scaled dot-product attention with dropout on its weights. A model whose masks cannot
+follow the sample (its dropout inputs do not hold each sample's rows together along the first
+dimension) sets `randomness_follows_sample = False`; tests/test_model_contract.py checks every model's
+claim by training it as 1 x 8 and 2 x 4.
+
+On the CPU the masks also cost less than F.dropout's: it draws a double per element from a serial
+generator, the dearest part of a small training step after the matrix products; dropout_noise draws
+one 31-bit integer per element, or for small p only the dropped positions.
+"""
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_keys = None  # the active SampleKeys, or None
+
+
+class SampleKeys:
+    """What masks_follow_samples keys masks by; `calls` counts the masks drawn in the forward so far."""
+
+    def __init__(self, key, first, samples):
+        self.key, self.first, self.samples, self.calls = key, first, samples, 0
+
+
+@contextlib.contextmanager
+def masks_follow_samples(key, first, samples):
+    """Within it, masks follow the sample (module docstring): `key` an int naming the run and epoch,
+    `first` the global position of the micro-batch's first sample, `samples` its number of samples."""
+    global _keys
+    previous, _keys = _keys, SampleKeys(key, first, samples)
+    try:
+        yield
+    finally:
+        _keys = previous
+
+
+def mask_key(seed, epoch):
+    """The key of an epoch's masks in a run of seed `seed`."""
+    return _mix64(_mix64(seed) ^ epoch)
+
+
+def _mix64(x):
+    """splitmix64's finaliser: a well-mixed 64-bit integer from any integer."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+_generators = {}  # one reseeded generator per device: creating one per sample costs more than drawing
+
+
+def _generator(device):
+    if device not in _generators:
+        _generators[device] = torch.Generator(device=device)
+    return _generators[device]
+
+
+def _keyed_noise(like, p, keys):
+    """dropout_noise for `like`, sample by sample from generators seeded by the samples' keys."""
+    rows = like.shape[0] // keys.samples if like.dim() and keys.samples else 0
+    if rows * keys.samples != (like.shape[0] if like.dim() else 1) or rows == 0:
+        raise RuntimeError(f"a dropout input of shape {tuple(like.shape)} does not hold the micro-batch's "
+                           f"{keys.samples} samples along its first dimension, so its masks cannot follow "
+                           "them: give the model `randomness_follows_sample = False` (layers/dropout.py)")
+    call, keys.calls = keys.calls, keys.calls + 1
+    generator = _generator(like.device)
+    call_key = _mix64(keys.key ^ _mix64(call))
+    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
+    for sample in range(keys.samples):
+        generator.manual_seed(_mix64(call_key ^ (keys.first + sample)) >> 1)  # a seed below 2**63
+        _fill_noise(noise[sample * rows:(sample + 1) * rows], p, generator)
+    return noise.to(like.dtype)
+
+
+def _noise_dtype(like):
+    return torch.float64 if like.dtype == torch.float64 else torch.float32
+
+
+def _fill_noise(out, p, generator=None):
+    """Fill `out` with dropout's factor: 1 / (1 - p) with probability 1 - p, else 0 (0 < p < 1)."""
+    keep = 1.0 - p
+    if p < 0.25:  # only the dropped positions: about p draws per element
+        out.fill_(1.0 / keep)
+        out.view(-1).index_fill_(0, dropped_positions(out.numel(), p, out.device, generator), 0.0)
+        return out
+    bits = torch.empty(out.shape, dtype=torch.int32, device=out.device).random_(generator=generator)
+    return out.copy_(bits).lt_(keep * 2.0**31).div_(keep)  # bits uniform on [0, 2**31)
+
+
+def dropout_noise(like: torch.Tensor, p: float, batch_dim: int = 0) -> torch.Tensor:
+    """The factor F.dropout multiplies by, for a tensor like `like`: 1 / (1 - p) with probability 1 - p,
+    else 0. Keyed by the sample inside masks_follow_samples (`batch_dim`: the dimension that holds the
+    samples' rows); else from the global generator, with the same distribution as F.dropout's mask from
+    fewer random numbers (module docstring)."""
+    keep = 1.0 - p
+    if keep == 0.0 or keep == 1.0:
+        return torch.full_like(like, keep)
+    if _keys is not None:
+        return _keyed_noise(like.movedim(batch_dim, 0), p, _keys).movedim(0, batch_dim)
+    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
+    return _fill_noise(noise, p).to(like.dtype)
+
+
+def dropout_noises(like: torch.Tensor, p: float, *shapes) -> list[torch.Tensor]:
+    """dropout_noise for tensors of several shapes (dtype and device of `like`): drawn at once, or one
+    after the other when they follow the samples."""
+    if _keys is not None:
+        return [dropout_noise(like.new_empty(shape), p) for shape in shapes]
+    sizes = [math.prod(shape) for shape in shapes]
+    noise = dropout_noise(like.new_empty(sum(sizes)), p)
+    return [part.view(shape) for part, shape in zip(noise.split(sizes), shapes)]
+
+
+def dropped_positions(n: int, p: float, device=None, generator=None) -> torch.Tensor:
+    """The positions in [0, n) that independent Bernoulli(p) trials hit, in increasing order.
+
+    Sampled by the gaps between hits, geometric: floor(log(u) / log(1 - p)) misses before each hit for u
+    uniform on (0, 1] with 31 random bits (so the distribution is exact to 2**-31); about n * p draws."""
+    if n == 0:
+        return torch.empty(0, dtype=torch.long, device=device)
+    log_miss = math.log1p(-p)
+    chunks, start = [], 0
+    while start < n:  # a second round has a probability of about 1e-9
+        expected = (n - start) * p
+        draws = int(expected + 6.0 * math.sqrt(expected) + 16)
+        u = torch.empty(draws, dtype=torch.int32, device=device).random_(generator=generator)
+        u = u.to(torch.float64).add_(1.0).mul_(2.0**-31)
+        steps = u.log_().div_(log_miss).floor_().add_(1.0)  # from one hit to the next
+        positions = steps.cumsum_(0).add_(start - 1)  # integers in float64: exact below 2**53
+        chunks.append(positions)
+        start = int(positions[-1]) + 1
+    positions = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return positions[: int(torch.searchsorted(positions, float(n)))].long()
+
+
+def _fused(x):
+    """Whether F.dropout's own kernel serves (GPUs fuse it), not a mask drawn here."""
+    return _keys is None and x.device.type != "cpu"
+
+
+def keyed() -> bool:
+    """Whether masks follow the samples here (inside masks_follow_samples)."""
+    return _keys is not None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool, noise: torch.Tensor | None = None,
+            batch_dim: int = 0) -> torch.Tensor:
+    """F.dropout(x, p, training) with this module's masks; `noise`: that mask, drawn already (dropout_noises);
+    `batch_dim`: as dropout_noise's."""
+    if noise is not None:
+        return x * noise
+    if not training or p == 0.0:
+        return x
+    if _fused(x):
+        return F.dropout(x, p, True)
+    return x * dropout_noise(x, p, batch_dim)
+
+
+def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool,
+                noise: torch.Tensor | None = None, batch_dim: int = 0) -> torch.Tensor:
+    """x + dropout(y, p, training, noise, batch_dim), the residual connection after a sublayer: one multiply-add."""
+    if noise is None and (not training or p == 0.0):
+        return x + y
+    if noise is None and _fused(y):
+        return x + F.dropout(y, p, True)
+    return torch.addcmul(x, y, dropout_noise(y, p, batch_dim) if noise is None else noise)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout with this module's masks (the same module, state_dict and repr)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+def attention(query, key, value, p, training, attn_mask=None, is_causal=False, scale=None):
+    """F.scaled_dot_product_attention with dropout p on the attention weights when training. Its fused
+    kernels draw their own masks; when masks follow the samples, the weights are formed here instead."""
+    if not training or p == 0.0 or _keys is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                              dropout_p=p if training else 0.0, is_causal=is_causal, scale=scale)
+    scores = query @ key.transpose(-2, -1) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    if is_causal:
+        queries, keys_ = scores.shape[-2:]
+        causal = torch.ones(queries, keys_, dtype=torch.bool, device=scores.device).tril()  # as SDPA's
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return dropout(scores.softmax(-1), p, True) @ value

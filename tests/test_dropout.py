@@ -1,0 +1,82 @@
+"""layers.dropout: masks that follow the sample. Within masks_follow_samples a sample's mask depends on the
+run's key, the mask's call number and the sample's global position only, not on how the batch is cut;
+its distribution is dropout's; a layout that does not hold the samples along the dimension named fails."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from layers.dropout import Dropout, attention, dropout_noise, keyed, mask_key, masks_follow_samples
+
+
+def _masks(shape, first, samples, calls=2, key=mask_key(2021, 0), batch_dim=0):
+    with masks_follow_samples(key, first, samples):
+        return [dropout_noise(torch.empty(shape), 0.3 if call % 2 else 0.1, batch_dim) for call in range(calls)]
+
+
+def test_a_sample_gets_its_masks_however_the_batch_is_cut():
+    whole = _masks((8, 6, 5), 16, 8)
+    halves = [_masks((4, 6, 5), 16, 4), _masks((4, 6, 5), 20, 4)]
+    for call in range(2):
+        assert torch.equal(whole[call], torch.cat([halves[0][call], halves[1][call]]))
+    # rows of several per sample (channel-independent models: B * C rows, sample-major)
+    assert torch.equal(_masks((24, 30), 0, 8)[0][6:12], _masks((6, 30), 2, 2)[0])
+
+
+def test_masks_differ_by_call_key_and_position():
+    first, second = _masks((8, 200), 0, 8, calls=3)[0::2]  # two calls at the same rate
+    assert not torch.equal(first, second)
+    assert not torch.equal(_masks((8, 200), 0, 8, key=mask_key(2021, 1))[0], _masks((8, 200), 0, 8)[0])
+    shifted = _masks((8, 200), 1, 8)[0]
+    assert torch.equal(shifted[:7], _masks((8, 200), 0, 8)[0][1:])
+
+
+def test_the_samples_dimension_can_be_any():
+    time_major = _masks((5, 8, 3), 0, 8, batch_dim=1)[0]  # [L, B, C], as TSMixer holds x
+    assert torch.equal(time_major.permute(1, 0, 2), _masks((8, 5, 3), 0, 8)[0])
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+@pytest.mark.parametrize("follow", [False, True])
+def test_the_mask_is_dropouts(p, follow):
+    torch.manual_seed(0)
+    with masks_follow_samples(7, 0, 50) if follow else torch.no_grad():
+        noise = dropout_noise(torch.empty(50, 4000), p)
+    assert noise.unique().tolist() == [0.0, pytest.approx(1 / (1 - p))]
+    assert (noise == 0).float().mean().item() == pytest.approx(p, abs=0.005)
+    assert noise.mean().item() == pytest.approx(1.0, abs=0.01)  # unbiased: the expected factor is 1
+
+
+def test_a_layout_without_the_samples_in_front_is_refused():
+    with masks_follow_samples(7, 0, 8), pytest.raises(RuntimeError, match="randomness_follows_sample = False"):
+        dropout_noise(torch.empty(12, 5), 0.1)  # 12 rows are no whole number of rows per sample of 8
+
+
+def test_outside_the_context_dropout_is_plain_and_eval_is_the_identity():
+    assert not keyed()
+    layer = Dropout(0.5)
+    x = torch.ones(4, 100)
+    assert torch.equal(layer.eval()(x), x)
+    torch.manual_seed(3)
+    a = layer.train()(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, layer(x))  # the global generator's draws, as before
+    with masks_follow_samples(7, 0, 4):
+        assert keyed()
+        assert not torch.equal(layer(x), layer(x))  # two calls, two masks
+    assert not keyed()
+
+
+@pytest.mark.parametrize("causal, mask_kind", [(False, None), (True, None), (False, "bool"), (False, "float")])
+def test_keyed_attention_is_sdpa(causal, mask_kind):  # (SDPA takes a mask or is_causal, not both)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 2, 6, 8).unbind(0)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(6, 6) > 0.3
+        mask.fill_diagonal_(True)
+    elif mask_kind == "float":
+        mask = torch.randn(6, 6)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    with masks_follow_samples(7, 0, 4):  # a rate so small that nothing is dropped
+        got = attention(q, k, v, 1e-12, True, attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
