@@ -126,7 +126,8 @@ def data_provider(args, flag, device=None):
     if flag == "train":  # one order and global batches for any world size; O(1) memory for corpus-scale kinds
         sampler = GlobalBatches(len(dataset), args.seed, batch_size, args.accumulation_steps, distributed.rank(),
                                 distributed.world_size(), drop_last=args.train_drop_last,
-                                constant_memory=prepared_data(args).constant_memory_shuffle)
+                                constant_memory=prepared_data(args).constant_memory_shuffle,
+                                global_batch=getattr(args, "global_batch", None))
         require(len(sampler) > 0,
                 f"--train_drop_last leaves no training batch: {len(dataset)} training windows, fewer than one "
                 f"global batch of {sampler.global_batch} (--batch_size {batch_size} x {distributed.world_size()} "

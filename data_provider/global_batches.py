@@ -62,17 +62,18 @@ def even_cuts(size, parts):
 class GlobalBatches:
     """This rank's share of every optimizer step of an epoch (see the module's docstring).
 
-    n: training windows; batch_size: per micro-batch and process; `constant_memory`: the Feistel order
-    (corpus-scale kinds) instead of randperm. `set_epoch(epoch)` chooses the epoch's order;
+    n: training windows; batch_size: per micro-batch and process, or `global_batch` windows per step;
+    `constant_memory`: the Feistel order (corpus-scale kinds) instead of randperm. `set_epoch(epoch)` chooses the epoch's order;
     `steps(start)` yields a GlobalStep of index tensors per optimizer step, from global position
     `start` of the order on (a resumed epoch: the windows done before it).
     """
 
     def __init__(self, n, seed, batch_size, accumulation_steps=1, rank=0, world_size=1, drop_last=False,
-                 constant_memory=False):
+                 constant_memory=False, global_batch=None):
         self.n, self.seed, self.batch_size = n, seed, batch_size
         self.accumulation, self.rank, self.world_size = accumulation_steps, rank, world_size
-        self.global_batch = batch_size * world_size * accumulation_steps
+        # G; given (--global_batch_size), the parts and micro-batches of every chunk are cut as evenly as possible
+        self.global_batch = global_batch or batch_size * world_size * accumulation_steps
         self.drop_last, self.constant_memory = drop_last, constant_memory
         self.set_epoch(0)
 

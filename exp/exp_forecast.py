@@ -329,7 +329,8 @@ def training_summary(args, setting, train_windows, plan=None):
                if args.lr_scaling != "none" else "")
     length = (f", {plan.total_steps} steps ({plan.steps_per_epoch} per epoch)" if plan and plan.step_based else "")
     return (f"training {setting}: {train_windows} train windows{few_shot}, global batch {args.global_batch_size} "
-            f"({args.batch_size} x {distributed.world_size()} processes{accumulation}), "
+            f"({'up to ' if getattr(args, 'global_batch', None) else ''}{args.batch_size} x {distributed.world_size()} "
+            f"processes{accumulation}), "
             f"learning rate {args.scaled_learning_rate:g}{scaling}{length}")
 
 

@@ -56,6 +56,7 @@ def resolve_args(args, world_size):
             f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
     require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
     _split_data_parallel_batch(args, world_size)
+    _split_global_batch(args, world_size)
     args.global_batch_size = global_batch_size(args, world_size)
     args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
     LearningRateSchedule.check(args.lradj)  # an unknown --lradj fails before any training
@@ -191,6 +192,19 @@ def _split_data_parallel_batch(args, world_size):
             f"DataParallel, it is the whole batch, shared by the devices); use a multiple of {world_size}")
     args.data_parallel_batch_size = whole
     args.batch_size = whole // world_size
+
+
+def _split_global_batch(args, world_size):
+    """--global_batch_size G: each micro-batch holds G / (processes x accumulation steps) windows, as evenly as
+    possible (data_provider.global_batches); --batch_size becomes the largest (memory, the evaluation batch)."""
+    if not getattr(args, "global_batch", None):
+        return
+    micro_batches = world_size * args.accumulation_steps
+    require(args.global_batch >= micro_batches,
+            f"--global_batch_size {args.global_batch} is smaller than the {world_size} processes x "
+            f"{args.accumulation_steps} accumulation steps, so some micro-batch would hold no window; use at least "
+            f"{micro_batches}")
+    args.batch_size = -(-args.global_batch // micro_batches)
 
 
 def _check_devices(args):

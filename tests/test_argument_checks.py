@@ -94,6 +94,17 @@ def test_arguments_a_model_cannot_be_built_with_are_one_user_error():
             build_model(resolve_args(make_args(*FAST, *argv), 1))
 
 
+def test_global_batch_size_replaces_batch_size_and_needs_a_window_per_micro_batch():
+    from exp.settings import resolve_args
+    from utils.errors import UserError
+
+    args = resolve_args(make_args(*FAST, "--global_batch_size", 32, "--accumulation_steps", 2), 3)
+    assert (args.global_batch_size, args.batch_size) == (32, 6)  # micro-batches of 5 or 6 windows
+    with pytest.raises(UserError, match=re.escape("--global_batch_size 5 is smaller than the 3 processes x 2 "
+                                                  "accumulation steps")):
+        resolve_args(make_args(*FAST, "--global_batch_size", 5, "--accumulation_steps", 2), 3)
+
+
 def _dated_csv(tmp_path, name, edit):
     rows = 1500
     frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h").astype(str),

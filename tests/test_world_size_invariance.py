@@ -57,6 +57,19 @@ def test_the_same_global_batch_trains_the_same_model_on_any_number_of_processes(
     _assert_same_training(results)
 
 
+def test_a_global_batch_that_no_process_count_divides_trains_the_single_process_model(tmp_path):
+    """--global_batch_size 32 on 3 processes: every step's parts hold 10, 11 and 11 windows, and the run
+    is the 1 x 32 one (DLinear's ETTh1 figure in the README's reproduction table is this, on real data)."""
+    results = {}
+    for name, argv, nproc in (("1 x 32", ["--batch_size", 32], None),
+                              ("3 x 32/3", ["--global_batch_size", 32, "--batch_size", 7], 3)):
+        folder = tmp_path / name.replace(" ", "").replace("/", "_")
+        assert_ok(run_cli(folder, *COMMON, "--model", "DLinear", *argv, nproc=nproc, timeout=300))
+        results[name] = records(folder)[-1]
+    assert results["3 x 32/3"]["world_size"] == 3
+    _assert_same_training(results)
+
+
 # Models with dropout (their scripts' rate, 0.1), small widths: masks follow the sample (layers.dropout), so
 # the runs agree as closely as the models without dropout (measured: ~1e-8 relative)
 DROPOUT_MODELS = {
@@ -150,6 +163,18 @@ def test_each_micro_batch_says_where_its_windows_sit_in_the_order(world):
             assert step.epoch == 2 and len(step.firsts) == len(step)
             for first, micro in zip(step.firsts, step):
                 assert micro.tolist() == order[first:first + len(micro)]
+
+
+def test_a_given_global_batch_is_cut_as_evenly_as_possible():
+    order = _single_process_order(100)
+    parts = []
+    for rank in range(3):
+        sampler = GlobalBatches(100, 2021, 11, 2, rank, 3, global_batch=32)
+        sampler.set_epoch(3)
+        parts.append([[m.tolist() for m in step] for step in sampler.steps()])
+    assert len(parts[0]) == 4  # ceil(100 / 32)
+    assert [[len(m) for m in steps[0]] for steps in parts] == [[5, 5], [5, 6], [5, 6]]  # 10, 11, 11
+    assert [w for k in range(4) for steps in parts for m in steps[k] for w in m] == order
 
 
 def test_in_memory_order_is_the_single_process_distributed_sampler_order():

@@ -191,6 +191,10 @@ def build_parser():
                         "instead of at epoch ends; --patience then counts evaluations")
     g.add_argument("--batch_size", type=positive_int, default=32,
                    help="per process; the global batch is batch_size x world size x accumulation_steps")
+    g.add_argument("--global_batch_size", dest="global_batch", type=positive_int, default=None,
+                   help="windows per optimizer step over every process and accumulation step, split as evenly as "
+                        "possible (32 on 3 processes: 10, 11 and 11); replaces --batch_size, so a recipe keeps its "
+                        "steps on any number of processes")
     g.add_argument("--accumulation_steps", type=positive_int, default=1,
                    help="micro-batches per optimizer step (gradients add up; DDP all-reduces once per step)")
     g.add_argument("--lr_scaling", default="none",

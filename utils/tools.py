@@ -16,8 +16,8 @@ COSINE_ETA_MIN = 1e-8  # OpenLTM's --cosine: exp/exp_forecast.py CosineAnnealing
 
 
 def global_batch_size(args, world_size):
-    """Windows per optimizer step: per-process batch x processes x accumulation steps."""
-    return args.batch_size * world_size * args.accumulation_steps
+    """Windows per optimizer step: --global_batch_size, or per-process batch x processes x accumulation steps."""
+    return getattr(args, "global_batch", None) or args.batch_size * world_size * args.accumulation_steps
 
 
 def scaled_learning_rate(args, global_batch):
