@@ -127,20 +127,27 @@ def _sync(device):
 
 
 class _FirstBatches:
-    """The first `limit` batches of a loader, for timing compute-bound models on a slow device."""
+    """The first `limit` optimizer steps of a TrainLoader's epoch (one micro-batch each: the benchmark does
+    not accumulate), for timing compute-bound models on a slow device; the loader's other attributes as they are."""
 
     def __init__(self, loader, limit):
         self.loader, self.limit = loader, limit
 
+    def __getattr__(self, name):  # sampler, dataset, set_epoch
+        return getattr(self.loader, name)
+
+    @property
+    def steps_per_epoch(self):
+        return min(self.loader.steps_per_epoch, self.limit)
+
+    def steps(self, start=0):
+        return itertools.islice(self.loader.steps(start), self.limit)
+
     def __iter__(self):
-        return itertools.islice(iter(self.loader), self.limit)
+        return (batch for step in self.steps() for batch in step)
 
     def __len__(self):
         return min(len(self.loader), self.limit)
-
-    def set_epoch(self, epoch):
-        if hasattr(self.loader, "set_epoch"):
-            self.loader.set_epoch(epoch)
 
 
 def measure(kind, argv, epochs, max_batches=0):

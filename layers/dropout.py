@@ -70,21 +70,54 @@ def _generator(device):
     return _generators[device]
 
 
-def _keyed_noise(like, p, keys):
-    """dropout_noise for `like`, sample by sample from generators seeded by the samples' keys."""
+def _keyed_noise(like, p, keys, hashed=None):
+    """dropout_noise for `like`, sample by sample from the samples' keys: on the CPU from a generator reseeded
+    per sample (the cost of unkeyed masks, plus a reseed per sample); elsewhere (`hashed`) from a hash of
+    (key, element) computed for every element at once, a dozen elementwise kernels whatever the batch,
+    where a launch per sample would cost a GPU more than the draws. The two give different masks, each the
+    same on any number of processes."""
     rows = like.shape[0] // keys.samples if like.dim() and keys.samples else 0
     if rows * keys.samples != (like.shape[0] if like.dim() else 1) or rows == 0:
         raise RuntimeError(f"a dropout input of shape {tuple(like.shape)} does not hold the micro-batch's "
                            f"{keys.samples} samples along its first dimension, so its masks cannot follow "
                            "them: give the model `randomness_follows_sample = False` (layers/dropout.py)")
     call, keys.calls = keys.calls, keys.calls + 1
-    generator = _generator(like.device)
     call_key = _mix64(keys.key ^ _mix64(call))
+    if like.device.type != "cpu" if hashed is None else hashed:
+        return _hashed_noise(like, p, call_key, keys.first, keys.samples)
+    generator = _generator(like.device)
     noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
     for sample in range(keys.samples):
         generator.manual_seed(_mix64(call_key ^ (keys.first + sample)) >> 1)  # a seed below 2**63
         _fill_noise(noise[sample * rows:(sample + 1) * rows], p, generator)
     return noise.to(like.dtype)
+
+
+def _signed(x):
+    """A 64-bit pattern as the int64 that holds it."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _mix64_(x):
+    """_mix64 on an int64 tensor, in place (products wrap modulo 2**64; shifts masked to be logical)."""
+    x.add_(_signed(0x9E3779B97F4A7C15))
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+        x.bitwise_xor_((x >> shift) & ((1 << (64 - shift)) - 1))
+        if factor:
+            x.mul_(_signed(factor))
+    return x
+
+
+def _hashed_noise(like, p, call_key, first, samples):
+    """Element j of sample s is kept when the top 31 bits of _mix64(_mix64(call_key ^ (first + s)) + j),
+    uniform on [0, 2**31), fall below (1 - p) * 2**31: the distribution of _fill_noise's integer path."""
+    keep = 1.0 - p
+    positions = torch.arange(first, first + samples, dtype=torch.int64, device=like.device)
+    sample_keys = _mix64_(positions.bitwise_xor_(_signed(call_key)))
+    bits = _mix64_(sample_keys.unsqueeze(1) + torch.arange(like.numel() // samples, device=like.device))
+    bits = (bits >> 33) & ((1 << 31) - 1)
+    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
+    return noise.copy_(bits.view(like.shape)).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
 
 
 def _noise_dtype(like):

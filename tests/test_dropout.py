@@ -80,3 +80,26 @@ def test_keyed_attention_is_sdpa(causal, mask_kind):  # (SDPA takes a mask or is
     with masks_follow_samples(7, 0, 4):  # a rate so small that nothing is dropped
         got = attention(q, k, v, 1e-12, True, attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _hashed(shape, first, samples, p=0.3, key=99):
+    from layers.dropout import SampleKeys, _keyed_noise
+
+    return _keyed_noise(torch.empty(shape), p, SampleKeys(key, first, samples), hashed=True)
+
+
+def test_the_gpus_hashed_masks_follow_the_sample_and_are_dropouts():
+    """Devices other than the CPU hash (key, element) for every element at once; run here on the CPU."""
+    from layers.dropout import _mix64
+
+    whole = _hashed((8, 6, 5), 16, 8)
+    assert torch.equal(whole, torch.cat([_hashed((4, 6, 5), 16, 4), _hashed((4, 6, 5), 20, 4)]))
+    assert not torch.equal(whole, _hashed((8, 6, 5), 16, 8, key=100))
+    # element j of sample s: the top 31 bits of mix64(mix64(call key ^ position) + j), kept below 0.7 * 2**31
+    call_key = _mix64(99 ^ _mix64(0))
+    for s, j in ((0, 0), (3, 17), (7, 29)):
+        bits = _mix64((_mix64(call_key ^ (16 + s)) + j) % 2**64) >> 33
+        assert whole[s].flatten()[j].item() == (pytest.approx(1 / 0.7) if bits < 0.7 * 2**31 else 0.0)
+    noise = _hashed((50, 4000), 0, 50, p=0.1)
+    assert noise.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
+    assert (noise == 0).float().mean().item() == pytest.approx(0.1, abs=0.005)
