@@ -212,10 +212,6 @@ def _check_devices(args):
     require(args.gpu_type != "mps", "--gpu_type mps: this codebase runs on CUDA GPUs or the CPU, not on Apple's MPS "
                                     "(PyTorch's DDP has no MPS backend); drop --gpu_type mps to run on the CPU")
     cuda = args.use_gpu and torch.cuda.is_available()
-    # PyTorch refuses SyncBatchNorm on CPU inside DDP
-    require(not (args.sync_bn and args.ddp and not cuda),
-            "--sync_bn needs GPUs (PyTorch's SyncBatchNorm does not run on CPU); "
-            "drop --sync_bn or use --use_gpu true on CUDA")
     require(not (args.use_amp and args.amp_dtype == "fp16" and not cuda),
             "--amp_dtype fp16 needs a GPU; on CPU use bf16 (the default)")
     # GPUs before Ampere (V100, T4) have no bfloat16: CUDA autocast would fail at the first forward

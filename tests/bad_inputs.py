@@ -303,7 +303,6 @@ PROBES = [
           shows="a `--pred_len 48` checkpoint for `--pred_len 96`"),
     Probe("corrupt training state", _corrupt_state, "truncated or corrupt", shows="`--resume` of a garbage `last.pth`"),
     # what only a GPU runs, refused where there is none
-    Probe("sync_bn on CPU", fixed("--sync_bn", "--model", "PatchTST", *SMALL), "--sync_bn needs GPUs", (2,), without_gpu=True),
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
     Probe("--gpu under DDP", fixed("--gpu", 1, *SMALL), "--gpu 1 picks the GPU of a single-process run", (2,)),

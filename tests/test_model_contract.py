@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 from exp.forward import forward
 from helpers import make_args, make_experiment, run_on_ranks
 from models import available_models
-from utils.distributed import has_running_statistics
 
 # One small configuration for every model; each model reads the fields it needs.
 CONTRACT_ARGS = [
@@ -302,8 +301,8 @@ INVARIANCE_STEPS = 2  # optimizer steps compared, each on its own global batch o
 
 def invariance_gradients(rank, world_size, specs):
     """Runs on every rank (inside run_on_ranks): INVARIANCE_STEPS training steps of each model, the global
-    batch of 8 windows split over the ranks (data_provider.global_batches), with dropout 0.1; per model each
-    step's gradients (as DDP averaged them) on rank 0, or the error."""
+    batch of 8 windows split over the ranks (data_provider.global_batches), with dropout 0.1 and --sync_bn; per
+    model each step's gradients (as DDP averaged them) on rank 0, or the error."""
     import torch.distributed as dist
 
     from data_provider.data_factory import data_provider
@@ -311,7 +310,7 @@ def invariance_gradients(rank, world_size, specs):
     results = {}
     for spec in map(ModelSpec._make, specs):
         try:
-            exp = build_experiment(spec, "--features", "M", "--dropout", 0.1, "--batch_size", 8 // world_size)
+            exp = build_experiment(spec, "--features", "M", "--dropout", 0.1, "--sync_bn", "--batch_size", 8 // world_size)
             declared = getattr(exp.raw_model, "randomness_follows_sample", True)
             if not declared:  # the claim is tested with masks keyed as for any other model
                 exp.masks_follow_samples = True
@@ -324,8 +323,7 @@ def invariance_gradients(rank, world_size, specs):
                 exp.train_step(micro_batches, optimizer)
                 steps.append({name: p.grad.detach().numpy().copy()  # numpy: sent by value, not shared memory
                               for name, p in exp.raw_model.named_parameters() if p.grad is not None})
-            results[spec.name] = {"gradients": steps if rank == 0 else None, "follows": declared,
-                                  "batch_norm": has_running_statistics(exp.raw_model)}
+            results[spec.name] = {"gradients": steps if rank == 0 else None, "follows": declared}
         except Exception as exc:
             results[spec.name] = {"error": describe_error(exc)}
         exp = optimizer = None
@@ -339,16 +337,14 @@ def check_world_size_invariance(spec, single, pair):
     the sample (the default) takes the same steps as 1 x 8 and 2 x 4 (gradients to 1e-4 of their norm; a
     different dropout mask changes them by tens of per cent); one that says it cannot
     (`randomness_follows_sample = False`) must really differ, or the claim gives away the guarantee. A
-    `batch_dependent` model (its forward reads the batch-mates) is exempt, and so is BatchNorm on the CPU."""
+    `batch_dependent` model (its forward reads the batch-mates) is exempt; BatchNorm is not (--sync_bn)."""
     title = "the same training on 1 process x 8 windows and 2 processes x 4"
     outcomes = [single[0][spec.name], *(results[spec.name] for results in pair)]
     for where, outcome in zip(("1 process", "rank 0 of 2", "rank 1 of 2"), outcomes):
         if "error" in outcome:
             raise violation(spec, title, f"{where} failed: {outcome['error']}")
-    if getattr(model_class(spec), "batch_dependent", None) or outcomes[0]["batch_norm"]:
-        # a forward that reads its batch-mates trains differently on other splits of the batch; BatchNorm
-        # does in training (--sync_bn, on GPUs only, makes its statistics the global batch's again)
-        return
+    if getattr(model_class(spec), "batch_dependent", None):
+        return  # a forward that reads its batch-mates trains differently on other splits of the batch
     follows = outcomes[0]["follows"]
     worst = 0.0  # over the steps: |difference| / |gradient|, all parameters together (a bias with no real
     for one, two in zip(outcomes[0]["gradients"], outcomes[1]["gradients"]):  # gradient is all rounding)

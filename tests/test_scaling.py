@@ -5,6 +5,7 @@
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -190,7 +191,7 @@ PATCHTST = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2
             "--synthetic_rows", 1500, "--num_threads", 1]
 
 
-def _converted_patchtst(rank, world):
+def _converted_patchtst(rank, world, device):
     from models import get_model_class
     from utils import distributed
 
@@ -198,7 +199,7 @@ def _converted_patchtst(rank, world):
     args.enc_in = args.dec_in = args.c_out = 7
     plain = get_model_class("PatchTST")(args)
     expected = {k: tuple(v.shape) for k, v in plain.state_dict().items()}
-    converted = distributed.convert_sync_batchnorm(plain)
+    converted = distributed.convert_sync_batchnorm(plain, device)
     layers = [type(m).__name__ for m in converted.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     state = converted.state_dict()
     get_model_class("PatchTST")(args).load_state_dict(state, strict=True)  # a plain model takes the file
@@ -206,13 +207,55 @@ def _converted_patchtst(rank, world):
 
 
 def test_sync_bn_conversion_keeps_plain_batchnorm_keys():
-    # on CPU: the conversion the experiment applies under DDP, and what it saves
-    for layers, same_keys in run_on_ranks(_converted_patchtst, 2):
+    # the conversion the experiment applies under DDP (GPUs: SyncBatchNorm; the CPU: GlobalBatchNorm), and what it saves
+    for layers, same_keys in run_on_ranks(_converted_patchtst, 2, "cuda"):
         assert layers == ["SyncBatchNorm"] and same_keys
+    for layers, same_keys in run_on_ranks(_converted_patchtst, 2, "cpu"):
+        assert layers == ["GlobalBatchNorm"] and same_keys
     from utils import distributed
 
     plain = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
     assert distributed.convert_sync_batchnorm(plain) is plain  # no process group: unchanged
+
+
+def _global_batchnorm_step(rank, world, x, weights, local):
+    from utils import distributed
+
+    torch.manual_seed(0)
+    layer = distributed.GlobalBatchNorm.convert(torch.nn.Sequential(torch.nn.BatchNorm1d(4, momentum=None)))
+    with torch.no_grad():
+        layer[0].weight.uniform_(0.5, 1.5)
+        layer[0].bias.uniform_(-1, 1)
+    first, last = distributed.shard_range(len(x), rank, world)
+    part = x[first:last].clone().requires_grad_(True)
+    with distributed.local_batch_norm(layer, local):
+        for _ in range(2):  # two steps: the running statistics' update, cumulative average (momentum None)
+            out = layer(part)
+            (out * weights[first:last]).sum().backward()
+    grads = [t.grad.numpy().copy() for t in (layer[0].weight, layer[0].bias)]
+    return (out.detach().numpy(), part.grad.numpy(), grads,
+            layer[0].running_mean.numpy().copy(), layer[0].running_var.numpy().copy())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_global_batchnorm_on_the_cpu_is_batchnorm_over_every_ranks_batch(world):
+    """torch.nn.SyncBatchNorm does not run on the CPU; GlobalBatchNorm, which --sync_bn uses there, gives each
+    rank its rows of what plain BatchNorm gives the whole batch in one process: output, input gradient,
+    running statistics, and parameter gradients summed over the ranks (DDP then averages them). Uneven
+    parts (7 rows on 3 ranks) included; with local_batch_norm each rank normalises alone."""
+    torch.manual_seed(1)
+    x, weights = torch.randn(7, 4, 5) * 3 + 1, torch.randn(7, 4, 5)
+    (out, x_grad, grads, mean, var), = run_on_ranks(_global_batchnorm_step, 1, x, weights, False)
+    ranks = run_on_ranks(_global_batchnorm_step, world, x, weights, False)
+    np.testing.assert_allclose(np.concatenate([r[0] for r in ranks]), out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([r[1] for r in ranks]), x_grad, rtol=1e-4, atol=1e-5)
+    for i in range(2):
+        np.testing.assert_allclose(sum(r[2][i] for r in ranks), grads[i], rtol=1e-4, atol=1e-5)
+    for r in ranks:
+        np.testing.assert_allclose(r[3], mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(r[4], var, rtol=1e-5, atol=1e-6)
+    local = run_on_ranks(_global_batchnorm_step, world, x, weights, True)
+    assert not np.allclose(np.concatenate([r[0] for r in local]), out, atol=1e-3)
 
 
 def test_tst_schedule_is_torchs_one_cycle_as_a_function_of_the_step():

@@ -527,12 +527,80 @@ def shard_range(n, rank_=None, world_size_=None):
 
 
 # ---------------------------------------------------------------- scaling up: wrapping, accumulation, ZeRO
-def convert_sync_batchnorm(module):
-    """`module` with its BatchNorm layers as SyncBatchNorm (statistics of the global batch)
-    when distributed over several processes; unchanged otherwise. Parameter and buffer names stay the same."""
+def convert_sync_batchnorm(module, device=None):
+    """`module` with its BatchNorm layers normalising with the global batch's statistics when distributed
+    over several processes: torch.nn.SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU (where PyTorch has
+    none); unchanged otherwise. Parameter and buffer names stay the same."""
     if world_size() == 1:
         return module
+    if device is not None and torch.device(device).type == "cpu":
+        return GlobalBatchNorm.convert(module)
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+class _SummedOverRanks(torch.autograd.Function):
+    """The sum of a tensor over every rank, differentiable: the gradient is summed over the ranks too."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total
+
+
+class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training statistics are those of every rank's batch together, for the CPU (gloo),
+    where torch.nn.SyncBatchNorm does not run: the per-channel sums, then the centred squares, are
+    all-reduced, differentiably (_SummedOverRanks), so backward sums each rank's share
+    of the statistics' gradient as SyncBatchNorm's does. Evaluation, one process, and `local` (set by
+    local_batch_norm) are plain BatchNorm. The same parameters, buffers and state_dict keys."""
+
+    local = False
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (batch, channels, ...), got {input.dim()}-D")
+
+    @classmethod
+    def convert(cls, module):
+        """`module` with every plain BatchNorm layer replaced by a GlobalBatchNorm holding its tensors."""
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats)
+            converted.load_state_dict(module.state_dict())
+            converted.train(module.training)
+            return converted
+        for name, child in module.named_children():
+            module.add_module(name, cls.convert(child))
+        return module
+
+    def forward(self, x):
+        if not self.training or self.local or not is_dist() or world_size() == 1:
+            return super().forward(x)
+        all_reduce = _SummedOverRanks.apply
+        dims = [d for d in range(x.dim()) if d != 1]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]))
+        count = sums[-1]
+        mean = sums[:-1] / count
+        centred = x - mean.view(shape)
+        var = all_reduce(centred.square().sum(dims)) / count  # biased, as BatchNorm normalises with
+        out = centred * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                self.running_mean.lerp_(mean.detach(), momentum)
+                self.running_var.lerp_(var.detach() * (count / (count - 1)).clamp_min(0), momentum)
+        return out
 
 
 # PyTorch 2.13 renamed broadcast_buffers (deprecated, and False also skipped the sync at construction)
@@ -559,7 +627,7 @@ def wrap_ddp(module, device, sync_bn=False):
     if not is_dist():
         return module, module
     if sync_bn:
-        module = convert_sync_batchnorm(module)
+        module = convert_sync_batchnorm(module, device)
     device_ids = [device.index] if device.type == "cuda" else None
     return module, DistributedDataParallel(module, device_ids=device_ids,
                                            **{_SYNC_BUFFERS: has_running_statistics(module)})
@@ -587,13 +655,18 @@ def local_batch_norm(model, local=True):
     run different numbers of forward passes (the short last global batch of an epoch), where
     SyncBatchNorm's gathers would not pair up across ranks. A no-op without SyncBatchNorm."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)] if local else []
+    global_layers = [m for m in model.modules() if isinstance(m, GlobalBatchNorm)] if local else []
     for layer in layers:
         layer.forward = torch.nn.modules.batchnorm._BatchNorm.forward.__get__(layer)
+    for layer in global_layers:
+        layer.local = True
     try:
         yield model
     finally:
         for layer in layers:
             del layer.forward
+        for layer in global_layers:
+            del layer.local
 
 
 def make_optimizer(params, optimizer_class, shard=False, **options):
