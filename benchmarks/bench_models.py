@@ -14,7 +14,8 @@ arguments, so the table follows the scripts), on the first --steps training batc
 - FLOPs per step: torch.utils.flop_counter over one step's forward and backward (matrix products and
   convolutions; element-wise work is not counted), and the achieved rate against the dense GEMM rate
   measured in the same rounds (a 2048^3 fp32 product on the CPU, 8192^3 on a GPU; bf16 for --use_amp);
-- variants: `eager` (fp32), `compile` (--compile), `amp` (--use_amp, bf16), and `tslib`: TSLib's own
+- variants: `eager` (fp32, dropout masks keyed by the sample as in training), `compile` (--compile), `amp`
+  (--use_amp, bf16), `unkeyed` (eager with masks from the global generator: what keying costs), and `tslib`: TSLib's own
   implementation of the model from the checkout --tslib gives (imported from there, nothing copied),
   built from the same arguments and trained on the same batches with TSLib's loop body and its Adam;
 - epoch shares (eager): the data path's share of a training step (fetching and gathering a batch
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.outputs import add_output_arguments  # noqa: E402
 from benchmarks.tslib_crosscheck import packages_from  # noqa: E402
 from data_provider.data_factory import data_provider  # noqa: E402
+from data_provider.global_batches import GlobalStep  # noqa: E402
 from exp.exp_forecast import Exp_Forecast  # noqa: E402
 from exp.forward import forward  # noqa: E402
 from exp.settings import fill_defaults, resolve_args  # noqa: E402
@@ -68,7 +70,7 @@ SCALED = {
     "TSMixer": ["--d_model", "512", "--batch_size", "256"],
     "TimeMixer": ["--d_model", "64", "--d_ff", "128", "--batch_size", "512"],
 }
-VARIANTS = ("eager", "compile", "amp", "tslib")
+VARIANTS = ("eager", "compile", "amp", "unkeyed", "tslib")
 
 
 # ------------------------------------------------------------------ the scripts' arguments
@@ -127,19 +129,23 @@ def first_batches(args, device, steps, split="train", full_inputs=False):
 
 
 class OursStep:
-    """One Exp_Forecast.train_step per call, cycling through the batches."""
+    """One Exp_Forecast.train_step per call, cycling through the batches, as training takes it: a GlobalStep
+    whose dropout masks follow the samples (layers.dropout), or with `keyed` False masks from the global
+    generator (the `unkeyed` variant: what keying the masks costs)."""
 
-    def __init__(self, argv, device, steps):
+    def __init__(self, argv, device, steps, keyed=True):
         self.exp = experiment(argv, device)
         self.batches, self.loader = first_batches(self.exp.args, device, steps)
         self.optimizer = self.exp.make_optimizer()
         self.exp.model.train()
+        self.exp.masks_follow_samples = self.exp.masks_follow_samples and keyed
         self.i = 0
 
     def __call__(self):
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
-        self.exp.train_step([batch], self.optimizer)
+        samples = batch[0].shape[0]
+        self.exp.train_step(GlobalStep([batch], samples, epoch=0, firsts=[self.i * samples]), self.optimizer)
 
 
 def tslib_configs(args):
@@ -370,6 +376,8 @@ def main():
                 steps["compile"] = OursStep([*full, "--compile"], device, opts.steps)
             if "amp" in variants:
                 steps["amp"] = OursStep([*full, "--use_amp"], device, opts.steps)
+            if "unkeyed" in variants:
+                steps["unkeyed"] = OursStep(full, device, opts.steps, keyed=False)
             if "tslib" in variants:
                 model_class = tslib_model_class(opts.tslib, model)
                 if model_class is not None:
