@@ -15,7 +15,8 @@ arguments, so the table follows the scripts), on the first --steps training batc
   convolutions; element-wise work is not counted), and the achieved rate against the dense GEMM rate
   measured in the same rounds (a 2048^3 fp32 product on the CPU, 8192^3 on a GPU; bf16 for --use_amp);
 - variants: `eager` (fp32, dropout masks keyed by the sample as in training), `compile` (--compile), `amp`
-  (--use_amp, bf16), `unkeyed` (eager with masks from the global generator: what keying costs), and `tslib`: TSLib's own
+  (--use_amp, bf16), `unkeyed` (eager with masks from the global generator: what keying costs), `baseline`
+  (the model of another checkout of this repository, --baseline: before and after a speed change), and `tslib`: TSLib's own
   implementation of the model from the checkout --tslib gives (imported from there, nothing copied),
   built from the same arguments and trained on the same batches with TSLib's loop body and its Adam;
 - epoch shares (eager): the data path's share of a training step (fetching and gathering a batch
@@ -70,7 +71,7 @@ SCALED = {
     "TSMixer": ["--d_model", "512", "--batch_size", "256"],
     "TimeMixer": ["--d_model", "64", "--d_ff", "128", "--batch_size", "512"],
 }
-VARIANTS = ("eager", "compile", "amp", "unkeyed", "tslib")
+VARIANTS = ("eager", "compile", "amp", "unkeyed", "baseline", "tslib")
 
 
 # ------------------------------------------------------------------ the scripts' arguments
@@ -171,6 +172,18 @@ def tslib_model_class(root, name):
         module = importlib.import_module(f"models.{name}")
     require(Path(module.__file__).resolve() == path.resolve(), f"imported {module.__file__}, not {path}")
     return module.Model
+
+
+class BaselineStep(OursStep):
+    """OursStep with the model of another checkout of this repository (--baseline: an earlier commit, e.g.
+    `git worktree add /tmp/base 4c91fbb`), built from the same arguments and seed: a model's speed work is
+    measured against the code before it, on the same batches, in the same rounds."""
+
+    def __init__(self, model_class, argv, device, steps):
+        super().__init__(argv, device, steps, keyed=False)
+        torch.manual_seed(self.exp.args.seed)
+        self.exp.raw_model = self.exp.model = model_class(self.exp.args).to(device).train()
+        self.optimizer = self.exp.make_optimizer()
 
 
 class TslibStep:
@@ -334,6 +347,8 @@ def main():
     parser.add_argument("--models", nargs="+", default=None, help="default: every model with an ETTh1 script")
     parser.add_argument("--variants", default="eager", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--tslib", default=None, help="a Time-Series-Library checkout (for the tslib variant)")
+    parser.add_argument("--baseline", default=None,
+                        help="another checkout of this repository, e.g. an earlier commit (for the baseline variant)")
     parser.add_argument("--root_path", default=str(ETTH1), help="folder of ETTh1.csv (else the built-in data)")
     parser.add_argument("--steps", type=int, default=12, help="timed steps per model and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -353,6 +368,8 @@ def main():
         parser.error(f"--variants must include eager and name only {', '.join(VARIANTS)}; got {opts.variants}")
     if "tslib" in variants and not opts.tslib:
         parser.error("the tslib variant needs --tslib /path/to/Time-Series-Library")
+    if "baseline" in variants and not opts.baseline:
+        parser.error("the baseline variant needs --baseline /path/to/an/earlier/checkout")
     if opts.threads:
         torch.set_num_threads(opts.threads)
     device = torch.device(opts.device)
@@ -378,6 +395,10 @@ def main():
                 steps["amp"] = OursStep([*full, "--use_amp"], device, opts.steps)
             if "unkeyed" in variants:
                 steps["unkeyed"] = OursStep(full, device, opts.steps, keyed=False)
+            if "baseline" in variants:
+                model_class = tslib_model_class(opts.baseline, model)  # the same import, from our own checkout
+                if model_class is not None:
+                    steps["baseline"] = BaselineStep(model_class, full, device, opts.steps)
             if "tslib" in variants:
                 model_class = tslib_model_class(opts.tslib, model)
                 if model_class is not None:

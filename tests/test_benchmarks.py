@@ -394,19 +394,29 @@ def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
         "        assert x_dec.shape[1] == 48 + 96 and x_mark_dec is not None\n"
         "        self.marker.write('step\\n'); self.marker.flush()\n"
         "        return self.linear(x_enc.transpose(1, 2)).transpose(1, 2)\n" % str(tmp_path / "tslib_steps"))
+    # --baseline: another checkout of this repository (an earlier commit), its model trained by our loop
+    baseline = tmp_path / "earlier"
+    (baseline / "models").mkdir(parents=True)
+    (baseline / "models" / "__init__.py").write_text("")
+    (baseline / "models" / "DLinear.py").write_text(
+        (checkout / "models" / "DLinear.py").read_text().replace("tslib_steps", "baseline_steps")
+        .replace("x_enc, x_mark_enc, x_dec, x_mark_dec", "x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None")
+        .replace("assert x_dec.shape[1] == 48 + 96 and x_mark_dec is not None", "assert x_dec is None"))
     out = tmp_path / "table.md"
     done = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--models", "DLinear", "--variants",
-                           "eager,tslib", "--tslib", str(checkout), "--steps", "2", "--rounds", "1", "--root_path",
-                           str(tmp_path / "nowhere"), "--out", str(out), "--device", "cpu"],
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+                           "eager,baseline,tslib", "--tslib", str(checkout), "--baseline", str(baseline), "--steps", "2",
+                           "--rounds", "1", "--root_path", str(tmp_path / "nowhere"), "--out", str(out), "--device",
+                           "cpu"], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| DLinear")]
     assert len(rows) == 1, out.read_text()
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "script: batch 32" and float(cells[2]) > 0 and float(cells[3]) > 0
-    assert re.fullmatch(r"[\d.]+ \([\d.]+x\)", cells[6]) and cells[7].endswith("%") and "(" in cells[8]
+    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", cell) for cell in cells[6:8])
+    assert cells[8].endswith("%") and "(" in cells[9]
     assert "synthetic" in out.read_text()
     assert len((tmp_path / "tslib_steps").read_text().split()) >= 3 + 2  # warm-up and timed steps
+    assert len((tmp_path / "baseline_steps").read_text().split()) >= 3 + 2
     again = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--out", str(out)],
                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
