@@ -205,6 +205,8 @@ class TslibStep:
         pred_len, label_len = self.args.pred_len, self.args.label_len
         self.optimizer.zero_grad()
         dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1).float()
+        if x_mark.shape[-1] == 0:  # a script without calendar features (--embed none): TSLib's models take None
+            x_mark = y_mark = None
         outputs = self.model(x, x_mark, dec_inp, y_mark)[:, -pred_len:, self.f_dim:]
         loss = torch.nn.functional.mse_loss(outputs, y[:, -pred_len:, self.f_dim:])
         loss.backward()

@@ -103,3 +103,16 @@ def test_the_gpus_hashed_masks_follow_the_sample_and_are_dropouts():
     noise = _hashed((50, 4000), 0, 50, p=0.1)
     assert noise.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
     assert (noise == 0).float().mean().item() == pytest.approx(0.1, abs=0.005)
+
+
+def test_large_samples_drop_the_positions_a_per_sample_draw_gives():
+    """Samples of 8k elements and more (p < 0.25): each sample's dropped positions from its own seed, the
+    arithmetic on all at once (_keyed_dropped), equal to drawing them sample by sample (_fill_noise)."""
+    from layers.dropout import _fill_noise, _keyed_dropped
+
+    seeds = [11, 2**62 + 5, 7]
+    batched = _keyed_dropped(torch.empty(3, 90, 100), 0.1, seeds, torch.Generator())
+    for sample, seed in enumerate(seeds):
+        alone = _fill_noise(torch.empty(90, 100), 0.1, torch.Generator().manual_seed(seed))
+        assert torch.equal(batched[sample], alone)
+    assert _masks((16, 9000), 0, 16)[0].eq(0).float().mean().item() == pytest.approx(0.1, abs=0.01)
