@@ -180,11 +180,22 @@ def dropout_noise(like: torch.Tensor, p: float, batch_dim: int = 0) -> torch.Ten
     return _fill_noise(noise, p).to(like.dtype)
 
 
-def dropout_noises(like: torch.Tensor, p: float, *shapes) -> list[torch.Tensor]:
-    """dropout_noise for tensors of several shapes (dtype and device of `like`): drawn at once, or one
-    after the other when they follow the samples."""
+def dropout_noises(like: torch.Tensor, p: float, *shapes, batch_dims=None) -> list[torch.Tensor]:
+    """dropout_noise for tensors of several shapes (dtype and device of `like`), drawn at once; when they
+    follow the samples, each sample's masks of every shape in one draw (`batch_dims`: each shape's
+    dimension holding the samples' rows, default 0), then cut into the shapes."""
     if _keys is not None:
-        return [dropout_noise(like.new_empty(shape), p) for shape in shapes]
+        samples = _keys.samples
+        moved = [(shape[b], *shape[:b], *shape[b + 1:]) for shape, b in zip(shapes, batch_dims or [0] * len(shapes))]
+        for shape in moved:
+            if shape[0] % samples:
+                raise RuntimeError(f"a dropout mask of {shape[0]} rows along its samples' dimension does not hold "
+                                   f"the micro-batch's {samples} samples: give the model `randomness_follows_sample "
+                                   "= False` (layers/dropout.py)")
+        sizes = [math.prod(shape) // samples for shape in moved]
+        noise = dropout_noise(like.new_empty(samples, sum(sizes)), p)
+        return [piece.reshape(shape).movedim(0, b) for piece, shape, b in
+                zip(noise.split(sizes, dim=1), moved, batch_dims or [0] * len(shapes))]
     sizes = [math.prod(shape) for shape in shapes]
     noise = dropout_noise(like.new_empty(sum(sizes)), p)
     return [part.view(shape) for part, shape in zip(noise.split(sizes), shapes)]

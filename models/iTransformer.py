@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import add_dropout, dropout, dropout_noise, dropout_noises, keyed
+from layers.dropout import add_dropout, dropout, dropout_noises, keyed
 from layers.embed import DataEmbeddingInverted
 from layers.encoder import Encoder, EncoderLayer
 from layers.normalization import InstanceNorm
@@ -87,10 +87,8 @@ def _layer_noise(layer: EncoderLayer, queries: torch.Tensor, x: torch.Tensor):
     n_out, batch, _ = queries.shape
     weights_shape = (batch * attention.n_heads, len(x), n_out)  # [B * H, keys, queries], as in _attention
     hidden_shape = (n_out, batch, ff.linear1.out_features)
-    if keyed():  # token-major tensors hold the samples along dim 1
-        return [dropout_noise(x.new_empty(shape), p, batch_dim) for shape, batch_dim in
-                ((weights_shape, 0), (queries.shape, 1), (hidden_shape, 1), (queries.shape, 1))]
-    return dropout_noises(x, p, weights_shape, queries.shape, hidden_shape, queries.shape)
+    # token-major tensors hold the samples along dim 1 (where masks follow the samples)
+    return dropout_noises(x, p, weights_shape, queries.shape, hidden_shape, queries.shape, batch_dims=(0, 1, 1, 1))
 
 
 def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:

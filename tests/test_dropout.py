@@ -116,3 +116,19 @@ def test_large_samples_drop_the_positions_a_per_sample_draw_gives():
         alone = _fill_noise(torch.empty(90, 100), 0.1, torch.Generator().manual_seed(seed))
         assert torch.equal(batched[sample], alone)
     assert _masks((16, 9000), 0, 16)[0].eq(0).float().mean().item() == pytest.approx(0.1, abs=0.01)
+
+
+def test_masks_of_several_shapes_drawn_together_follow_the_sample():
+    """dropout_noises under the keys (iTransformer's four masks of a layer in one draw per sample): cut the
+    batch anywhere and each sample keeps its masks, whatever dimension holds the samples."""
+    from layers.dropout import dropout_noises
+
+    def noises(first, samples):
+        with masks_follow_samples(5, first, samples):
+            return dropout_noises(torch.empty(1), 0.2, (samples * 3, 4, 4), (6, samples, 8), batch_dims=(0, 1))
+
+    whole, (top, bottom) = noises(0, 8), (noises(0, 5), noises(5, 3))
+    assert torch.equal(whole[0], torch.cat([top[0], bottom[0]])) and torch.equal(whole[1], torch.cat([top[1], bottom[1]], 1))
+    assert whole[1].shape == (6, 8, 8) and 0.15 < whole[1].eq(0).float().mean().item() < 0.25
+    with masks_follow_samples(5, 0, 8), pytest.raises(RuntimeError, match="randomness_follows_sample"):
+        dropout_noises(torch.empty(1), 0.2, (12, 4))
