@@ -87,7 +87,7 @@ def _keyed_noise(like, p, keys, hashed=None):
         return _hashed_noise(like, p, call_key, keys.first, keys.samples)
     generator = _generator(like.device)
     noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
-    seeds = [_mix64(call_key ^ (keys.first + sample)) >> 1 for sample in range(keys.samples)]  # below 2**63
+    seeds = _sample_seeds(call_key, keys.first, keys.samples)
     if p < 0.25 and like.numel() // keys.samples >= 1 << 13:  # large samples: only their dropped positions
         return _keyed_dropped(noise, p, seeds, generator).to(like.dtype)
     # one 31-bit integer per element, each sample's from its own seed; the rest in one pass over them all
@@ -97,6 +97,13 @@ def _keyed_noise(like, p, keys, hashed=None):
         part.random_(generator=generator)
     keep = 1.0 - p
     return noise.copy_(bits).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
+
+
+def _sample_seeds(call_key, first, samples):
+    """[_mix64(call_key ^ (first + s)) >> 1 for each sample s] (seeds below 2**63), computed on tensors:
+    hundreds of samples a call in Python integers would cost more than their draws."""
+    positions = torch.arange(first, first + samples, dtype=torch.int64)
+    return ((_mix64_(positions.bitwise_xor_(_signed(call_key))) >> 1) & ((1 << 63) - 1)).tolist()
 
 
 def _keyed_dropped(noise, p, seeds, generator):

@@ -132,3 +132,10 @@ def test_masks_of_several_shapes_drawn_together_follow_the_sample():
     assert whole[1].shape == (6, 8, 8) and 0.15 < whole[1].eq(0).float().mean().item() < 0.25
     with masks_follow_samples(5, 0, 8), pytest.raises(RuntimeError, match="randomness_follows_sample"):
         dropout_noises(torch.empty(1), 0.2, (12, 4))
+
+
+def test_sample_seeds_are_the_mixed_positions():
+    from layers.dropout import _mix64, _sample_seeds
+
+    call_key = _mix64(2021 ^ _mix64(3))
+    assert _sample_seeds(call_key, 1000, 70) == [_mix64(call_key ^ (1000 + s)) >> 1 for s in range(70)]
