@@ -99,11 +99,16 @@ def _keyed_noise(like, p, keys, hashed=None):
     return noise.copy_(bits).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
 
 
+def _sample_keys(call_key, first, samples, device=None):
+    """_mix64(call_key ^ (first + s)) for each sample s, as an int64 tensor (on `device`)."""
+    positions = torch.arange(first, first + samples, dtype=torch.int64, device=device)
+    return _mix64_(positions.bitwise_xor_(_signed(call_key)))
+
+
 def _sample_seeds(call_key, first, samples):
-    """[_mix64(call_key ^ (first + s)) >> 1 for each sample s] (seeds below 2**63), computed on tensors:
-    hundreds of samples a call in Python integers would cost more than their draws."""
-    positions = torch.arange(first, first + samples, dtype=torch.int64)
-    return ((_mix64_(positions.bitwise_xor_(_signed(call_key))) >> 1) & ((1 << 63) - 1)).tolist()
+    """Each sample's key >> 1 (seeds below 2**63) as Python integers, computed on tensors: hundreds of
+    samples a call in Python integers would cost more than their draws."""
+    return ((_sample_keys(call_key, first, samples) >> 1) & ((1 << 63) - 1)).tolist()
 
 
 def _keyed_dropped(noise, p, seeds, generator):
@@ -150,8 +155,7 @@ def _hashed_noise(like, p, call_key, first, samples):
     """Element j of sample s is kept when the top 31 bits of _mix64(_mix64(call_key ^ (first + s)) + j),
     uniform on [0, 2**31), fall below (1 - p) * 2**31: the distribution of _fill_noise's integer path."""
     keep = 1.0 - p
-    positions = torch.arange(first, first + samples, dtype=torch.int64, device=like.device)
-    sample_keys = _mix64_(positions.bitwise_xor_(_signed(call_key)))
+    sample_keys = _sample_keys(call_key, first, samples, like.device)
     bits = _mix64_(sample_keys.unsqueeze(1) + torch.arange(like.numel() // samples, device=like.device))
     bits = (bits >> 33) & ((1 << 31) - 1)
     noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
