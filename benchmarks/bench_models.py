@@ -163,7 +163,8 @@ def tslib_configs(args):
     return configs
 
 
-def tslib_model_class(root, name):
+def model_class_from(root, name):
+    """models/<name>.py's Model from the checkout `root` (TSLib's, or another of this repository), or None."""
     root = Path(root)
     path = root / "models" / f"{name}.py"
     if not path.is_file():
@@ -398,11 +399,11 @@ def main():
             if "unkeyed" in variants:
                 steps["unkeyed"] = OursStep(full, device, opts.steps, keyed=False)
             if "baseline" in variants:
-                model_class = tslib_model_class(opts.baseline, model)  # the same import, from our own checkout
+                model_class = model_class_from(opts.baseline, model)
                 if model_class is not None:
                     steps["baseline"] = BaselineStep(model_class, full, device, opts.steps)
             if "tslib" in variants:
-                model_class = tslib_model_class(opts.tslib, model)
+                model_class = model_class_from(opts.tslib, model)
                 if model_class is not None:
                     steps["tslib"] = TslibStep(model_class, full, device, opts.steps)
             for name, step in steps.items():  # warm-up: allocator, kernels, the compiler

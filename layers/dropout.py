@@ -122,8 +122,7 @@ def _keyed_dropped(noise, p, seeds, generator):
     for row, seed in zip(u.unbind(0), seeds):
         generator.manual_seed(seed)
         row.random_(generator=generator)
-    u = u.to(torch.float64).add_(1.0).mul_(2.0**-31)
-    positions = u.log_().div_(math.log1p(-p)).floor_().add_(1.0).cumsum_(1).sub_(1.0)
+    positions = _hits(u, math.log1p(-p))
     flat = noise.view(samples, n).fill_(1.0 / (1.0 - p))
     short = (positions[:, -1] < n).nonzero().flatten().tolist()  # a second round: about 1e-9 per sample
     hit = positions < n
@@ -212,6 +211,14 @@ def dropout_noises(like: torch.Tensor, p: float, *shapes, batch_dims=None) -> li
     return [part.view(shape) for part, shape in zip(noise.split(sizes), shapes)]
 
 
+def _hits(bits, log_miss):
+    """The positions of the hits along the last dimension of 31-bit draws `bits`, from 0: the gaps between
+    hits are geometric, floor(log(u) / log(1 - p)) misses before each, u = (bits + 1) / 2**31 on (0, 1]."""
+    u = bits.to(torch.float64).add_(1.0).mul_(2.0**-31)
+    steps = u.log_().div_(log_miss).floor_().add_(1.0)  # from one hit to the next
+    return steps.cumsum_(-1).sub_(1.0)  # integers in float64: exact below 2**53
+
+
 def dropped_positions(n: int, p: float, device=None, generator=None) -> torch.Tensor:
     """The positions in [0, n) that independent Bernoulli(p) trials hit, in increasing order.
 
@@ -224,10 +231,8 @@ def dropped_positions(n: int, p: float, device=None, generator=None) -> torch.Te
     while start < n:  # a second round has a probability of about 1e-9
         expected = (n - start) * p
         draws = int(expected + 6.0 * math.sqrt(expected) + 16)
-        u = torch.empty(draws, dtype=torch.int32, device=device).random_(generator=generator)
-        u = u.to(torch.float64).add_(1.0).mul_(2.0**-31)
-        steps = u.log_().div_(log_miss).floor_().add_(1.0)  # from one hit to the next
-        positions = steps.cumsum_(0).add_(start - 1)  # integers in float64: exact below 2**53
+        bits = torch.empty(draws, dtype=torch.int32, device=device).random_(generator=generator)
+        positions = _hits(bits, log_miss).add_(start)
         chunks.append(positions)
         start = int(positions[-1]) + 1
     positions = chunks[0] if len(chunks) == 1 else torch.cat(chunks)

@@ -12,14 +12,14 @@ are broadcast over the channels instead of being repeated; and the feature encod
 decoder, whose hidden layers ([B * (L + H), d_model] and [B * C * H, d_ff], ~350 MB at the ETTh1
 script's settings) are far wider than their inputs and outputs, compute that hidden layer a cache-sized
 block of rows at a time on the CPU and recompute it in backward rather than storing it (WideHiddenMLP).
-On the CPU, dropout masks come from torch.rand rather than bernoulli_, and the LayerNorm over the
+Dropout is layers.dropout's (masks that follow the sample), and the LayerNorm over the
 feature encoder's two values is written out in elementwise ops (ATen's kernel is slow per row).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import Dropout, dropout_noise, keyed
+from layers.dropout import Dropout
 from layers.normalization import InstanceNorm
 
 # Width each step's time features are projected to before they join the encoder input and the
@@ -94,20 +94,6 @@ class WideHiddenMLP(torch.autograd.Function):
         return grad_x, grad_w1b[:, :-1], grad_w1b[:, -1], grad_w2
 
 
-def dropout(module, x):
-    """nn.Dropout `module` applied to x. On the CPU the mask comes from torch.rand (each element kept
-    when its uniform draw is >= p: probability 1 - p), about 3x faster there than F.dropout's
-    bernoulli_; the same distribution and scaling, other random numbers."""
-    p = module.p
-    if not module.training or p == 0:
-        return x
-    if keyed():  # masks that follow the samples (layers.dropout)
-        return x * dropout_noise(x, p)
-    if x.device.type != "cpu" or p == 1:
-        return module(x)
-    return x * torch.rand_like(x).ge_(p).div_(1 - p)
-
-
 def layer_norm(ln, x):
     """LayerNorm `ln` of x. Over two values (a, b), the feature encoder's output, it is
     (d, -d) / sqrt(d^2 + 4 eps) * weight + bias with d = a - b (x minus its mean is (d, -d) / 2, the
@@ -145,7 +131,7 @@ class ResBlock(nn.Module):
 
     def finish(self, hidden_out, skip):
         """The block's output from fc2's output and the skip connection fc3(x)."""
-        out = dropout(self.dropout, hidden_out) + skip
+        out = self.dropout(hidden_out) + skip
         return layer_norm(self.ln, out) if self.ln is not None else out
 
 

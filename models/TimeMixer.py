@@ -59,19 +59,14 @@ def _time_mlp_after(mlp: nn.Sequential, x: torch.Tensor, time_map: torch.Tensor)
 
 
 def _dropout_(x: torch.Tensor, dropout: nn.Dropout, batch_dim: int = 0) -> torch.Tensor:
-    """dropout(x), in place on the CPU (x: a fresh product no other operation reads), with the mask
-    drawn from 31 uniform bits per element.
-
-    Same probability (to 2**-31) and the same 1 / (1 - p) scaling as nn.Dropout, whose Bernoulli
-    sampling is several times slower on the CPU than drawing integers; other devices use nn.Dropout.
-    """
+    """dropout(x) in place (x: a fresh product no other operation reads) with layers.dropout's mask, which
+    follows the samples along `batch_dim` in training; a GPU outside that uses its fused kernel."""
     p = dropout.p
-    if keyed() and dropout.training:  # masks that follow the samples (layers.dropout)
-        return x.mul_(dropout_noise(x, p, batch_dim))
-    if not dropout.training or p == 0 or p == 1 or x.device.type != "cpu":
+    if not dropout.training or p == 0:
+        return x
+    if x.device.type != "cpu" and not keyed():  # the device's fused kernel
         return dropout(x)
-    keep = torch.empty(x.shape, dtype=torch.int32).random_() < round((1 - p) * 2 ** 31)
-    return x.mul_(torch.where(keep, 1 / (1 - p), 0.0).to(x.dtype))
+    return x.mul_(dropout_noise(x, p, batch_dim))  # layers.dropout's mask (following the samples in training)
 
 
 class DFTDecomposition(nn.Module):
