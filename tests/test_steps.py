@@ -145,3 +145,31 @@ def test_a_training_state_records_the_last_whole_epoch(tmp_path, epoch, end_of_e
                         windows=64, end_of_epoch=end_of_epoch)
     state = torch.load(path, weights_only=False)
     assert state["epoch"] == whole and state["position"]["epoch"] == epoch
+
+
+def test_a_resume_on_as_many_processes_restores_each_ranks_running_sums(tmp_path, monkeypatch):
+    """A mid-epoch resume on the world size that saved the state gives each rank back its training-loss
+    sums since the last record (the next record then matches the uninterrupted run's). The sizes are
+    compared by value: CPython shares one object per int up to 256 only, so an identity check would
+    drop the sums on a 300-process run without a word. Emulated: 300 processes, this one rank 0."""
+    import torch
+
+    from exp.settings import setting_name
+    from exp.steps import RunningLoss
+    from helpers import make_args, make_experiment
+    from utils import checkpoint, distributed
+    from utils.tools import EarlyStopping
+
+    monkeypatch.setattr(distributed, "world_size", lambda: int("300"))
+    path = tmp_path / "last.pth"
+    exp = make_experiment(make_args("--synthetic_rows", 1500, "--resume", str(path)))
+    saved = RunningLoss("cpu")
+    saved.add(torch.tensor(12.5, dtype=torch.float64), 50, 5, grad_norm=torch.tensor(3.0, dtype=torch.float64))
+    checkpoint.save_training_state(path, exp.raw_model, exp.make_optimizer(), EarlyStopping(3), exp.args, 2, 40, [],
+                                   False, windows=600, end_of_epoch=False, running={"train": saved})
+    assert torch.load(path, weights_only=True)["world_size"] == 300
+    restored = RunningLoss("cpu")
+    start = checkpoint.resume(exp.args, setting_name(exp.args, 0), exp.raw_model, exp.make_optimizer(),
+                              EarlyStopping(3), running={"train": restored})
+    assert (start.epoch, start.windows) == (2, 600)
+    assert restored.state_dict() == saved.state_dict()
