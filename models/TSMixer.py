@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from layers.cache_blocked import runs_blocked
 from layers.dropout import Dropout, add_dropout
 from layers.normalization import InstanceNorm
 
@@ -39,7 +40,7 @@ class MixerBlock(nn.Module):
 
         up, _, down, drop = self.channel
         rows = x.view(-1, channels)  # [L * B, C]
-        if _fused_mlp_applies(rows):
+        if runs_blocked(rows):
             mixed = _ChannelMLP.apply(rows, up.weight, up.bias, down.weight, down.bias)
         else:
             mixed = F.linear(F.linear(rows, up.weight, up.bias).relu_(), down.weight, down.bias)
@@ -72,13 +73,6 @@ class Model(nn.Module):
         out = self.projection(x.view(steps, -1).t())  # [B * C, pred_len]
         out = out.view(batch, channels, -1).transpose(1, 2)  # [B, pred_len, C]
         return self.normalize.denorm(out) if self.normalize is not None else out
-
-
-def _fused_mlp_applies(rows: torch.Tensor) -> bool:
-    """_ChannelMLP serves CPU training and inference; autocast, other devices (where memory is not the
-    bottleneck it is here) and torch.compile (whose compiler fuses the plain ops itself) take the plain ops."""
-    return (rows.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling())
 
 
 class _ChannelMLP(torch.autograd.Function):
