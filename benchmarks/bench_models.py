@@ -14,6 +14,9 @@ arguments, so the table follows the scripts), on the first --steps training batc
 - FLOPs per step: torch.utils.flop_counter over one step's forward and backward (matrix products and
   convolutions; element-wise work is not counted), and the achieved rate against the dense GEMM rate
   measured in the same rounds (a 2048^3 fp32 product on the CPU, 8192^3 on a GPU; bf16 for --use_amp);
+- products alone: the step's matrix products, convolutions and attention calls replayed by themselves at
+  the shapes and strides they had (ProductsAlone): what the step would take if nothing else cost anything,
+  the ceiling for models whose products are too small or skinny for the square GEMM rate;
 - variants: `eager` (fp32, dropout masks keyed by the sample as in training), `compile` (--compile), `amp`
   (--use_amp, bf16), `unkeyed` (eager with masks from the global generator: what keying costs), `baseline`
   (the model of another checkout of this repository, --baseline: before and after a speed change), and `tslib`: TSLib's own
@@ -43,7 +46,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -239,6 +244,62 @@ def step_flops(step):
     return counter.get_total_flops()
 
 
+class _RecordProducts(TorchDispatchMode):
+    """Every call of an operator the FLOP counter counts (matrix products, convolutions, attention),
+    with the layout of its tensor arguments, so the same calls can be replayed on their own."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._overloadpacket in flop_registry:
+            self.calls.append((func, *tree_map(_layout, (args, kwargs))))
+        return func(*args, **kwargs)
+
+
+def _layout(value):
+    return (tuple(value.shape), value.stride(), value.dtype, value.device) if torch.is_tensor(value) else value
+
+
+class ProductsAlone:
+    """One step's matrix products, convolutions and attention calls, each on fresh tensors of the
+    shapes and strides it had in the step, one after another: what the step would take if everything
+    else (element-wise work, copies, the optimizer, Python) cost nothing. For a model of small or
+    skinny products this, not the square GEMM rate, is the hardware's ceiling."""
+
+    REPEATS = 4
+
+    def __init__(self, step):
+        recorder = _RecordProducts()
+        with recorder:
+            step()
+        self.calls = [(func, *tree_map(self._tensor, (args, kwargs), is_leaf=self._is_layout))
+                      for func, args, kwargs in recorder.calls]
+
+    @staticmethod
+    def _is_layout(value):
+        return isinstance(value, tuple) and len(value) == 4 and isinstance(value[2], torch.dtype)
+
+    @classmethod
+    def _tensor(cls, value):
+        if not cls._is_layout(value):
+            return value
+        shape, stride, dtype, device = value
+        size = 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0)
+        storage = torch.randn(size if all(shape) else 0, device=device).to(dtype)
+        return storage.as_strided(shape, stride) if all(shape) else torch.empty(shape, dtype=dtype, device=device)
+
+    def __call__(self):
+        """The calls, each REPEATS times in a row (its operands then in cache, as in the step, where each
+        product mostly reads what the operation before it wrote): time / REPEATS is one step's products."""
+        with torch.no_grad():
+            for func, args, kwargs in self.calls:
+                for _ in range(self.REPEATS):
+                    func(*args, **kwargs)
+
+
 def gemm(device, dtype):
     """A square product the size of which keeps the device busy, and its FLOPs."""
     n = 8192 if device.type == "cuda" else 2048
@@ -308,17 +369,22 @@ def render(rows, meta):
              + (f", bf16 {meta['gemm_bf16']:.0f} GFLOP/s" if meta.get("gemm_bf16") else "")
              + ". FLOPs: matrix products and convolutions of forward + backward (torch.utils.flop_counter). "
              "data: the loader's share of a step; eval: validation + test passes against one epoch of training "
-             "(and validation alone, --test_every_epoch false).",
+             "(and validation alone, --test_every_epoch false); "
+             "products alone: the step's matrix products, convolutions and attention calls replayed on their own "
+             "at their shapes and strides (ProductsAlone), their time and its share of the eager step: the "
+             "ceiling for models of small or skinny products, where the square GEMM rate is out of reach.",
              "",
-             "| model | setting | GFLOP / step | eager ms | GFLOP/s | % of GEMM peak | "
+             "| model | setting | GFLOP / step | eager ms | GFLOP/s | % of GEMM peak | products alone ms (% of step) | "
              + " | ".join(f"{v} ms" for v in meta["variants"] if v != "eager")
              + (" | " if len(meta["variants"]) > 1 else "") + "data % | eval % (val only) |",
-             "|---|---|---|---|---|---|" + "---|" * (len(meta["variants"]) - 1) + "---|---|"]
+             "|---|---|---|---|---|---|---|" + "---|" * (len(meta["variants"]) - 1) + "---|---|"]
     for row in rows:
         eager = row["ms"].get("eager")
         rate = row["gflop"] / eager if eager else float("nan")  # seconds per step
         cells = [row["model"], row["setting"], f"{row['gflop']:.3g}", _ms(eager), f"{rate:.0f}",
                  f"{100 * rate / meta['gemm_fp32']:.0f} %"]
+        alone = row["ms"].get("alone")
+        cells.append(f"{_ms(alone)} ({100 * alone / eager:.0f} %)" if alone and eager else "n/a")
         for variant in meta["variants"]:
             if variant == "eager":
                 continue
@@ -412,7 +478,9 @@ def main():
                 sync()
                 print(f"{model} {setting} {name}: ready", flush=True)
             gflop = step_flops(steps["eager"]) / 1e9
-            cases.append({"model": model, "setting": label, "gflop": gflop, "steps": steps, "times": {}})
+            alone = ProductsAlone(steps["eager"])
+            cases.append({"model": model, "setting": label, "gflop": gflop, "steps": steps, "alone": alone,
+                          "times": {}})
 
     fp32_gemm, gemm_flops = gemm(device, torch.float32)
     bf16_gemm = gemm(device, torch.bfloat16)[0] if "amp" in variants else None
@@ -426,6 +494,8 @@ def main():
                 seconds = median_seconds(step, opts.steps, sync)
                 case["times"].setdefault(name, []).append(seconds)
                 print(f"round {round_ + 1} {case['model']} {case['setting']} {name}: {seconds * 1e3:.2f} ms", flush=True)
+            seconds = median_seconds(case["alone"], max(3, opts.steps // 2), sync) / ProductsAlone.REPEATS
+            case["times"].setdefault("alone", []).append(seconds)
 
     rows = []
     for case in cases:

@@ -375,6 +375,32 @@ def test_bench_models_takes_each_models_arguments_from_its_script():
     assert "--checkpoint" not in timerxl
 
 
+def test_products_alone_replays_every_counted_product_of_a_step():
+    """ProductsAlone records a training step's matrix products and convolutions (forward and backward,
+    strided operands included) and replays them on fresh tensors of the same layout: the replay counts
+    the step's FLOPs exactly, and runs nothing else."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.bench_models import ProductsAlone, step_flops
+
+    conv = torch.nn.Conv1d(3, 8, 5)
+    weight = torch.randn(24, 16, requires_grad=True)
+
+    def step():
+        x = torch.randn(4, 3, 40)
+        hidden = conv(x).transpose(1, 2).reshape(-1, 8)  # a strided operand's product below
+        loss = ((torch.relu(hidden @ weight[:8, :8]) ** 2).sum()
+                + torch.addmm(weight[:, 0], x.view(12, 40)[:, :16], weight.t()).sum())
+        loss.backward()
+
+    alone = ProductsAlone(step)
+    assert {func.__name__.split(".")[0] for func, _, _ in alone.calls} >= {"convolution", "convolution_backward",
+                                                                           "mm", "addmm"}
+    with FlopCounterMode(display=False) as replayed:
+        alone()
+    assert replayed.get_total_flops() == ProductsAlone.REPEATS * step_flops(step) > 0
+
+
 def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
     """One round of DLinear against a stand-in TSLib checkout's DLinear (imported from there): the table
     has the step times, the FLOPs and the shares, and TSLib's loop trained the stand-in."""
@@ -412,8 +438,9 @@ def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
     assert len(rows) == 1, out.read_text()
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "script: batch 32" and float(cells[2]) > 0 and float(cells[3]) > 0
-    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", cell) for cell in cells[6:8])
-    assert cells[8].endswith("%") and "(" in cells[9]
+    assert re.fullmatch(r"[\d.]+ \(\d+ %\)", cells[6])  # products alone
+    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", cell) for cell in cells[7:9])
+    assert cells[9].endswith("%") and "(" in cells[10]
     assert "synthetic" in out.read_text()
     assert len((tmp_path / "tslib_steps").read_text().split()) >= 3 + 2  # warm-up and timed steps
     assert len((tmp_path / "baseline_steps").read_text().split()) >= 3 + 2
