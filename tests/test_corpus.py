@@ -315,7 +315,8 @@ def test_train_statistics_are_the_standard_scalers_bit_for_bit():
     ("unknown dtype", "dtype 'bfloat16' is not one this reader knows (float16, float32, float64)"),
     ("no scales", "meta.json lacks 'scales': Time-MoE's meta.json has num_sequences, dtype, files, scales"),
     ("past the end", "sequence 5 (offset 4850, length 800) ends past the 4850 values its .bin files hold"),
-    ("both layouts", "holds both a built corpus (index.json) and Time-MoE's meta.json"),
+    ("both layouts", "holds both a built corpus (index.json) and Time-MoE's meta.json; give a folder of one layout"),
+    ("both layouts, nested", "holds both a built corpus (index.json) and Time-MoE's meta.json (under "),
     ("neither", "holds no corpus (index.json is missing; build one with `python -m data_provider.corpus build "
                 "OUT_DIR SOURCES`, or give a folder in Time-MoE's layout, meta.json beside data-*-of-*.bin files)"),
 ])
@@ -329,6 +330,12 @@ def test_bad_time_moe_folders_fail_in_one_line(tmp_path, time_moe, case, message
         (folder / "data-11-of-11.bin").write_bytes((folder / "data-11-of-11.bin").read_bytes()[:100])
     elif case == "both layouts":
         shutil.copy(time_moe["built"] / INDEX, folder / INDEX)
+    elif case == "both layouts, nested":  # Time-300B's tree: the meta.json a folder down
+        shutil.move(folder, tmp_path / "part")
+        folder.mkdir()
+        shutil.move(tmp_path / "part", folder / "part")
+        shutil.copy(time_moe["built"] / INDEX, folder / INDEX)
+        message += f"{folder / 'part'}); give a folder of one layout"
     elif case == "neither":
         shutil.rmtree(folder)
         folder.mkdir()

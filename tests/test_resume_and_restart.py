@@ -294,3 +294,16 @@ def test_a_file_without_every_part_of_a_training_state_is_refused(tmp_path):
     torch.save({"model": {}, "optimizer": {}, "early_stopping": {}, "epoch": 1, "model_args": {}, "history": []}, path)
     with pytest.raises(UserError, match="is not a training state written by this codebase"):
         read_training_state(str(path))
+
+
+@pytest.mark.parametrize("command", ["torchrun", "a) b) (c", ")"])
+def test_a_launch_is_told_apart_by_its_agents_start_time_whatever_the_agents_name(command):
+    """launch_id() tells a launch from a later one whose agent got the same pid by the agent's start time,
+    field 22 of /proc/PID/stat; the name before it, in parentheses, may hold ") " itself."""
+    from utils.checkpoint import start_time_field
+
+    after_name = " ".join(["S", *(str(field) for field in range(4, 53))])  # fields 3 to 52
+    assert start_time_field(f"4242 ({command}) {after_name}\n") == "22"
+    assert start_time_field("4242 (torchrun) S 1 2\n") == start_time_field("no parentheses") == "?"
+    with open("/proc/self/stat") as stat:
+        assert start_time_field(stat.read()).isdigit()

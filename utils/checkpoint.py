@@ -212,12 +212,20 @@ def launch_id():
     if run_id is None:
         return None
     agent = os.getppid()
-    try:  # the agent's start time (field 22 of /proc/PID/stat): a reused pid is another agent
+    try:  # the agent's start time: a reused pid is another agent
         with open(f"/proc/{agent}/stat") as stat:
-            started = stat.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+            started = start_time_field(stat.read())
+    except OSError:
         started = "?"
     return f"{run_id}/{socket.gethostname()}/{agent}/{started}"
+
+
+def start_time_field(stat):
+    """Field 22 (start time) of a /proc/PID/stat line, or "?". The command name, field 2, is in
+    parentheses and may itself hold ") " (a process can name itself anything), so the fields are
+    counted from the last ")"."""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 and ")" in stat else "?"
 
 
 def restart_count():
