@@ -3,7 +3,13 @@ coarser copies; each scale is normalised and embedded, then Past-Decomposable-Mi
 scale into seasonal and trend parts and mix seasons bottom-up (fine -> coarse) and trends top-down
 (coarse -> fine); Future-Multipredictor-Mixing lets every scale forecast the horizon with its own linear
 map and sums the forecasts. Wang et al., "TimeMixer: Decomposable Multiscale Mixing for Time Series
-Forecasting", ICLR 2024; follows the official code as ported to TSLib."""
+Forecasting", ICLR 2024; follows the official code as ported to TSLib.
+
+Speed (the mathematics is the official code's, to float rounding): the hidden state is feature-major with
+the scales side by side, so every time MLP is one product over the rows of a scale and every feature
+MLP one product over all columns; the moving-average decomposition folds into the mixing products;
+and on the CPU the feature MLP's wide hidden layer exists only a cache-sized block of columns at a
+time (layers.cache_blocked.ColumnMLP), recomputed in backward."""
 import torch
 from torch import nn
 
