@@ -16,12 +16,16 @@ class TimesBlock(nn.Module):
     """[B, T, d_model] -> [B, T, d_model]: amplitude-weighted sum of 2-D variation models over top_k periods,
     plus the input (residual)."""
 
-    def __init__(self, d_model: int, d_ff: int, top_k: int, num_kernels: int, padding: str = "zeros"):
+    def __init__(self, d_model: int, d_ff: int, top_k: int, num_kernels: int, padding: str = "zeros",
+                 eval_periods: str = "window"):
         super().__init__()
         if padding not in ("zeros", "tail"):
             raise ValueError(f"TimesNet padding must be zeros or tail, got {padding!r}")
+        if eval_periods not in ("window", "batch"):
+            raise ValueError(f"TimesNet eval_periods must be window or batch, got {eval_periods!r}")
         self.top_k = top_k
         self.padding = padding
+        self.eval_periods = eval_periods
         # Shared by every period (the paper's parameter-efficient design).
         self.conv = nn.Sequential(
             InceptionBlock(d_model, d_ff, num_kernels),
@@ -30,55 +34,71 @@ class TimesBlock(nn.Module):
         )
 
     def dominant_periods(self, x: torch.Tensor):
-        """(periods, weights): top_k periods chosen from the whole batch's mean amplitude spectrum (as
-        TSLib), and each sample's softmax over its own amplitudes at those frequencies, [B, k]."""
+        """(periods [B, k] as lists of ints, weights [B, k]): the top_k periods of the whole batch's mean
+        amplitude spectrum (TSLib; every row the same), or in evaluation with eval_periods "window" each
+        window's own (what the batch's would be were it scored alone), and each sample's softmax over its
+        own amplitudes at its periods' frequencies."""
         # in fp32: cuFFT takes half precision only at power-of-two lengths (CUDA autocast does not upcast)
         amplitude = torch.fft.rfft(x.float(), dim=1).abs().mean(-1)  # [B, T // 2 + 1]
         k = min(self.top_k, amplitude.shape[1] - 1)
         # Frequency 0 is the mean level, not a period: rank only the others.
-        _, top = torch.topk(amplitude[:, 1:].mean(0), k)
-        top = top + 1
-        weights = torch.softmax(amplitude[:, top], dim=1).to(x.dtype)  # gradients flow through the amplitudes, as in TSLib
+        if self.training or self.eval_periods == "batch":
+            top = torch.topk(amplitude[:, 1:].mean(0), k).indices.expand(len(x), k) + 1
+        else:
+            top = torch.topk(amplitude[:, 1:], k, dim=1).indices + 1
+        weights = torch.softmax(amplitude.gather(1, top), dim=1).to(x.dtype)  # gradients flow through the amplitudes, as in TSLib
         # The only host sync of the block: the grid shapes below need Python integers.
         periods = (x.shape[1] // top).tolist()
         return periods, weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, channels = x.shape
+        _, length, channels = x.shape
         periods, weights = self.dominant_periods(x)
-        # Neighbouring frequencies can give the same integer period, hence the same 2-D result:
-        # compute it once and give it the sum of their weights.
-        slots_of_period = {}
-        for slot, period in enumerate(periods):
-            slots_of_period.setdefault(period, []).append(slot)
+        # Each period's 2-D result is computed once for the windows that have it among their top_k (all
+        # of them when the batch chooses), weighted by the sum of their weights at it: neighbouring
+        # frequencies can give the same integer period.
+        rows_of_period = {}
+        for row, row_periods in enumerate(periods):
+            for period in row_periods:
+                rows_of_period.setdefault(period, {})[row] = None  # a dict: ordered, no repeats
+        same_periods = all(row == periods[0] for row in periods)  # the batch chose (training, or batch mode)
 
         # Every period runs the same two inception blocks: merge their kernels once, not once per
         # period (a third of a one-window forward's time).
         first, activation, second = self.conv  # kept as one Sequential: checkpoints keep conv.0 / conv.2 keys
         first_kernel, second_kernel = first.merged_kernel(), second.merged_kernel()
         out = x
-        for period, slots in slots_of_period.items():
-            rows = -(-length // period)
-            missing = rows * period - length
+        for period, rows in rows_of_period.items():
+            rows = list(rows)
+            series = x if same_periods else x[rows]
+            grid_rows = -(-length // period)
+            missing = grid_rows * period - length
             if self.padding == "tail" and missing:  # TSLib's 2023-02-18 code (230805f): repeat the last steps
-                padded = torch.cat([x, x[:, length - missing:]], dim=1)
+                padded = torch.cat([series, series[:, length - missing:]], dim=1)
             else:  # TSLib's code since fd74cbc (2023-02-22): zeros at the end of the series
-                padded = F.pad(x, (0, 0, 0, missing))
+                padded = F.pad(series, (0, 0, 0, missing))
             # [B, C, rows, period]; left in channels-last layout, which the convolution accepts as is.
-            grid = padded.reshape(batch, rows, period, channels).permute(0, 3, 1, 2)
+            grid = padded.reshape(len(rows), grid_rows, period, channels).permute(0, 3, 1, 2)
             grid = second(activation(first(grid, first_kernel)), second_kernel)
-            variation = grid.permute(0, 2, 3, 1).reshape(batch, rows * period, channels)[:, :length]
-            weight = sum(weights[:, slot] for slot in slots)
-            out = out + variation * weight[:, None, None]
+            variation = grid.permute(0, 2, 3, 1).reshape(len(rows), grid_rows * period, channels)[:, :length]
+            if same_periods:
+                weight = sum(weights[:, slot] for slot, p in enumerate(periods[0]) if p == period)
+                out = out + variation * weight[:, None, None]
+            else:  # each window's own periods: this one's rows, each weighted at its slots holding it
+                index = torch.tensor(rows, device=x.device)
+                at_period = torch.tensor([[p == period for p in periods[row]] for row in rows], device=x.device)
+                weight = (weights.index_select(0, index) * at_period).sum(1)
+                out = out.index_add(0, index, variation * weight[:, None, None])
         return out
 
 
 class Model(nn.Module):
     autoregressive = False
     inputs_used = ("x_enc", "x_mark_enc")
-    batch_dependent = ("the top_k periods are chosen from the batch's mean spectrum (TSLib's FFT_for_Period), so a "
-                       "window's forecast depends on its batch-mates: test metrics vary with --batch_size and, "
-                       "under DDP, with the world size")
+    batch_dependent = ("in training the top_k periods are chosen from the batch's mean spectrum (TSLib's "
+                       "FFT_for_Period), so a window's gradient depends on its batch-mates; evaluation takes each "
+                       "window's own unless --times_eval_periods batch, when test metrics vary with the batch and "
+                       "the world size")
 
     def __init__(self, configs):
         super().__init__()
@@ -91,7 +111,7 @@ class Model(nn.Module):
         self.predict_linear = nn.Linear(self.seq_len, self.seq_len + self.pred_len)
         self.blocks = nn.ModuleList(
             TimesBlock(configs.d_model, configs.d_ff, configs.top_k, configs.num_kernels,
-                       getattr(configs, "times_padding", "zeros"))
+                       getattr(configs, "times_padding", "zeros"), getattr(configs, "times_eval_periods", "window"))
             for _ in range(configs.e_layers)
         )
         self.layer_norm = nn.LayerNorm(configs.d_model)  # one norm shared after every block, as TSLib

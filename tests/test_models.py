@@ -302,6 +302,31 @@ def test_times_block_equals_tslib_written_plainly(padding):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
 
 
+def test_times_block_in_evaluation_scores_each_window_as_if_alone():
+    """In evaluation a TimesBlock takes each window's own top_k periods (eval_periods "window"): a batch
+    gives, row by row, what each window gives alone, though the windows' periods differ; with "batch"
+    it takes the batch's, as in training (TSLib's code at any batch size)."""
+    from models.TimesNet import TimesBlock
+
+    torch.manual_seed(0)
+    block = TimesBlock(d_model=6, d_ff=8, top_k=3, num_kernels=3)
+    steps = torch.arange(48.0)[None, :, None]
+    cycles = torch.tensor([4.0, 6.0, 12.0, 16.0, 24.0, 8.0])[:, None, None]  # a dominant period per window
+    x = torch.sin(2 * torch.pi * steps / cycles) + 0.3 * torch.randn(6, 48, 6)
+    block.eval()
+    periods = block.dominant_periods(x)[0]
+    assert len({tuple(sorted(p)) for p in periods}) > 1, periods  # the windows disagree
+    with torch.no_grad():
+        together = block(x)
+        alone = torch.cat([block(x[i:i + 1]) for i in range(len(x))])
+        torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
+        block.eval_periods = "batch"
+        batch_chooses = block(x)
+        block.train()
+        assert torch.equal(batch_chooses, block(x))
+    assert not torch.allclose(batch_chooses, alone, atol=1e-3)
+
+
 @pytest.mark.parametrize("pairing", ["window", "tiled"])
 def test_timemixer_mark_pairing(pairing):
     """Channel-independent TimeMixer embeds series b*C + c with window b's calendar (window), or, as the

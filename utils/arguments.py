@@ -142,6 +142,9 @@ def build_parser():
     g.add_argument("--test_every_epoch", type=str2bool, nargs="?", const=True, default=True,
                    help="score the test split at every evaluation during training as TSLib does (false: validation "
                         "only, the test once at the end; history and pictures then carry no test loss)")
+    g.add_argument("--times_eval_periods", default="window", choices=("window", "batch"),
+                   help="TimesNet in evaluation: each window's own top_k periods (it is then scored as if alone, "
+                        "at any batch size and number of processes) or the batch's, as TSLib's code at batch > 1")
     g.add_argument("--val_windows", type=non_negative_int, default=0,
                    help="validate on this many windows, a fixed random subset of a huge validation split (0: all)")
 

@@ -3,11 +3,11 @@
 # TSLib's ETT_script/TimesNet_ETTh1.sh, same for every horizon: 2 TimesBlocks, d_model 16, d_ff 32,
 # top_k 5 periods, 6 Inception kernels (default), batch 32, lr 1e-4, 10 epochs, patience 3.
 # --d_layers 1 and --factor 3 are carried over from TSLib; TimesNet ignores them.
-# TimesNet picks its periods from the whole batch's spectrum, so evaluation batches change the numbers.
-# --eval_batch_size 1 scores each window alone, as TSLib's test loader did when TimesNet was published
-# (so that later windows cannot leak into a forecast: thuml/Time-Series-Library#87, #269); the metrics
-# then no longer depend on the batch size or the number of processes. On ETTh1 it changes nothing
-# measurable (every batch picks the same periods) but makes each epoch's evaluation slower.
+# TimesNet trains on the periods of its batch's mean spectrum (TSLib). In evaluation it takes each
+# window's own (--times_eval_periods window, the default): every window is scored as if alone, as TSLib's
+# test loader did when TimesNet was published (batch 1, so that later windows cannot leak into a
+# forecast: thuml/Time-Series-Library#87, #269), and the metrics depend on neither the evaluation batch
+# nor the number of processes, at the batch's speed. `--times_eval_periods batch` is TSLib's code at batch > 1.
 # Also tried at 96 (seeds 2021/2022, benchmarks/results/reproduce_summary.md): TSLib's current
 # tail padding, `--times_padding tail` (0.4157, as with zeros), the paper's d_model rule, `--d_model 32`
 # (0.4058), and dropping the epoch's last, one-window training batch as TSLib's loader did when TimesNet
@@ -43,7 +43,6 @@ for pred_len in ${PRED_LENS:-96 192 336 720}; do
     --top_k 5 \
     --num_kernels 6 \
     --batch_size 32 \
-    --eval_batch_size 1 \
     --learning_rate 0.0001 \
     --des Exp \
     --itr 1 \

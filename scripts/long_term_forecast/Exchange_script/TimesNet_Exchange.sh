@@ -5,11 +5,11 @@
 # (10 epochs, patience 3) and 32 for 336/720, which TSLib trains for a single epoch (kept as published).
 # --d_layers 1 and --factor 3 are carried over from TSLib; TimesNet ignores them. Our file has no dates,
 # so the embedding has no time-feature term (TSLib's exchange_rate.csv adds calendar features).
-# TimesNet picks its periods from the whole batch's spectrum, so evaluation batches change the numbers.
-# --eval_batch_size 1 scores each window alone, as TSLib's test loader did when TimesNet was published
-# (so that later windows cannot leak into a forecast: thuml/Time-Series-Library#87, #269); the metrics
-# then no longer depend on the batch size or the number of processes. On ETTh1 it changes nothing
-# measurable (every batch picks the same periods) but makes each epoch's evaluation slower.
+# TimesNet trains on the periods of its batch's mean spectrum (TSLib). In evaluation it takes each
+# window's own (--times_eval_periods window, the default): every window is scored as if alone, as TSLib's
+# test loader did when TimesNet was published (batch 1, so that later windows cannot leak into a
+# forecast: thuml/Time-Series-Library#87, #269), and the metrics depend on neither the evaluation batch
+# nor the number of processes, at the batch's speed. `--times_eval_periods batch` is TSLib's code at batch > 1.
 #   ROOT_PATH=../shared/datasets/exchange_rate/ bash scripts/long_term_forecast/Exchange_script/TimesNet_Exchange.sh
 #   PRED_LENS="96 336" bash ...TimesNet_Exchange.sh --seed 1   # a subset of horizons; extra flags override
 #   ... TimesNet_Exchange.sh --ddp       # same runs on 2 local DDP workers (use --batch_size 16 to keep 32 globally)
@@ -42,7 +42,6 @@ for pred_len in ${PRED_LENS:-96 192 336 720}; do
     --top_k 5 \
     --num_kernels 6 \
     --batch_size 32 \
-    --eval_batch_size 1 \
     --learning_rate 0.0001 \
     --train_epochs "$train_epochs" \
     --patience 3 \
