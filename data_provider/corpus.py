@@ -224,7 +224,7 @@ def read_index(folder):
     return index
 
 
-def open_corpus(folder, scale=True):
+def open_corpus(folder, scale):
     """The ForecastData of --data corpus: a built corpus (index.json) or Time-MoE's layout, read as it is."""
     found = time_moe_folders(folder)
     if found and os.path.isfile(os.path.join(folder, INDEX)):
@@ -452,7 +452,7 @@ class TimeMoEData(CorpusData):
 
     series_transform = True
 
-    def __init__(self, root, folders, scale=True):
+    def __init__(self, root, folders, scale):
         self.folder, self.scale = root, bool(scale)
         self.files, counts, starts, lengths, means, stds, self.metas, self.file_names = [], [], [], [], [], [], [], []
         self.dtype, base = None, 0
