@@ -99,6 +99,12 @@ EQUIVALENT = {
     "data_provider/data_factory.py:123:core/NumberReplacer":
         "`batch_size > 0` -> `> -1` for evaluation batches: --eval_batch_size is parsed as a positive int and "
         "an unset one is 4 x --batch_size, itself checked > 0 two lines above, so the batch size here is >= 1",
+    "utils/distributed.py:615:core/ReplaceComparisonOperator_IsNot_Is":
+        "has_running_statistics -> False for BatchNorm models: DDP then stops re-broadcasting rank 0's buffers "
+        "before each forward. BatchNorm normalises training batches with their own statistics and only updates "
+        "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "
+        "with broadcast_buffers (rank 0's on every rank) and only rank 0 saves, so only other ranks' statistics "
+        "between evaluations differ, which nothing reads",
     "data_provider/table.py:87:core/ReplaceComparisonOperator_Eq_GtE":
         "`features == \"S\"` -> `>= \"S\"` in select_columns: the line above admits only M, S and MS, and of "
         "those only \"S\" is >= \"S\" (\"M\" and \"MS\" sort before it)",
