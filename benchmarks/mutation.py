@@ -105,6 +105,9 @@ EQUIVALENT = {
         "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "
         "with broadcast_buffers (rank 0's on every rank) and only rank 0 saves, so only other ranks' statistics "
         "between evaluations differ, which nothing reads",
+    "data_provider/files.py:95:core/NumberReplacer":
+        "the read-file cache's size, 8 -> 7 files kept per process: a run reads one data file, and any size "
+        "gives the same tables (the cache only saves re-reading it for the next split or run)",
     "data_provider/table.py:87:core/ReplaceComparisonOperator_Eq_GtE":
         "`features == \"S\"` -> `>= \"S\"` in select_columns: the line above admits only M, S and MS, and of "
         "those only \"S\" is >= \"S\" (\"M\" and \"MS\" sort before it)",
