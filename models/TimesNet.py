@@ -46,7 +46,8 @@ class TimesBlock(nn.Module):
             top = torch.topk(amplitude[:, 1:].mean(0), k).indices.expand(len(x), k) + 1
         else:
             top = torch.topk(amplitude[:, 1:], k, dim=1).indices + 1
-        weights = torch.softmax(amplitude.gather(1, top), dim=1).to(x.dtype)  # gradients flow through the amplitudes, as in TSLib
+        # gradients flow through the amplitudes, as in TSLib
+        weights = torch.softmax(amplitude.gather(1, top), dim=1).to(x.dtype)
         # The only host sync of the block: the grid shapes below need Python integers.
         periods = (x.shape[1] // top).tolist()
         return periods, weights
