@@ -105,6 +105,10 @@ EQUIVALENT = {
         "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "
         "with broadcast_buffers (rank 0's on every rank) and only rank 0 saves, so only other ranks' statistics "
         "between evaluations differ, which nothing reads",
+    "data_provider/corpus.py:221:core/ReplaceComparisonOperator_Eq_Is":
+        "`index.get(\"version\") == VERSION` -> `is`: VERSION is a small int and json.load gives ints for integer "
+        "literals; CPython keeps one object per int in [-5, 256], so `is` holds exactly when `==` does for every "
+        "version a build writes",
     "data_provider/files.py:95:core/NumberReplacer":
         "the read-file cache's size, 8 -> 7 files kept per process: a run reads one data file, and any size "
         "gives the same tables (the cache only saves re-reading it for the next split or run)",

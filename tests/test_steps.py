@@ -173,3 +173,13 @@ def test_a_resume_on_as_many_processes_restores_each_ranks_running_sums(tmp_path
                               EarlyStopping(3), running={"train": restored})
     assert (start.epoch, start.windows) == (2, 600)
     assert restored.state_dict() == saved.state_dict()
+
+
+def test_a_step_based_run_stops_early_at_the_evaluation_step_and_says_so(tmp_path):
+    """Early stopping counts evaluations, not epochs, under --eval_steps: at learning rate 0 the validation
+    loss never improves after the first evaluation, so patience 1 stops at the second (step 24)."""
+    proc = run_cli(tmp_path, *TIMERXL, *STEPS, "--learning_rate", 0, "--patience", 1)
+    assert_ok(proc)
+    record = records(tmp_path)[-1]
+    assert record["stopped_step"] == 24 and [h["step"] for h in record["history"]] == [12, 24]
+    assert "early stopping after step 24" in proc.stdout
