@@ -36,7 +36,7 @@ TARGETS = {
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
                             "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py",
-                            "test_steps.py", "test_world_size_invariance.py"],
+                            "test_steps.py", "test_world_size_invariance.py", "test_zero.py"],
     "exp/steps.py": ["test_steps.py", "test_training.py", "test_world_size_invariance.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],

@@ -18,7 +18,7 @@ def few_shot_subset(dataset, ratio, seed):
     """A random `ratio` of the windows, chosen from `seed` alone: every rank picks the same
     subset before DistributedSampler shards it. Kept in time order; ratio 1 keeps all."""
     check_subset_ratio(ratio)
-    if ratio == 1 or len(dataset) == 0:
+    if ratio == 1:
         return dataset
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(len(dataset), generator=generator)[:subset_size(len(dataset), ratio)]

@@ -16,10 +16,13 @@ def _epoch_losses(record):
 
 def test_zero_run_saves_the_whole_state_and_resumes_with_and_without_zero(tmp_path):
     first = tmp_path / "first"
-    assert_ok(run_cli(first, *DLINEAR, "--train_epochs", 1, "--zero", timeout=120))
+    proc = run_cli(first, *DLINEAR, "--train_epochs", 1, "--zero", timeout=120)
+    assert_ok(proc)
     record = records(first)[-1]
     sharded_bytes = record["optimizer_state_bytes"]
     assert len(sharded_bytes) == 2 and all(b > 0 for b in sharded_bytes)
+    shares = ", ".join(f"{b / 2**20:.2f} MiB" for b in sharded_bytes)
+    assert f"optimizer state per rank: {shares} (sharded, --zero)" in proc.stdout, proc.stdout
 
     # last.pth holds the consolidated state: every parameter's moments, not rank 0's shard
     from models.DLinear import Model
