@@ -3,6 +3,7 @@ first, and ranks that hold no validation window take part in evaluation with not
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from helpers import REPO, make_args, make_experiment, output_args as _outputs, run_command, run_on_ranks
@@ -54,16 +55,20 @@ def _evaluate_small(rank, world, argv):
     args = make_args(*argv, "--ddp")
     exp = make_experiment(args)
     _, vali_loader = data_provider(args, "val")
-    return exp.vali(vali_loader), len(vali_loader.sampler)
+    windows = exp.evaluate(vali_loader, "val", keep_windows=True).window_errors()  # rank 0: every rank's
+    return exp.vali(vali_loader), len(vali_loader.sampler), None if windows is None else windows.numpy()
 
 
 @pytest.mark.parametrize("rows, shards", [(970, [0, 1, 1]), (1000, [1, 2, 2])])
 def test_ranks_without_windows_contribute_nothing(rows, shards):
     # 2 validation windows on 3 ranks: one holds none; 5 windows: shards of 1 and 2, so a mean of the
     # ranks' means (or one that counts the empty rank) would differ from the single-process loss
+    # (and the per-window errors of window_errors.csv: every window once, in order, none from the empty rank)
     argv = ["--synthetic_rows", rows]
-    (reference, n), = run_on_ranks(_evaluate_small, 1, argv)
-    assert n == sum(shards)
+    (reference, n, windows), = run_on_ranks(_evaluate_small, 1, argv)
+    assert n == sum(shards) == len(windows)
     results = run_on_ranks(_evaluate_small, 3, argv)
-    assert [count for _, count in results] == shards
-    assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _ in results)
+    assert [count for _, count, _ in results] == shards
+    assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _, _ in results)
+    np.testing.assert_allclose(results[0][2], windows, rtol=1e-6)
+    assert results[1][2] is None and results[2][2] is None

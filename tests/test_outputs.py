@@ -119,6 +119,19 @@ def test_ms_inverse_metrics_use_the_targets_scale(tmp_path):
     assert record["mae_orig"] == pytest.approx(record["mae"] * scale, rel=1e-4)
 
 
+def test_do_predict_with_ms_forecasts_the_target_alone_on_its_scale(tmp_path):
+    """With --features MS the model reads every column and forecasts the target: forecast.csv holds the
+    dates and the target's column, on the target's original scale (not a covariate's)."""
+    frame, argv = _ms_data(tmp_path)
+    exp = make_experiment(make_args(*argv, "--results_dir", tmp_path / "results", "--no_plots"))
+    written = predict(exp, "ms")
+    forecast = pd.read_csv(tmp_path / "results" / "ms" / "forecast.csv", parse_dates=["date"])
+    assert list(forecast.columns) == ["date", "OT"] and len(forecast) == 24
+    np.testing.assert_allclose(forecast["OT"].to_numpy(), written["OT"].to_numpy(), rtol=1e-7)
+    level, spread = frame["OT"].iloc[-200:].mean(), frame["OT"].std()
+    assert abs(forecast["OT"].mean() - level) < 3 * spread, (forecast["OT"].mean(), level)  # OT's scale, not x0's
+
+
 def test_the_forecast_picture_draws_the_target_on_its_own_scale(tmp_path, monkeypatch):
     from exp import outputs
 
