@@ -130,46 +130,6 @@ def test_repeated_dates_warn_once_with_count_and_first(tmp_path):
                         "they are not"], proc.stdout + proc.stderr
 
 
-# Rank 0 made slow where a rank that leaves alone would get it killed before its line is out: building
-# the model (rank 1 must wait for the agreement) or printing the line itself (rank 1 must wait for it).
-SLOW_RANK_0 = {"build": '''
-import os, sys, time
-if os.environ.get("RANK") == "0":
-    sys.path.insert(0, os.environ["TSL_REPO"])
-    import exp.settings
-    build_model = exp.settings.build_model
-    def slow(args):
-        time.sleep(3)
-        return build_model(args)
-    exp.settings.build_model = slow  # before exp.exp_basic imports it
-''', "print": '''
-import os, sys, time
-if os.environ.get("RANK") == "0":
-    class SlowErrors:
-        def __init__(self, stream):
-            self.stream = stream
-        def write(self, text):
-            if text.startswith("error:"):
-                time.sleep(3)
-            return self.stream.write(text)
-        def __getattr__(self, name):
-            return getattr(self.stream, name)
-    sys.stderr = SlowErrors(sys.stderr)
-'''}
-
-
-@pytest.mark.parametrize("slow", sorted(SLOW_RANK_0))
-def test_a_refusal_is_printed_however_slow_rank_0_is(tmp_path, slow):
-    from helpers import REPO
-
-    (tmp_path / "sitecustomize.py").write_text(SLOW_RANK_0[slow])  # injected from outside the code under test
-    cmd = [sys.executable, "run.py", *map(str, FAST), "--model", "PatchTST", "--d_model", "30", "--ddp",
-           "--nproc_per_node", "2", "--no_plots", "--checkpoints", str(tmp_path / "ck"), "--results_dir",
-           str(tmp_path / "res")]
-    proc = run_command(cmd, timeout=120, extra_env={"PYTHONPATH": str(tmp_path), "TSL_REPO": str(REPO)})
-    assert_one_error_line(proc, "d_model (30) must be divisible by n_heads (8)")
-
-
 def test_repeated_dates_are_kept_in_place(tmp_path, caplog):
     from data_provider.files import read_file
 

@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from helpers import REPO, make_args, make_experiment, output_args as _outputs, run_command, run_on_ranks
+from helpers import (REPO, assert_one_error_line, make_args, make_experiment, output_args as _outputs, run_command,
+                     run_on_ranks)
 
 # Rank 1 raises at its third training step (a stamp of the time in $TSL_FAULT_STAMP if set); every
 # worker's destroy_process_group blocks, as NCCL's can while peers wait in a collective.
@@ -72,3 +73,42 @@ def test_ranks_without_windows_contribute_nothing(rows, shards):
     assert all(loss == pytest.approx(reference, rel=1e-6) for loss, _, _ in results)
     np.testing.assert_allclose(results[0][2], windows, rtol=1e-6)
     assert results[1][2] is None and results[2][2] is None
+
+
+# Rank 0 made slow where a rank that leaves alone would get it killed before its line is out: building
+# the model (rank 1 must wait for the agreement) or printing the line itself (rank 1 must wait for it).
+SLOW_RANK_0 = {"build": '''
+import os, sys, time
+if os.environ.get("RANK") == "0":
+    sys.path.insert(0, os.environ["TSL_REPO"])
+    import exp.settings
+    build_model = exp.settings.build_model
+    def slow(args):
+        time.sleep(3)
+        return build_model(args)
+    exp.settings.build_model = slow  # before exp.exp_basic imports it
+''', "print": '''
+import os, sys, time
+if os.environ.get("RANK") == "0":
+    class SlowErrors:
+        def __init__(self, stream):
+            self.stream = stream
+        def write(self, text):
+            if text.startswith("error:"):
+                time.sleep(3)
+            return self.stream.write(text)
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+    sys.stderr = SlowErrors(sys.stderr)
+'''}
+
+
+@pytest.mark.parametrize("slow", sorted(SLOW_RANK_0))
+def test_a_refusal_is_printed_however_slow_rank_0_is(tmp_path, slow):
+    (tmp_path / "sitecustomize.py").write_text(SLOW_RANK_0[slow])  # injected from outside the code under test
+    cmd = [sys.executable, "run.py", "--synthetic_rows", "1500", "--seq_len", "48", "--label_len", "24",
+           "--pred_len", "24", "--model", "PatchTST", "--d_model", "30", "--ddp",
+           "--nproc_per_node", "2", "--no_plots", "--checkpoints", str(tmp_path / "ck"), "--results_dir",
+           str(tmp_path / "res")]
+    proc = run_command(cmd, timeout=120, extra_env={"PYTHONPATH": str(tmp_path), "TSL_REPO": str(REPO)})
+    assert_one_error_line(proc, "d_model (30) must be divisible by n_heads (8)")
