@@ -231,6 +231,18 @@ def test_drop_last_drops_the_last_short_global_chunk_only():
     assert [len(steps) for steps in exact] == [2, 2]
 
 
+@pytest.mark.parametrize("start", [0, 96, 200])
+def test_drop_last_from_a_resumed_position_keeps_its_whole_global_batches(start):
+    """From any position (a resume on another global batch need not land on this one's multiples), a
+    --train_drop_last epoch takes every whole global batch left and drops only the short tail."""
+    sampler = GlobalBatches(835, 2021, 8, 1, 0, 4, drop_last=True)  # G = 32
+    sampler.set_epoch(1)
+    steps = list(sampler.steps(start))
+    assert len(steps) == sampler.steps_from(start) == (835 - start) // 32
+    assert all(step.windows == 32 for step in steps)
+    assert steps[-1].firsts[0] == start + ((835 - start) // 32 - 1) * 32
+
+
 def test_a_resumed_epoch_continues_from_a_global_position():
     """A run resumed mid-epoch starts at the windows done (a multiple of the global batch): the same
     steps as the rest of the uninterrupted epoch."""
