@@ -147,6 +147,10 @@ def test_the_built_in_data_set_is_the_one_the_documented_figures_came_from():
                                                "x4": 0.3908, "x5": -1.9764, "OT": -1.671}
     assert frame.std().round(4).to_dict() == {"x0": 1.3294, "x1": 0.7525, "x2": 1.3465, "x3": 0.6632,
                                               "x4": 0.8212, "x5": 1.3369, "OT": 1.1377}
+    # and --synthetic_channels / --synthetic_rows give their own fixed series (here an even channel count)
+    frame = make_synthetic(rows=2000, channels=4).drop(columns=["date"])
+    assert frame.mean().round(4).to_dict() == {"x0": -1.3652, "x1": 0.1558, "x2": -0.1948, "OT": -0.1674}
+    assert frame.std().round(4).to_dict() == {"x0": 1.3278, "x1": 1.0255, "x2": 1.1463, "OT": 0.6704}
 
 
 def test_batched_gather_equals_per_window_slices():

@@ -35,6 +35,24 @@ def test_a_direct_model_that_returns_the_label_part_too_is_scored_on_its_last_pr
     torch.testing.assert_close(true, y[:, -24:])
 
 
+@pytest.mark.parametrize("model", ["Transformer", "DLinear"])
+def test_a_decoder_input_goes_to_the_models_that_read_one(model):
+    """TSLib's decoder input, the last label_len known steps then pred_len zeros, goes to a model whose
+    inputs_used names x_dec (Transformer), and None to one that does not (DLinear): never the truth."""
+    exp, batch = _exp_and_batch("--model", model, "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
+    y, seen = batch[1], {}
+
+    def spy(x, x_mark_enc, x_dec, x_mark_dec):
+        seen["x_dec"] = x_dec
+        return y[:, -24:]
+
+    forward(spy, batch, exp.args, "train", exp.device)
+    if model == "DLinear":
+        assert seen["x_dec"] is None
+    else:
+        torch.testing.assert_close(seen["x_dec"], torch.cat([y[:, :48], torch.zeros_like(y[:, 48:])], dim=1))
+
+
 def test_a_direct_windows_target_rows_follow_its_input_rows():
     exp, _ = _exp_and_batch("--model", "DLinear", "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
     dataset, _ = data_provider(exp.args, "train")
