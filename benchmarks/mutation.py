@@ -31,7 +31,7 @@ TARGETS = {
     "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py"],
     "exp/outputs.py": ["test_outputs.py", "test_results_files.py"],
     "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
-                        "test_multi_gpu_flags.py", "test_bad_input.py"],
+                        "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
