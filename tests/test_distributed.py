@@ -206,7 +206,7 @@ def test_gpu_picks_the_device_of_a_single_process_run(fake_gpus):
     assert distributed.setup(False, True, None, 60, 1) == torch.device("cuda", 0)
     assert distributed.setup(False, True, 1, 60, 1) == torch.device("cuda", 1)
     assert fake_gpus["set"] == [torch.device("cuda", 0), torch.device("cuda", 1)]
-    with pytest.raises(UserError, match="--gpu 2 is not a GPU of this machine: it shows 2 GPU"):
+    with pytest.raises(UserError, match=r"--gpu 2 is not a GPU of this machine: it shows 2 GPU\(s\), numbered 0 to 1; choose"):
         distributed.setup(False, True, 2, 60, 1)
     assert distributed.setup(False, False, 1, 60, 1) == torch.device("cpu")  # --use_gpu false
 
