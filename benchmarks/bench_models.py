@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -259,8 +260,16 @@ class _RecordProducts(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _Layout(NamedTuple):
+    """A recorded tensor argument: what a fresh tensor needs to stand in for it."""
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
 def _layout(value):
-    return (tuple(value.shape), value.stride(), value.dtype, value.device) if torch.is_tensor(value) else value
+    return _Layout(tuple(value.shape), value.stride(), value.dtype, value.device) if torch.is_tensor(value) else value
 
 
 class ProductsAlone:
@@ -275,16 +284,12 @@ class ProductsAlone:
         recorder = _RecordProducts()
         with recorder:
             step()
-        self.calls = [(func, *tree_map(self._tensor, (args, kwargs), is_leaf=self._is_layout))
+        self.calls = [(func, *tree_map(self._tensor, (args, kwargs), is_leaf=lambda v: isinstance(v, _Layout)))
                       for func, args, kwargs in recorder.calls]
 
     @staticmethod
-    def _is_layout(value):
-        return isinstance(value, tuple) and len(value) == 4 and isinstance(value[2], torch.dtype)
-
-    @classmethod
-    def _tensor(cls, value):
-        if not cls._is_layout(value):
+    def _tensor(value):
+        if not isinstance(value, _Layout):
             return value
         shape, stride, dtype, device = value
         size = 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0)
