@@ -495,7 +495,10 @@ def main():
         if bf16_gemm is not None:
             gemm_rates["bf16"].append(gemm_flops / median_seconds(bf16_gemm, 5, sync) / 1e9)
         for case in cases:
-            for name, step in case["steps"].items():
+            # every other round in reverse: the variant timed second in a round ran 8-17 % faster (TSMixer,
+            # the same code under two names), so a fixed order would favour one column
+            order = list(case["steps"].items())
+            for name, step in order[::-1] if round_ % 2 else order:
                 seconds = median_seconds(step, opts.steps, sync)
                 case["times"].setdefault(name, []).append(seconds)
                 print(f"round {round_ + 1} {case['model']} {case['setting']} {name}: {seconds * 1e3:.2f} ms", flush=True)
