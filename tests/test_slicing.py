@@ -39,7 +39,8 @@ def test_a_direct_model_that_returns_the_label_part_too_is_scored_on_its_last_pr
 def test_a_decoder_input_goes_to_the_models_that_read_one(model):
     """TSLib's decoder input, the last label_len known steps then pred_len zeros, goes to a model whose
     inputs_used names x_dec (Transformer), and None to one that does not (DLinear): never the truth."""
-    exp, batch = _exp_and_batch("--model", model, "--seq_len", 96, "--label_len", 48, "--pred_len", 24)
+    exp, batch = _exp_and_batch("--model", model, "--seq_len", 96, "--label_len", 48, "--pred_len", 24,
+                                "--d_model", 16, "--n_heads", 2, "--d_ff", 32)
     y, seen = batch[1], {}
 
     def spy(x, x_mark_enc, x_dec, x_mark_dec):
