@@ -495,8 +495,8 @@ def main():
         if bf16_gemm is not None:
             gemm_rates["bf16"].append(gemm_flops / median_seconds(bf16_gemm, 5, sync) / 1e9)
         for case in cases:
-            # every other round in reverse: the variant timed second in a round ran 8-17 % faster (TSMixer,
-            # the same code under two names), so a fixed order would favour one column
+            # every other round in reverse: the variant timed second in a round ran 8-39 % faster in five
+            # runs (TSMixer, the same code under two names), so a fixed order would favour one column
             order = list(case["steps"].items())
             for name, step in order[::-1] if round_ % 2 else order:
                 seconds = median_seconds(step, opts.steps, sync)
