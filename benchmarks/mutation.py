@@ -177,6 +177,9 @@ def report(session, rechecked=None):
                 if result.worker_outcome != WorkerOutcome.SKIPPED]
         total = db.num_work_items
     killed = sum(result.test_outcome != TestOutcome.SURVIVED for _, result in done)
+    # a kill by time-out may be a slow machine rather than the tests: re-run those on idle cores
+    timed_out = sum(result.test_outcome == TestOutcome.KILLED and (result.output or "").strip() == "timeout"
+                    for _, result in done)
     found = survivors(session)
     equivalent = [key for key, _ in found if key in EQUIVALENT]
     later = [key for key, _ in found if (rechecked or {}).get(key) == "killed"]
@@ -185,7 +188,8 @@ def report(session, rechecked=None):
     lines = ["# Mutation testing of the core", "",
              f"Modules: {', '.join(_module_paths())}. Commands: `benchmarks/mutation.py`'s docstring.", "",
              f"- mutants: {total} in all; run: {len(done)} (a seeded random sample)",
-             f"- killed: {killed}; survived: {len(found)}, of which equivalent: {len(equivalent)}",
+             f"- killed: {killed} ({timed_out} by cosmic-ray's time-out); survived: {len(found)}, of which "
+             f"equivalent: {len(equivalent)}",
              f"- kill rate of non-equivalent mutants: {killed / judged:.1%}" if judged else "- nothing run"]
     if rechecked is not None and judged:
         lines.append(f"- after the tests written for the survivors (`recheck`): {len(later)} more killed, {len(gone)} "

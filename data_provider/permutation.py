@@ -49,9 +49,15 @@ class FeistelPermutation:
         x = np.asarray(positions, dtype=np.uint64)
         out = self._encrypt(x)
         outside = out >= self.n
-        while outside.any():
+        # A bijection's cycle leaves [0, n) for at most domain - n steps; walking longer means the
+        # round function is broken, and an error beats looping for ever.
+        for _ in range((1 << 2 * self.half) - self.n):
+            if not outside.any():
+                break
             out[outside] = self._encrypt(out[outside])
             outside = out >= self.n
+        if outside.any():
+            raise RuntimeError("FeistelPermutation: cycle walking did not return into [0, n); the map is not a bijection")
         return out.astype(np.int64)
 
 

@@ -17,6 +17,17 @@ def test_a_feistel_permutation_is_a_bijection(n):
         assert abs(np.corrcoef(np.arange(n), order)[0, 1]) < 0.2  # and not nearly in order
 
 
+def test_a_broken_round_function_fails_at_once_instead_of_walking_for_ever():
+    """Cycle walking ends only on a bijection: a round function that maps into [n, domain) for good must
+    raise after domain - n walks, not loop (mutants of the rounds did, for cosmic-ray's whole time-out)."""
+    class Broken(FeistelPermutation):
+        def _encrypt(self, x):
+            return np.full_like(x, self.n)  # 100 -> domain 256: the walk never comes back
+
+    with pytest.raises(RuntimeError, match="not a bijection"):
+        Broken(100, key=1)(np.arange(10))
+
+
 def test_the_order_depends_on_the_seed_and_the_epoch_only():
     def order(seed, epoch, n=500):
         return FeistelPermutation(n, epoch_key(seed, epoch))(np.arange(n))

@@ -70,7 +70,7 @@ def test_a_longer_run_may_continue_a_shorter_one_unless_the_schedule_reads_the_l
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
     loses a worker in epoch 1, before it saved anything: its restart starts from epoch 1."""
-    argv = [*SMALL_TIMERXL, "--seed", 7, "--train_epochs", 2, *_outputs(tmp_path)]
+    argv = [*SMALL_TIMERXL, "--seed", 7, "--train_epochs", 2, "--no_plots", *_outputs(tmp_path)]
     env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1")  # ddp_forecast.sh: --rdzv_id tsl-ddp
     older = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--train_epochs", "1",
                       "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
@@ -127,8 +127,8 @@ def test_a_second_run_on_a_locked_setting_refuses_naming_the_first(tmp_path):
         holder = (tmp_path / "checkpoints" / setting / ".lock").read_text()
         assert holder.startswith(f"pid {os.getpid()} on ")
         started = time.time()
-        proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--ddp", "--nproc_per_node", 2)
-        line = _refused(proc, started, limit=60)  # two processes' startup on a busy 2-core machine: 20-35 s
+        proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--ddp", nproc=2)
+        line = _refused(proc, started, limit=60)
         assert f"setting {setting} is in use by another run ({holder.strip()})" in line
         assert sorted(p.name for p in (tmp_path / "checkpoints" / setting).iterdir()) == [".lock"]
     assert not (tmp_path / "checkpoints" / setting).exists()  # the lock leaves nothing behind

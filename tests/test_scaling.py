@@ -161,7 +161,7 @@ def test_global_batch_and_scaled_rate_are_logged_and_recorded(tmp_path):
     # 2 processes x batch 8 x 2 micro-batches = 32 windows a step; sqrt scaling against 16: x sqrt(2)
     proc = run_cli(tmp_path, "--synthetic_rows", 1500, "--num_threads", 1, "--train_epochs", 1, "--batch_size", 8,
                    "--accumulation_steps", 2, "--lr_scaling", "sqrt", "--base_batch_size", 16,
-                   "--learning_rate", 1e-3, "--ddp", "--nproc_per_node", 2, timeout=120)
+                   "--learning_rate", 1e-3, "--ddp", nproc=2, timeout=120)
     assert_ok(proc)
     lr = 1e-3 * math.sqrt(2)
     assert (f"global batch 32 (8 x 2 processes x 2 accumulation steps), learning rate {lr:g} "

@@ -7,7 +7,7 @@ import torch
 from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 
 DLINEAR = ["--model", "DLinear", "--synthetic_rows", 1500, "--num_threads", 1, "--learning_rate", 1e-3,
-           "--lradj", "constant", "--ddp", "--nproc_per_node", 2]
+           "--lradj", "constant", "--ddp"]  # run_cli's nproc=2: workers forked warm, as torchrun sets them
 
 
 def _epoch_losses(record):
@@ -16,7 +16,7 @@ def _epoch_losses(record):
 
 def test_zero_run_saves_the_whole_state_and_resumes_with_and_without_zero(tmp_path):
     first = tmp_path / "first"
-    proc = run_cli(first, *DLINEAR, "--train_epochs", 1, "--zero", timeout=120)
+    proc = run_cli(first, *DLINEAR, "--train_epochs", 1, "--zero", nproc=2, timeout=120)
     assert_ok(proc)
     record = records(first)[-1]
     sharded_bytes = record["optimizer_state_bytes"]
@@ -42,7 +42,8 @@ def test_zero_run_saves_the_whole_state_and_resumes_with_and_without_zero(tmp_pa
     resumed = {}
     for name, extra in (("with_zero", ["--zero"]), ("without_zero", [])):
         shutil.copytree(first, tmp_path / name)
-        proc = run_cli(tmp_path / name, *DLINEAR, "--train_epochs", 2, "--resume", *extra, timeout=120)
+        proc = run_cli(tmp_path / name, *DLINEAR, "--train_epochs", 2, "--resume", *extra, nproc=2,
+                       timeout=120)
         assert_ok(proc)
         assert "resumed from" in proc.stdout
         resumed[name] = records(tmp_path / name)[-1]

@@ -157,7 +157,10 @@ def set_precision(tf32, deterministic):
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    if deterministic or torch.are_deterministic_algorithms_enabled():
+        # the call imports torch.compile's machinery (~2 s); skipped when nothing changes, so an
+        # evaluation-only run (no optimizer, which imports it anyway) starts that much sooner
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: another run, another kernel
 
