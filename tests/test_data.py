@@ -193,6 +193,17 @@ def test_test_loader_keeps_every_window_even_with_odd_batch():
     assert seen == len(dataset)
 
 
+def test_val_windows_subsets_the_validation_split_alone():
+    """--val_windows N bounds what each validation costs; training and the test keep every window."""
+    def sizes(*argv):
+        args = make_args("--synthetic_rows", 1500, *argv)
+        args.autoregressive = False
+        return [len(data_provider(args, flag)[0]) for flag in ("train", "val", "test")]
+
+    (train, val, test), subset = sizes(), sizes("--val_windows", 40)
+    assert val > 40 and subset == [train, 40, test]
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 5, 905, 2785])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_shards_cover_each_window_exactly_once(n, world):
