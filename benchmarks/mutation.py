@@ -55,6 +55,9 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "exp/steps.py:86:core/ReplaceBinaryOperator_Sub_Mod":
+        "`perf_counter() - started` -> `%` in the samples/s of a log line: perf_counter counts from boot, so "
+        "the two differ only for a stretch longer than the machine had been up when it began",
     "data_provider/interface.py:63:core/ReplaceTrueWithFalse":
         "the default of `with_marks` in the interface's abstract window_dataset, which only raises "
         "NotImplementedError: every data kind defines its own method with its own default",

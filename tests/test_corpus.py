@@ -328,6 +328,9 @@ def test_bad_time_moe_folders_fail_in_one_line(tmp_path, time_moe, case, message
         (folder / "data-3-of-11.bin").unlink()
     elif case == "short bin":
         (folder / "data-11-of-11.bin").write_bytes((folder / "data-11-of-11.bin").read_bytes()[:100])
+        count, dtype = meta["files"]["data-11-of-11.bin"], np.dtype(meta["dtype"])
+        message += (f"{folder / 'meta.json'} says {count} {dtype.name} values ({count * dtype.itemsize} bytes); "
+                    "download it again")
     elif case == "both layouts":
         shutil.copy(time_moe["built"] / INDEX, folder / INDEX)
     elif case == "both layouts, nested":  # Time-300B's tree: the meta.json a folder down
