@@ -55,6 +55,9 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "utils/checkpoint.py:501:core/ReplaceComparisonOperator_Eq_LtE":
+        "`to == \"openltm\"` -> `<=` in export: the command line allows only \"openltm\" and \"ours\", and "
+        "\"ours\" sorts after \"openltm\"",
     "exp/steps.py:86:core/ReplaceBinaryOperator_Sub_Mod":
         "`perf_counter() - started` -> `%` in the samples/s of a log line: perf_counter counts from boot, so "
         "the two differ only for a stretch longer than the machine had been up when it began",
