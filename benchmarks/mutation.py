@@ -55,6 +55,10 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
+    "data_provider/files.py:74:core/NumberReplacer":
+        "`splitlines()[0]` -> `[-1]` on pandas' message where no single date is to blame: the one case found "
+        "(mixed time zones) has a one-line message; the survivor led to that case, which raised a raw "
+        "traceback (fixed, tests/test_data.py::test_dates_in_mixed_time_zones_are_refused_in_one_line)",
     "utils/checkpoint.py:501:core/ReplaceComparisonOperator_Eq_LtE":
         "`to == \"openltm\"` -> `<=` in export: the command line allows only \"openltm\" and \"ours\", and "
         "\"ours\" sorts after \"openltm\"",

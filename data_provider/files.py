@@ -63,15 +63,23 @@ def _frame_to_table(frame, path):
     return Table(values=values, columns=[str(c) for c in frame.columns], dates=dates)
 
 
+def _first_unparsable(column):
+    """The first value pandas cannot read, and its row (pandas explains over several lines without
+    the row), or None when no single value is to blame (mixed time zones fail even when coerced)."""
+    try:
+        failed = pd.to_datetime(column, errors="coerce").isna() & column.notna()
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return f"{column[failed].iloc[0]!r} in row {failed.idxmax() + 1}" if failed.any() else None
+
+
 def _parse_dates(column, path):
     """Timestamps in increasing order. Rows are the model's steps, so a row out of order is
     refused (sorting could hide a mangled file); a repeated timestamp is allowed, with one warning."""
     try:
         dates = pd.to_datetime(column)
     except (ValueError, TypeError, OverflowError) as exc:
-        # pandas explains over several lines without the row: name the first value that fails
-        failed = pd.to_datetime(column, errors="coerce").isna() & column.notna()
-        where = f"{column[failed].iloc[0]!r} in row {failed.idxmax() + 1}" if failed.any() else str(exc).splitlines()[0]
+        where = _first_unparsable(column) or str(exc).splitlines()[0]
         raise UserError(f"{path}: the 'date' column cannot be parsed as timestamps ({where}); "
                         "fix the column or remove it") from None
     missing = dates.isna()

@@ -10,7 +10,7 @@ import torch
 
 from data_provider import data_factory
 from data_provider.data_factory import data_provider, prepared_data
-from data_provider.files import read_table
+from data_provider.files import read_file, read_table
 from data_provider.splits import split_ends
 from data_provider.table import select_columns
 from data_provider.windows import Window, WindowDataset
@@ -328,6 +328,18 @@ def test_nan_and_non_numeric_columns_are_named(tmp_path):
         prepared_data(make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "nan.csv"))
     with pytest.raises(UserError, match="column 'OT' is not numeric"):
         prepared_data(make_args("--data", "custom", "--root_path", tmp_path, "--data_path", "text.csv"))
+
+
+def test_dates_in_mixed_time_zones_are_refused_in_one_line(tmp_path):
+    """pandas refuses them even when asked to coerce, which once escaped as a raw traceback."""
+    dates = ["2021-01-01 00:00+01:00"] * 3 + ["2021-01-01 03:00+02:00"] * 3
+    pd.DataFrame({"date": dates, "a": np.arange(6.0)}).to_csv(tmp_path / "zones.csv", index=False)
+    with pytest.raises(UserError) as refused:
+        read_file(str(tmp_path / "zones.csv"))
+    message = str(refused.value)  # pandas' own reason in the middle (its wording varies between versions)
+    assert message.startswith(f"{tmp_path / 'zones.csv'}: the 'date' column cannot be parsed as timestamps (")
+    assert "timezone" in message.lower() and message.endswith("); fix the column or remove it")
+    assert "\n" not in message
 
 
 # ---------------------------------------------------------------- the data interface, on both kinds
