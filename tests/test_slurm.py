@@ -131,7 +131,7 @@ def test_master_addr_comes_from_the_first_node_of_the_step(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("name, value, message", [
     ("SLURM_PROCID", "x", "SLURM_PROCID='x' is not a whole number >= 0"),
-    ("SLURM_PROCID", "2", "SLURM_PROCID=2 is not a task of SLURM_STEP_NUM_TASKS=2"),
+    ("SLURM_PROCID", "2", "SLURM_PROCID=2 is not a task of SLURM_STEP_NUM_TASKS=2 (tasks are numbered 0 to 1); "),
     ("SLURM_LOCALID", "-1", "SLURM_LOCALID='-1' is not a whole number >= 0"),
     ("SLURM_LOCALID", "1", "SLURM_LOCALID=1 is not one of the 1 task(s) that SLURM_STEP_TASKS_PER_NODE counts"),
     ("SLURM_STEP_NUM_TASKS", "two", "SLURM_STEP_NUM_TASKS='two' is not a whole number >= 1"),
