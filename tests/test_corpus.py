@@ -312,6 +312,8 @@ def test_train_statistics_are_the_standard_scalers_bit_for_bit():
 @pytest.mark.parametrize("case, message", [
     ("missing bin", "meta.json names data-3-of-11.bin, which is missing from"),
     ("short bin", "data-11-of-11.bin holds 100 bytes, "),
+    ("misnamed bin", "'files' entry 'part-3.bin': "),
+    ("negative count", "'files' entry 'data-11-of-11.bin': -1 is not data-<i>-of-<n>.bin: <number of values>"),
     ("unknown dtype", "dtype 'bfloat16' is not one this reader knows (float16, float32, float64)"),
     ("no scales", "meta.json lacks 'scales': Time-MoE's meta.json has num_sequences, dtype, files, scales"),
     ("past the end", "sequence 5 (offset 4850, length 800) ends past the 4850 values its .bin files hold"),
@@ -344,7 +346,13 @@ def test_bad_time_moe_folders_fail_in_one_line(tmp_path, time_moe, case, message
         folder.mkdir()
         (folder / "data-1-of-1.bin").write_bytes(b"\0" * 8)
     else:
-        if case == "unknown dtype":
+        if case == "misnamed bin":
+            meta["files"] = {("part-3.bin" if name == "data-3-of-11.bin" else name): count
+                             for name, count in meta["files"].items()}
+            message += f"{meta['files']['part-3.bin']} is not data-<i>-of-<n>.bin: <number of values>"
+        elif case == "negative count":
+            meta["files"]["data-11-of-11.bin"] = -1
+        elif case == "unknown dtype":
             meta["dtype"] = "bfloat16"
         elif case == "no scales":
             del meta["scales"]
