@@ -286,11 +286,14 @@ def run_on_ranks(fn, world_size, *args, timeout=120):
 
 def make_args(*argv):
     """Parsed run.py arguments with the defaults other arguments decide (exp.settings.fill_defaults),
-    as the data functions read them; make_experiment resolves the rest."""
+    as the data functions read them; make_experiment resolves the rest.
+
+    Each value is a new string object, as sys.argv's are: a test file's literal "MS" is interned and
+    `args.features is "MS"` would hold for it, hiding an `is` that fails under run.py."""
     from exp.settings import fill_defaults
     from utils.arguments import parse_args
 
-    return fill_defaults(parse_args(list(map(str, argv))))
+    return fill_defaults(parse_args([str(a).encode().decode() for a in argv]))
 
 
 def make_experiment(args):

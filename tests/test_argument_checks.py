@@ -169,3 +169,5 @@ def test_data_on_device_always_without_loader_workers_is_accepted():
     from helpers import make_args
 
     resolve_args(make_args("--data_on_device", "always", "--num_workers", 0, "--synthetic_rows", 1500), 1)
+    for where in ("auto", "never"):
+        resolve_args(make_args("--data_on_device", where, "--num_workers", 2, "--synthetic_rows", 1500), 1)

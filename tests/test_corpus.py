@@ -364,6 +364,15 @@ def test_bad_time_moe_folders_fail_in_one_line(tmp_path, time_moe, case, message
     assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
+def test_features_ms_on_a_corpus_is_refused_as_typed():
+    from data_provider.corpus import prepare_corpus
+
+    with pytest.raises(UserError) as refused:
+        prepare_corpus(make_args("--data", "corpus", "--features", "MS", "--root_path", "/nowhere"))
+    assert str(refused.value) == ("--data corpus holds univariate series, so there are no covariates for "
+                                  "--features MS; use --features S")
+
+
 def test_a_bad_time_moe_folder_ends_run_py_in_one_line(tmp_path, time_moe):
     folder = tmp_path / "moe"
     shutil.copytree(time_moe["one"], folder)
