@@ -57,7 +57,8 @@ class FeistelPermutation:
             out[outside] = self._encrypt(out[outside])
             outside = out >= self.n
         if outside.any():
-            raise RuntimeError("FeistelPermutation: cycle walking did not return into [0, n); the map is not a bijection")
+            raise RuntimeError("FeistelPermutation: cycle walking did not return into [0, n); "
+                               "the map is not a bijection")
         return out.astype(np.int64)
 
 

@@ -37,8 +37,8 @@ def test_ddp_forecast_script_starts_one_process_per_gpu(tmp_path):
     """It started 2 processes on an 8-GPU node. Here torch reports 3 GPUs to the script (the workers,
     seeing no CUDA, compute on the CPU)."""
     (tmp_path / "sitecustomize.py").write_text("import torch\ntorch.cuda.device_count = lambda: 3\n")
-    proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1", "--synthetic_rows", "1500",
-                        "--no_plots", "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
+    proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1", "--synthetic_rows", "1500", "--no_plots",
+                        "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
                        extra_env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(tmp_path)})
     assert_ok(proc)
     assert records(tmp_path)[-1]["world_size"] == 3
