@@ -22,6 +22,7 @@ from utils import distributed
 from utils.arguments import describe_ignored, parse_args
 from utils.checkpoint import setting_lock
 from utils.errors import NodeError, UserError
+from utils.tools import keep_freed_memory
 
 logger = logging.getLogger("tsl")
 
@@ -114,6 +115,8 @@ def main(argv=None):
     previous = stop_quietly()
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
+    if args.keep_freed_memory:
+        keep_freed_memory()  # before the data and the model allocate
     if slurm_warning:
         logger.warning(slurm_warning)
     if args.ignored_args and distributed.env_rank() == 0:

@@ -62,9 +62,10 @@ from exp.exp_forecast import Exp_Forecast  # noqa: E402
 from exp.forward import forward  # noqa: E402
 from exp.settings import fill_defaults, resolve_args  # noqa: E402
 from models import available_models  # noqa: E402
-from utils.arguments import parse_args  # noqa: E402
+from utils.arguments import parse_args, str2bool  # noqa: E402
 from utils.errors import UserError, require  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
+from utils.tools import keep_freed_memory  # noqa: E402
 
 SCRIPTS = REPO / "scripts" / "long_term_forecast" / "ETT_script"
 ETTH1 = REPO.parent / "shared" / "datasets" / "ETT-small"
@@ -432,6 +433,9 @@ def main():
                         help="also list each model's N most expensive operators (torch.profiler, eager step)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--keep_freed_memory", type=str2bool, default=True,
+                        help="as run.py's (default true); false: glibc's own malloc settings, as before run.py set "
+                             "them (a process-wide setting: compare the two in separate runs)")
     add_output_arguments(parser, "bench_models.md", workdir=None)
     opts = parser.parse_args()
     if os.path.exists(opts.out) and not opts.overwrite:
@@ -446,6 +450,8 @@ def main():
         parser.error("the baseline variant needs --baseline /path/to/an/earlier/checkout")
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    if opts.keep_freed_memory:
+        keep_freed_memory()
     device = torch.device(opts.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)

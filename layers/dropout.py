@@ -239,9 +239,11 @@ def dropped_positions(n: int, p: float, device=None, generator=None) -> torch.Te
     return positions[: int(torch.searchsorted(positions, float(n)))].long()
 
 
-def _fused(x):
-    """Whether F.dropout's own kernel serves (GPUs fuse it), not a mask drawn here."""
-    return _keys is None and x.device.type != "cpu"
+def fused_dropout(x: torch.Tensor) -> bool:
+    """Whether F.dropout's own kernel serves `x`, not a mask drawn here: outside masks_follow_samples, on a
+    GPU (which fuses it) or under torch.compile (which fuses it with the operations around it; the masks
+    drawn here would break the graph at every dropout)."""
+    return _keys is None and (x.device.type != "cpu" or torch.compiler.is_compiling())
 
 
 def keyed() -> bool:
@@ -257,7 +259,7 @@ def dropout(x: torch.Tensor, p: float, training: bool, noise: torch.Tensor | Non
         return x * noise
     if not training or p == 0.0:
         return x
-    if _fused(x):
+    if fused_dropout(x):
         return F.dropout(x, p, True)
     return x * dropout_noise(x, p, batch_dim)
 
@@ -267,7 +269,7 @@ def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool,
     """x + dropout(y, p, training, noise, batch_dim), the residual connection after a sublayer: one multiply-add."""
     if noise is None and (not training or p == 0.0):
         return x + y
-    if noise is None and _fused(y):
+    if noise is None and fused_dropout(y):
         return x + F.dropout(y, p, True)
     return torch.addcmul(x, y, dropout_noise(y, p, batch_dim) if noise is None else noise)
 

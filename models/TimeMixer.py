@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from layers.decomposition import SeriesDecomposition
-from layers.dropout import dropout_noise, keyed
+from layers.dropout import dropout_noise, fused_dropout
 from layers.embed import DataEmbedding
 from layers.normalization import InstanceNorm
 
@@ -66,11 +66,11 @@ def _time_mlp_after(mlp: nn.Sequential, x: torch.Tensor, time_map: torch.Tensor)
 
 def _dropout_(x: torch.Tensor, dropout: nn.Dropout, batch_dim: int = 0) -> torch.Tensor:
     """dropout(x) in place (x: a fresh product no other operation reads) with layers.dropout's mask, which
-    follows the samples along `batch_dim` in training; a GPU outside that uses its fused kernel."""
+    follows the samples along `batch_dim` in training; a GPU or torch.compile outside that fuses F.dropout."""
     p = dropout.p
     if not dropout.training or p == 0:
         return x
-    if x.device.type != "cpu" and not keyed():  # the device's fused kernel
+    if fused_dropout(x):  # the device's or the compiler's fused kernel
         return dropout(x)
     return x.mul_(dropout_noise(x, p, batch_dim))  # layers.dropout's mask (following the samples in training)
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import add_dropout, dropout, dropout_noises, keyed
+from layers.dropout import add_dropout, dropout, dropout_noises, fused_dropout
 from layers.embed import DataEmbeddingInverted
 from layers.encoder import Encoder, EncoderLayer
 from layers.normalization import InstanceNorm
@@ -77,11 +77,11 @@ def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Te
 
 def _layer_noise(layer: EncoderLayer, queries: torch.Tensor, x: torch.Tensor):
     """The dropout masks of the layer's attention weights, attention output, hidden layer and feed-forward
-    output, drawn at once in CPU training (with one dropout rate, as iTransformer builds them), or each
-    following its samples (layers.dropout.keyed: every device); else Nones, and each dropout draws its own
-    (or runs F.dropout)."""
+    output, drawn at once (with one dropout rate, as iTransformer builds them) wherever layers.dropout draws
+    masks itself (eager CPU training, or masks following the samples on any device); else Nones, and each
+    dropout runs F.dropout (layers.dropout.fused_dropout)."""
     attention, ff, p = layer.attention, layer.feed_forward, layer.dropout.p
-    if not (layer.training and p > 0.0 and (x.device.type == "cpu" or keyed())
+    if not (layer.training and p > 0.0 and not fused_dropout(x)
             and attention.dropout == ff.dropout.p == p):
         return None, None, None, None
     n_out, batch, _ = queries.shape
@@ -99,7 +99,7 @@ def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.T
     d_head = d_model // n_heads
     q, k, v = attention.query(queries), attention.key(x), attention.value(x)
     p = attention.dropout if attention.training else 0.0
-    if noise is None and (p == 0.0 or (x.device.type != "cpu" and not keyed())):
+    if noise is None and (p == 0.0 or fused_dropout(x)):
         q, k, v = (t.view(len(t), batch, n_heads, d_head).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, N, E]
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return attention.out(attended.permute(2, 0, 1, 3).reshape(n_q, batch, d_model))

@@ -155,11 +155,13 @@ NOT_IDENTITY = {
     # where the files lie, not what they hold: the data's content hash is checked
     DATA_GROUP: ("root_path",),
     # speed only: validation and test metrics are exact sums whatever the batch, loader workers and
-    # threads do not reorder batches, where batches are gathered changes no value, and --compile runs
-    # the same model (rounding only; a run must be able to continue without the compiler)
+    # threads do not reorder batches, where batches are gathered or how malloc keeps memory changes no
+    # value, and --compile runs the same model (rounding only; a run must be able to continue without
+    # the compiler)
     # the test split's loss during training is reported, never used: training runs the same without it
     "evaluation": ("test_every_epoch",),
-    "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "compile"),
+    "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "keep_freed_memory",
+                     "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and --zero shards the same Adam state
     "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero",
