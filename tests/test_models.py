@@ -360,31 +360,23 @@ def test_timemixer_rejects_unknown_mark_pairing():
 
 # ---------------------------------------------------------------- cache-blocked MLPs (CPU kernels)
 
-def _blocked_case(name):
+def _blocked_case():
     """(the blocked kernel's output, the plain ops' output, their inputs) as functions of fresh inputs,
     wide enough for several blocks and a ragged last one, in float64 so that only the summation order
     differs."""
     from models.TiDE import CHUNK_ROWS, WideHiddenMLP
-    from models.TSMixer import _ChannelMLP
 
     g = torch.Generator().manual_seed(0)
-
-    def tensors(*shapes):
-        return [torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True) for shape in shapes]
-
-    if name == "TSMixer":
-        x, w1, b1, w2, b2 = tensors((2 * 4096 + 33, 7), (32, 7), (32,), (7, 32), (7,))
-        return (lambda: _ChannelMLP.apply(x, w1, b1, w2, b2),
-                lambda: torch.relu(x @ w1.t() + b1) @ w2.t() + b2, [x, w1, b1, w2, b2])
-    x, w1, b1, w2 = tensors((2 * CHUNK_ROWS + 19, 6), (48, 6), (48,), (2, 48))
+    x, w1, b1, w2 = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+                     for shape in ((2 * CHUNK_ROWS + 19, 6), (48, 6), (48,), (2, 48)))
     return (lambda: WideHiddenMLP.apply(x, w1, b1, w2), lambda: torch.relu(x @ w1.t() + b1) @ w2.t(), [x, w1, b1, w2])
 
 
-@pytest.mark.parametrize("name", ["TSMixer", "TiDE"])
-def test_cache_blocked_mlps_compute_the_plain_ops_over_several_blocks(name):
-    """The models' CPU kernels that keep a wide hidden layer in cache-sized blocks (and recompute it in
-    backward) give the plain ops' output and gradients, across block boundaries and a ragged last block."""
-    blocked, plain, inputs = _blocked_case(name)
+def test_cache_blocked_mlp_computes_the_plain_ops_over_several_blocks():
+    """TiDE's CPU kernel that keeps its wide hidden layer in cache-sized blocks (and recomputes it in
+    backward) gives the plain ops' output and gradients, across block boundaries and a ragged last block."""
+    name = "TiDE"
+    blocked, plain, inputs = _blocked_case()
     out = blocked()
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     got = torch.autograd.grad(out, inputs, grad)
