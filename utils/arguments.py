@@ -239,7 +239,7 @@ def build_parser():
     g.add_argument("--num_threads", type=non_negative_int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
     g.add_argument("--keep_freed_memory", type=str2bool, nargs="?", const=True, default=True,
                    help="Linux: malloc keeps freed memory for reuse, so no step pays page faults on fresh memory "
-                        "(TimeMixer's CPU step ~25%% shorter); false: glibc's defaults, which return memory sooner")
+                        "(TimeMixer's CPU step ~20%% shorter); false: glibc's defaults, which return memory sooner")
 
     g = p.add_argument_group("fine-tuning (OpenLTM)")
     g.add_argument("--adaptation", action="store_true", help="start training from --pretrain_model_path's weights")
