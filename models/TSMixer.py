@@ -6,7 +6,7 @@ normalisation (the paper's RevIN) under configs.use_norm."""
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import Dropout, add_dropout
+from layers.dropout import Dropout, add_dropout, dropout_noises, fused_dropout
 from layers.normalization import InstanceNorm
 
 
@@ -28,13 +28,14 @@ class MixerBlock(nn.Module):
         self.channel = nn.Sequential(
             nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), Dropout(dropout))
 
-    def forward(self, x):
-        """x [L, B, C], contiguous; returns the same layout."""
+    def forward(self, x, noises=(None, None)):
+        """x [L, B, C], contiguous; returns the same layout. `noises`: the two dropout masks, if drawn
+        already (Model.dropout_masks)."""
         steps, _, channels = x.shape
         up, _, down, drop = self.temporal
         series = x.view(steps, -1).t()  # [B * C, L]
         mixed = F.linear(F.linear(series, up.weight, up.bias).relu_(), down.weight, down.bias)
-        x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training, batch_dim=1)
+        x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training, noises[0], batch_dim=1)
 
         # the channel MLP's [L * B, d_model] hidden layer is TSMixer's one large tensor; computed a
         # cache-sized block at a time (hidden layer recomputed in backward) it measured slower than
@@ -42,7 +43,7 @@ class MixerBlock(nn.Module):
         up, _, down, drop = self.channel
         rows = x.view(-1, channels)  # [L * B, C]
         mixed = F.linear(F.linear(rows, up.weight, up.bias).relu_(), down.weight, down.bias)
-        return add_dropout(x, mixed.view_as(x), drop.p, self.training, batch_dim=1)
+        return add_dropout(x, mixed.view_as(x), drop.p, self.training, noises[1], batch_dim=1)
 
 
 class Model(nn.Module):
@@ -65,10 +66,22 @@ class Model(nn.Module):
             raise ValueError(f"TSMixer expects seq_len={self.seq_len} input steps, got {x_enc.shape[1]}")
         x = self.normalize.norm(x_enc) if self.normalize is not None else x_enc
         x = x.transpose(0, 1).contiguous()  # [L, B, C], the blocks' layout
-        for block in self.model:
-            x = block(x)
+        for block, noises in zip(self.model, self.dropout_masks(x)):
+            x = block(x, noises)
         steps, batch, channels = x.shape
         out = self.projection(x.view(steps, -1).t())  # [B * C, pred_len]
         out = out.view(batch, channels, -1).transpose(1, 2)  # [B, pred_len, C]
         return self.normalize.denorm(out) if self.normalize is not None else out
+
+    def dropout_masks(self, x):
+        """Every block's two dropout masks for x [L, B, C], drawn at once (one draw per sample when masks
+        follow the samples: on the CPU a reseed and a draw each, the dearest part of the masks) wherever
+        layers.dropout draws masks itself; else pairs of Nones, and each dropout draws its own or runs
+        F.dropout (layers.dropout.fused_dropout)."""
+        drops = [module for block in self.model for module in (block.temporal[-1], block.channel[-1])]
+        p = drops[0].p if drops else 0.0
+        if not (self.training and 0.0 < p < 1.0 and not fused_dropout(x) and all(d.p == p for d in drops)):
+            return [(None, None)] * len(self.model)
+        masks = dropout_noises(x, p, *[x.shape] * len(drops), batch_dims=[1] * len(drops))
+        return list(zip(masks[0::2], masks[1::2]))
 

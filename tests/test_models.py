@@ -385,3 +385,22 @@ def test_cache_blocked_mlp_computes_the_plain_ops_over_several_blocks():
     torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name} forward: {m}")
     for i, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{name} gradient {i}: {m}")
+
+
+def test_tsmixer_draws_a_training_forwards_masks_in_one_call_per_sample():
+    """TSMixer's four masks (two blocks x time and channel mixing) come from one draw per sample: on the
+    CPU each keyed draw costs a reseed per sample, which made TSMixer's step slower than TSLib's. The masks
+    still follow the samples: a sample's rows are the same whatever its batch-mates."""
+    from layers import dropout as layers_dropout
+    from models import TSMixer
+
+    torch.manual_seed(0)
+    configs = make_configs(e_layers=2, dropout=0.5)
+    model = TSMixer.Model(configs).train()
+    x = make_inputs(configs)[0]
+    with layers_dropout.masks_follow_samples(3, 10, len(x)):
+        together = model(x)
+        assert layers_dropout._keys.calls == 1
+    with layers_dropout.masks_follow_samples(3, 11, 1):  # sample 1 alone, at its global position 11
+        alone = model(x[1:2])
+    torch.testing.assert_close(alone[0], together[1])
