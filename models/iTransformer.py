@@ -47,48 +47,56 @@ class Model(nn.Module):
         tokens = x_enc.permute(2, 0, 1)
         if x_mark_enc is not None and x_mark_enc.shape[-1]:
             tokens = torch.cat([tokens, x_mark_enc.permute(2, 0, 1)])  # time features join as extra tokens
-        tokens = dropout(self.embedding.linear(tokens), self.embedding.dropout.p, self.training, batch_dim=1)
         layers = self.encoder.layers
-        for i, layer in enumerate(layers):
-            # Time-feature tokens only inform the variates through attention; they are not forecast, so the
-            # last layer computes the C variate tokens only (the others' outputs would be dropped).
-            tokens = _encoder_layer(layer, tokens, n_vars if i == len(layers) - 1 else len(tokens))
+        # Time-feature tokens only inform the variates through attention; they are not forecast, so the
+        # last layer computes the C variate tokens only (the others' outputs would be dropped).
+        n_outs = [n_vars if i == len(layers) - 1 else len(tokens) for i in range(len(layers))]
+        embedding_mask, *layer_masks = self._dropout_masks(tokens, n_outs)
+        tokens = dropout(self.embedding.linear(tokens), self.embedding.dropout.p, self.training, embedding_mask,
+                         batch_dim=1)
+        for layer, n_out, masks in zip(layers, n_outs, layer_masks):
+            tokens = _encoder_layer(layer, tokens, n_out, masks)
         out = self.projector(self.encoder.norm(tokens[:n_vars])).permute(1, 2, 0)  # [B, pred_len, C]
 
         if self.use_norm:
             out = self.normalizer.denorm(out)
         return out
 
+    def _dropout_masks(self, tokens: torch.Tensor, n_outs: list[int]):
+        """The embedding's dropout mask and each layer's four (attention weights, attention output, hidden
+        layer, feed-forward output), for token-major tokens [N, B, in]: drawn at once wherever layers.dropout
+        draws masks itself (eager CPU training, or masks following the samples on any device), so that on
+        the CPU a step pays one reseed per sample, not one per sample and layer; else Nones, and each
+        dropout runs F.dropout (layers.dropout.fused_dropout). iTransformer builds every dropout with one rate."""
+        layers, n_tokens, batch = self.encoder.layers, len(tokens), tokens.shape[1]
+        p = self.embedding.dropout.p
+        rates = [p] + [rate for layer in layers for rate in (layer.attention.dropout, layer.dropout.p,
+                                                              layer.feed_forward.dropout.p)]
+        if not (self.training and 0.0 < p < 1.0 and not fused_dropout(tokens) and all(r == p for r in rates)):
+            return [None] + [(None, None, None, None)] * len(layers)
+        d_model = self.embedding.linear.out_features
+        shapes, batch_dims = [(n_tokens, batch, d_model)], [1]
+        for layer, n_out in zip(layers, n_outs):
+            shapes += [(batch * layer.attention.n_heads, n_tokens, n_out),  # [B * H, keys, queries], as _attention
+                       (n_out, batch, d_model), (n_out, batch, layer.feed_forward.linear1.out_features),
+                       (n_out, batch, d_model)]
+            batch_dims += [0, 1, 1, 1]  # token-major tensors hold the samples along dim 1
+        masks = dropout_noises(tokens, p, *shapes, batch_dims=batch_dims)
+        return [masks[0]] + [tuple(masks[i:i + 4]) for i in range(1, len(masks), 4)]
 
-def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int) -> torch.Tensor:
+
+def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int, masks=(None, None, None, None)) -> torch.Tensor:
     """EncoderLayer.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
-
-    Dropout goes through layers.dropout's helpers: on the CPU the four masks of the layer come from one
-    draw of the cheaper sampler, and each residual addition is fused with its dropout."""
+    `masks`: the dropout masks of the attention weights, attention output, hidden layer and feed-forward
+    output, if drawn already (Model._dropout_masks); each residual addition is fused with its dropout."""
     training = layer.training
     queries = x if n_out == len(x) else x[:n_out]
-    attention_noise, out_noise, hidden_noise, ff_noise = _layer_noise(layer, queries, x)
+    attention_noise, out_noise, hidden_noise, ff_noise = masks
     attended = _attention(layer.attention, queries, x, attention_noise)
     x = layer.norm1(add_dropout(queries, attended, layer.dropout.p, training, out_noise))
     ff = layer.feed_forward
     hidden = dropout(ff.activation(ff.linear1(x)), ff.dropout.p, training, hidden_noise)
     return layer.norm2(add_dropout(x, ff.linear2(hidden), ff.dropout.p, training, ff_noise))
-
-
-def _layer_noise(layer: EncoderLayer, queries: torch.Tensor, x: torch.Tensor):
-    """The dropout masks of the layer's attention weights, attention output, hidden layer and feed-forward
-    output, drawn at once (with one dropout rate, as iTransformer builds them) wherever layers.dropout draws
-    masks itself (eager CPU training, or masks following the samples on any device); else Nones, and each
-    dropout runs F.dropout (layers.dropout.fused_dropout)."""
-    attention, ff, p = layer.attention, layer.feed_forward, layer.dropout.p
-    if not (layer.training and p > 0.0 and not fused_dropout(x)
-            and attention.dropout == ff.dropout.p == p):
-        return None, None, None, None
-    n_out, batch, _ = queries.shape
-    weights_shape = (batch * attention.n_heads, len(x), n_out)  # [B * H, keys, queries], as in _attention
-    hidden_shape = (n_out, batch, ff.linear1.out_features)
-    # token-major tensors hold the samples along dim 1 (where masks follow the samples)
-    return dropout_noises(x, p, weights_shape, queries.shape, hidden_shape, queries.shape, batch_dims=(0, 1, 1, 1))
 
 
 def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:

@@ -387,16 +387,19 @@ def test_cache_blocked_mlp_computes_the_plain_ops_over_several_blocks():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{name} gradient {i}: {m}")
 
 
-def test_tsmixer_draws_a_training_forwards_masks_in_one_call_per_sample():
-    """TSMixer's four masks (two blocks x time and channel mixing) come from one draw per sample: on the
-    CPU each keyed draw costs a reseed per sample, which made TSMixer's step slower than TSLib's. The masks
-    still follow the samples: a sample's rows are the same whatever its batch-mates."""
+@pytest.mark.parametrize("name", ["TSMixer", "iTransformer"])
+def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
+    """TSMixer's four masks (two blocks x time and channel mixing) and iTransformer's nine (the embedding's,
+    then four a layer) come from one draw per sample: on the CPU each keyed draw costs a reseed per sample,
+    which made TSMixer's step slower than TSLib's. The masks still follow the samples: a sample's output is
+    the same whatever its batch-mates."""
+    import importlib
+
     from layers import dropout as layers_dropout
-    from models import TSMixer
 
     torch.manual_seed(0)
     configs = make_configs(e_layers=2, dropout=0.5)
-    model = TSMixer.Model(configs).train()
+    model = importlib.import_module(f"models.{name}").Model(configs).train()
     x = make_inputs(configs)[0]
     with layers_dropout.masks_follow_samples(3, 10, len(x)):
         together = model(x)
