@@ -48,6 +48,8 @@ def test_run_py_keeps_freed_memory_unless_told_not_to(flag, calls, tmp_path, mon
 
     called = []
     monkeypatch.setattr(run, "keep_freed_memory", lambda: called.append(True))
+    # run.main gives the "tsl" logger its own handler and stops propagation: later tests read the log via caplog
+    monkeypatch.setattr(run, "configure_logging", lambda quiet=False: None)
     argv = ["--train_epochs", 1, "--synthetic_rows", 1500, "--no_plots", "--quiet", *output_args(tmp_path), *flag]
     assert run.main(list(map(str, argv))) == 0
     assert len(called) == calls
