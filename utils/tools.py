@@ -1,4 +1,5 @@
-"""Training-loop helpers: learning-rate schedules, early stopping, seeding, eval mode."""
+"""Training-loop helpers: learning-rate schedules, early stopping, seeding, eval mode, precision, and the
+allocator setting that keeps freed memory for reuse."""
 import contextlib
 import ctypes
 import math
