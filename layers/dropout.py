@@ -86,10 +86,10 @@ def _keyed_noise(like, p, keys, hashed=None):
     if like.device.type != "cpu" if hashed is None else hashed:
         return _hashed_noise(like, p, call_key, keys.first, keys.samples)
     generator = _generator(like.device)
-    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
     seeds = _sample_seeds(call_key, keys.first, keys.samples)
     if p < 0.25 and like.numel() // keys.samples >= 1 << 13:  # large samples: only their dropped positions
-        return _keyed_dropped(noise, p, seeds, generator).to(like.dtype)
+        return _keyed_dropped(like.shape, p, seeds, generator, _noise_dtype(like), like.device).to(like.dtype)
+    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
     # one 31-bit integer per element, each sample's from its own seed; the rest in one pass over them all
     bits = torch.empty(like.shape, dtype=torch.int32, device=like.device)
     for part, seed in zip(bits.view(keys.samples, -1).unbind(0), seeds):
@@ -111,27 +111,31 @@ def _sample_seeds(call_key, first, samples):
     return ((_sample_keys(call_key, first, samples) >> 1) & ((1 << 63) - 1)).tolist()
 
 
-def _keyed_dropped(noise, p, seeds, generator):
-    """_fill_noise's dropped positions for each sample's rows of `noise` (samples along dim 0) from its own
-    seed: the draws sample by sample, the arithmetic on all samples at once (what makes the per-sample
-    masks affordable); the very masks a per-sample _fill_noise would give."""
-    samples, n = len(seeds), noise.numel() // len(seeds)
+def _keyed_dropped(shape, p, seeds, generator, dtype=torch.float32, device=None):
+    """_fill_noise's dropped positions for a tensor of `shape` holding the samples' rows along dim 0, each
+    sample's from its own seed: the draws sample by sample, the arithmetic on all samples at once (what
+    makes the per-sample masks affordable); the very masks a per-sample _fill_noise would give."""
+    samples, n = len(seeds), math.prod(shape) // len(seeds)
     expected = n * p
     draws = int(expected + 6.0 * math.sqrt(expected) + 16)  # as dropped_positions' first round
-    u = torch.empty(samples, draws, dtype=torch.int32, device=noise.device)
+    u = torch.empty(samples, draws, dtype=torch.int32, device=device)
     for row, seed in zip(u.unbind(0), seeds):
         generator.manual_seed(seed)
         row.random_(generator=generator)
     positions = _hits(u, math.log1p(-p))
-    flat = noise.view(samples, n).fill_(1.0 / (1.0 - p))
     short = (positions[:, -1] < n).nonzero().flatten().tolist()  # a second round: about 1e-9 per sample
-    hit = positions < n
-    hit[short] = False
-    offsets = torch.arange(samples, device=noise.device, dtype=torch.float64).mul_(n).unsqueeze(1)
-    flat.view(-1).index_fill_(0, positions.add_(offsets)[hit].long(), 0.0)
-    for sample in short:
+    # The draws past a sample's n elements go to one spare element after the masks, so every position is
+    # filled as it is (no boolean indexing, which costs a nonzero and a gather)
+    spare = samples * n
+    inside = positions < n
+    offsets = torch.arange(0, spare, n, device=device, dtype=torch.float64).unsqueeze(1)
+    index = torch.where(inside, positions.add_(offsets), spare).long()
+    store = torch.empty(spare + 1, dtype=dtype, device=device).fill_(1.0 / (1.0 - p))
+    store.index_fill_(0, index.view(-1), 0.0)
+    noise = store[:spare].view(shape)
+    for sample in short:  # redrawn whole, over what its first round filled
         generator.manual_seed(seeds[sample])
-        _fill_noise(flat[sample], p, generator)
+        _fill_noise(noise[sample], p, generator)
     return noise
 
 

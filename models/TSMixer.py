@@ -3,10 +3,10 @@ seq_len steps of each channel) and across channels (an MLP over the enc_in value
 one linear map over time (seq_len -> pred_len). Chen et al., "TSMixer: An All-MLP Architecture for
 Time Series Forecasting", TMLR 2023; follows the TSLib implementation, with optional instance
 normalisation (the paper's RevIN) under configs.use_norm."""
-import torch.nn.functional as F
 from torch import nn
 
 from layers.dropout import Dropout, add_dropout, dropout_noises, fused_dropout
+from layers.mlp import relu_mlp
 from layers.normalization import InstanceNorm
 
 
@@ -17,8 +17,9 @@ class MixerBlock(nn.Module):
     no normalisation inside the block (the paper's batch norm is left out). ReLU is fixed, as in
     both the paper and TSLib, whatever configs.activation says.
 
-    Time-major, both mixings are plain matrix products on views of x with no copies: time mixing works
-    on the [B * C, L] transpose of the [L, B * C] matrix, channel mixing on its [L * B, C] rows.
+    Time-major, both mixings are matrix products on views of x: time mixing on the [B * C, L] transpose
+    of the [L, B * C] matrix, channel mixing on its [L * B, C] rows (layers.mlp.relu_mlp, whose backward
+    suits the C-wide input).
     """
 
     def __init__(self, seq_len: int, channels: int, d_model: int, dropout: float):
@@ -34,15 +35,15 @@ class MixerBlock(nn.Module):
         steps, _, channels = x.shape
         up, _, down, drop = self.temporal
         series = x.view(steps, -1).t()  # [B * C, L]
-        mixed = F.linear(F.linear(series, up.weight, up.bias).relu_(), down.weight, down.bias)
+        mixed = relu_mlp(series, up, down)
         x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training, noises[0], batch_dim=1)
 
-        # the channel MLP's [L * B, d_model] hidden layer is TSMixer's one large tensor; computed a
-        # cache-sized block at a time (hidden layer recomputed in backward) it measured slower than
-        # these plain ops once freed memory is kept for reuse (benchmarks/README.md)
+        # the channel MLP's [L * B, d_model] hidden layer is TSMixer's one large tensor, and its narrow
+        # input (C channels) makes autograd's weight gradient slow: relu_mlp's backward (layers/mlp.py).
+        # Computed a cache-sized block at a time it measured slower (benchmarks/README.md).
         up, _, down, drop = self.channel
         rows = x.view(-1, channels)  # [L * B, C]
-        mixed = F.linear(F.linear(rows, up.weight, up.bias).relu_(), down.weight, down.bias)
+        mixed = relu_mlp(rows, up, down)
         return add_dropout(x, mixed.view_as(x), drop.p, self.training, noises[1], batch_dim=1)
 
 

@@ -113,11 +113,32 @@ def test_large_samples_drop_the_positions_a_per_sample_draw_gives():
     from layers.dropout import _fill_noise, _keyed_dropped
 
     seeds = [11, 2**62 + 5, 7]
-    batched = _keyed_dropped(torch.empty(3, 90, 100), 0.1, seeds, torch.Generator())
+    batched = _keyed_dropped((3, 90, 100), 0.1, seeds, torch.Generator())
     for sample, seed in enumerate(seeds):
         alone = _fill_noise(torch.empty(90, 100), 0.1, torch.Generator().manual_seed(seed))
         assert torch.equal(batched[sample], alone)
     assert _masks((16, 9000), 0, 16)[0].eq(0).float().mean().item() == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_sample_whose_draws_fall_short_gets_the_per_sample_draw(monkeypatch):
+    """When a sample's first round of gaps ends inside its rows (about 1e-9 a sample), _keyed_dropped draws
+    that sample again as _fill_noise would, and none of its first-round positions leak into the mask."""
+    import layers.dropout as dropout_module
+
+    hits = dropout_module._hits
+
+    def short_second_row(bits, log_miss):
+        positions = hits(bits, log_miss)
+        if positions.dim() == 2:  # the batched round, not _fill_noise's
+            positions[1] = positions[1].div(1000).floor()  # sample 1's gaps collapsed: it ends inside its rows
+        return positions
+
+    monkeypatch.setattr(dropout_module, "_hits", short_second_row)
+    seeds = [11, 2**62 + 5, 7]
+    batched = dropout_module._keyed_dropped((3, 9000), 0.1, seeds, torch.Generator())
+    for sample, seed in enumerate(seeds):
+        alone = dropout_module._fill_noise(torch.empty(9000), 0.1, torch.Generator().manual_seed(seed))
+        assert torch.equal(batched[sample], alone)
 
 
 def test_masks_of_several_shapes_drawn_together_follow_the_sample():
