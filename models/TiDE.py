@@ -12,8 +12,9 @@ are broadcast over the channels instead of being repeated; and the feature encod
 decoder, whose hidden layers ([B * (L + H), d_model] and [B * C * H, d_ff], ~350 MB at the ETTh1
 script's settings) are far wider than their inputs and outputs, compute that hidden layer a cache-sized
 block of rows at a time on the CPU and recompute it in backward rather than storing it (WideHiddenMLP).
-Dropout is layers.dropout's (masks that follow the sample), and the LayerNorm over the
-feature encoder's two values is written out in elementwise ops (ATen's kernel is slow per row).
+Dropout is layers.dropout's (masks that follow the sample, every block's drawn at once: Model.dropout_masks),
+and the LayerNorm over the feature encoder's two values is written out in elementwise ops (ATen's kernel
+is slow per row).
 """
 import torch
 import torch.nn.functional as F

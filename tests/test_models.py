@@ -387,11 +387,11 @@ def test_cache_blocked_mlp_computes_the_plain_ops_over_several_blocks():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{name} gradient {i}: {m}")
 
 
-@pytest.mark.parametrize("name", ["TSMixer", "iTransformer"])
+@pytest.mark.parametrize("name", ["TSMixer", "iTransformer", "TiDE"])
 def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
-    """TSMixer's four masks (two blocks x time and channel mixing) and iTransformer's nine (the embedding's,
-    then four a layer) come from one draw per sample: on the CPU each keyed draw costs a reseed per sample,
-    which made TSMixer's step slower than TSLib's. The masks still follow the samples: a sample's output is
+    """TSMixer's four masks (two blocks x time and channel mixing), iTransformer's nine (the embedding's,
+    then four a layer) and TiDE's (one a block) come from one draw per sample: on the CPU each keyed draw
+    costs a reseed per sample, which made TSMixer's step slower than TSLib's. The masks still follow the samples: a sample's output is
     the same whatever its batch-mates."""
     import importlib
 
