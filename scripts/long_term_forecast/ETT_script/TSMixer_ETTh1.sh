@@ -5,9 +5,6 @@
 # has none, which --use_norm 0 reproduces (test MSE 0.57 vs 0.43 after one epoch at horizon 96).
 #   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/TSMixer_ETTh1.sh
 #   PRED_LENS="96 336" bash ...TSMixer_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
-#   ... TSMixer_ETTh1.sh --compile   # a 1.1-1.3x shorter CPU step (benchmarks/README.md), the one model
-#                                    # it speeds up; its dropout masks then come from the global generator,
-#                                    # so a DDP run no longer trains as one process would
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
