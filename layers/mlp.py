@@ -1,4 +1,7 @@
-"""Linear -> ReLU -> Linear over the rows of a matrix, with a CPU backward for narrow inputs.
+"""Two-layer MLPs (Linear -> activation -> Linear) laid out for the CPU's matrix products.
+
+relu_mlp runs over the rows of a matrix, with a CPU backward for narrow inputs; mlp_over_columns over
+the columns of a feature-major matrix, with the weights on the left.
 
 Autograd's backward of F.linear(x, w1) computes w1's gradient as grad_hidden.T @ x, a [hidden, rows] by
 [rows, in] product; when `in` is a handful of columns (TSMixer's channel MLP: 7 channels into 512) MKL
@@ -47,3 +50,13 @@ def relu_mlp(x: torch.Tensor, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
         return ReluMLP.apply(x, up.weight, up.bias, down.weight, down.bias)
     return F.linear(F.linear(x, up.weight, up.bias).relu_(), down.weight, down.bias)
+
+
+def mlp_over_columns(x: torch.Tensor, up: nn.Linear, down: nn.Linear, activation=torch.relu_) -> torch.Tensor:
+    """down(activation(up(x.T))).T for x [in, N], feature-major, computed as it lies: one product with the
+    weight on the left per layer and no transposed copy (the biases added in place: addmm with a column bias
+    is several times slower on the CPU). TimeMixer's hidden state is feature-major throughout; TSMixer's
+    time-major [L, B * C] input is its time MLP's feature-major one, 0.75 against 0.88 ms forward +
+    backward on 2 cores than as rows of the transpose."""
+    hidden = activation(torch.mm(up.weight, x).add_(up.bias.unsqueeze(1)))
+    return torch.mm(down.weight, hidden).add_(down.bias.unsqueeze(1))

@@ -6,7 +6,7 @@ normalisation (the paper's RevIN) under configs.use_norm."""
 from torch import nn
 
 from layers.dropout import Dropout, add_dropout, dropout_noises, fused_dropout
-from layers.mlp import relu_mlp
+from layers.mlp import mlp_over_columns, relu_mlp
 from layers.normalization import InstanceNorm
 
 
@@ -17,9 +17,9 @@ class MixerBlock(nn.Module):
     no normalisation inside the block (the paper's batch norm is left out). ReLU is fixed, as in
     both the paper and TSLib, whatever configs.activation says.
 
-    Time-major, both mixings are matrix products on views of x: time mixing on the [B * C, L] transpose
-    of the [L, B * C] matrix, channel mixing on its [L * B, C] rows (layers.mlp.relu_mlp, whose backward
-    suits the C-wide input).
+    Time-major, both mixings are matrix products on views of x: time mixing on the columns of the
+    [L, B * C] matrix (layers.mlp.mlp_over_columns), channel mixing on its [L * B, C] rows
+    (layers.mlp.relu_mlp, whose backward suits the C-wide input).
     """
 
     def __init__(self, seq_len: int, channels: int, d_model: int, dropout: float):
@@ -34,9 +34,8 @@ class MixerBlock(nn.Module):
         already (Model.dropout_masks)."""
         steps, _, channels = x.shape
         up, _, down, drop = self.temporal
-        series = x.view(steps, -1).t()  # [B * C, L]
-        mixed = relu_mlp(series, up, down)
-        x = add_dropout(x, mixed.t().view_as(x), drop.p, self.training, noises[0], batch_dim=1)
+        mixed = mlp_over_columns(x.view(steps, -1), up, down)  # over time, on [L, B * C] as it lies
+        x = add_dropout(x, mixed.view_as(x), drop.p, self.training, noises[0], batch_dim=1)
 
         # the channel MLP's [L * B, d_model] hidden layer is TSMixer's one large tensor, and its narrow
         # input (C channels) makes autograd's weight gradient slow: relu_mlp's backward (layers/mlp.py).

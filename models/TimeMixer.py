@@ -16,6 +16,7 @@ from torch import nn
 from layers.decomposition import SeriesDecomposition
 from layers.dropout import dropout_noise, fused_dropout
 from layers.embed import DataEmbedding
+from layers.mlp import mlp_over_columns
 from layers.normalization import InstanceNorm
 
 
@@ -47,15 +48,10 @@ def _feature_mlp(d_model: int, d_ff: int) -> nn.Sequential:
 
 
 def _over_features(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """A (Linear, activation, Linear) MLP applied to every column of x [d_in, M] -> [d_out, M].
-
-    The hidden state is feature-major ([D, N, T], see Model.forward), so the feature MLP is a product
-    with the weight on the left: one matrix product per layer and no transposed copies.
-    """
+    """A (Linear, activation, Linear) MLP over every column of the feature-major x [d_in, M] -> [d_out, M]:
+    one matrix product per layer and no transposed copies (layers.mlp.mlp_over_columns)."""
     first, activation, second = mlp
-    # mm, then the bias in place: addmm with a column bias is several times slower on the CPU
-    hidden = activation(torch.mm(first.weight, x).add_(first.bias.unsqueeze(1)))
-    return torch.mm(second.weight, hidden).add_(second.bias.unsqueeze(1))
+    return mlp_over_columns(x, first, second, activation)
 
 
 def _time_mlp_after(mlp: nn.Sequential, x: torch.Tensor, time_map: torch.Tensor) -> torch.Tensor:
