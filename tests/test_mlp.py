@@ -55,3 +55,23 @@ def test_plain_ops_where_the_custom_backward_does_not_serve():
     assert out.dtype == torch.bfloat16 and out.grad_fn.name() != "ReluMLPBackward"
     with torch.no_grad():
         assert relu_mlp(x, *narrow).grad_fn is None
+
+
+@pytest.mark.parametrize("activation", [torch.relu_, nn.GELU()])
+def test_mlp_over_columns_is_the_mlp_of_the_transpose(activation):
+    """mlp_over_columns(x) == down(activation(up(x.T))).T, gradients included (TSMixer's time MLP, TimeMixer's
+    feature MLPs)."""
+    from layers.mlp import mlp_over_columns
+
+    torch.manual_seed(2)
+    up, down = nn.Linear(12, 40).double(), nn.Linear(40, 12).double()
+    x = torch.randn(12, 30, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(12, 30, dtype=torch.float64)
+    plain = lambda x, up, down: _plain(x.t(), up, down).t() if activation is torch.relu_ else \
+        F.linear(activation(F.linear(x.t(), up.weight, up.bias)), down.weight, down.bias).t()
+    ours = lambda x, up, down: mlp_over_columns(x, up, down, activation)
+    out, grads = _gradients(ours, x, up, down, grad)
+    expected_out, expected = _gradients(plain, x, up, down, grad)
+    torch.testing.assert_close(out, expected_out)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
