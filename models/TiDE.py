@@ -95,6 +95,28 @@ class WideHiddenMLP(torch.autograd.Function):
         return grad_x, grad_w1b[:, :-1], grad_w1b[:, -1], grad_w2
 
 
+_ROW_HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: an odd multiplier for the row hash
+
+
+def distinct_rows(x: torch.Tensor, at_most: float = 0.5):
+    """(rows, inverse) with rows.index_select(0, inverse) equal to x [N, K] element for element; None when x
+    has more than at_most * N distinct rows (too few repeats to gain) or a hash collision merged two rows.
+    The rows are found by one sort of a 64-bit hash of each row's bits: torch.unique(x, dim=0) sorts the
+    rows lexicographically, 165 ms for TiDE's 98 304 x 4 time features against 4 ms here."""
+    integer = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(x.element_size())
+    if integer is None or x.dim() != 2 or len(x) == 0:
+        return None
+    bits = x.contiguous().view(integer).long()
+    key = bits[:, 0].clone()
+    for column in bits.unbind(1)[1:]:
+        key.mul_(_ROW_HASH).add_(column)  # wraps modulo 2**64
+    keys, inverse = torch.unique(key, return_inverse=True)
+    if len(keys) > at_most * len(x):
+        return None
+    rows = x.new_empty(len(keys), x.shape[1]).index_copy_(0, inverse, x)
+    return (rows, inverse) if torch.equal(rows.index_select(0, inverse), x) else None  # NaNs fail too
+
+
 def layer_norm(ln, x):
     """LayerNorm `ln` of x. Over two values (a, b), the feature encoder's output, it is
     (d, -d) / sqrt(d^2 + 4 eps) * weight + bias with d = a - b (x minus its mean is (d, -d) / 2, the
@@ -123,13 +145,17 @@ class ResBlock(nn.Module):
 
     def forward(self, x, noise=None):
         """`noise`: the block's dropout mask, if drawn already (Model.dropout_masks)."""
+        return self.finish(*self.branches(x), noise)
+
+    def branches(self, x):
+        """fc2(ReLU(fc1(x))) and the skip connection fc3(x): the block before its dropout, a function of
+        each row of x alone."""
         if self.wide_hidden and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             flat = x.reshape(-1, x.shape[-1])
             hidden_out = WideHiddenMLP.apply(flat, self.fc1.weight, self.fc1.bias, self.fc2.weight)
-            hidden_out = (hidden_out + self.fc2.bias).view(*x.shape[:-1], -1)
-            return self.finish(hidden_out, self.fc3(x), noise)
+            return (hidden_out + self.fc2.bias).view(*x.shape[:-1], -1), self.fc3(x)
         # in-place ReLU: fc1's output is not needed for its backward
-        return self.finish(self.fc2(torch.relu_(self.fc1(x))), self.fc3(x), noise)
+        return self.fc2(torch.relu_(self.fc1(x))), self.fc3(x)
 
     def finish(self, hidden_out, skip, noise=None):
         """The block's output from fc2's output and the skip connection fc3(x)."""
@@ -191,6 +217,22 @@ class Model(nn.Module):
             shapes.insert(0, (batch, self.seq_len + self.pred_len, FEATURE_ENCODE_DIM))
         return dropout_noises(x, p, *shapes, (rows * self.pred_len, 1))
 
+    def _encode_features(self, covariates, noise=None):
+        """The feature encoder on the time features [B, L + H, mark_dim]. A batch's windows share most of
+        their calendar rows (98 304 rows, 8 474 distinct, at the ETTh1 script's batch of 512), and the block
+        before its dropout is a function of each row alone: on the CPU that part runs once per distinct row
+        and is gathered back (22.9 -> 6 ms forward + backward a step). Dropout and the rest stay per row."""
+        block = self.feature_encoder
+        found = None
+        if covariates.device.type == "cpu" and not covariates.requires_grad and not torch.compiler.is_compiling():
+            found = distinct_rows(covariates.reshape(-1, covariates.shape[-1]))
+        if found is None:
+            return block(covariates, noise)
+        rows, inverse = found
+        both = torch.cat(block.branches(rows), dim=1).index_select(0, inverse)  # one gather (and scatter-add)
+        hidden_out, skip = both.view(*covariates.shape[:-1], -1).chunk(2, dim=-1)
+        return block.finish(hidden_out, skip, noise)
+
     def _encode_with_features(self, series, features, noise=None):
         """The first encoder block on [series, its batch element's features.flatten(1)] (TSLib's
         encoder input) without building that [B * C, flatten_dim] input: fc1 and fc3 split into the
@@ -214,7 +256,7 @@ class Model(nn.Module):
         masks = iter(self.dropout_masks(x, batch, channels))
 
         if self.mark_dim:
-            features = self.feature_encoder(self._covariates(x_enc, x_mark_enc, x_mark_dec), next(masks))  # [B, L+H, F]
+            features = self._encode_features(self._covariates(x_enc, x_mark_enc, x_mark_dec), next(masks))  # [B, L+H, F]
             encoded = self._encode_with_features(series, features, next(masks))
             for block in (*self.encoders[1:], *self.decoders):
                 encoded = block(encoded, next(masks))

@@ -387,6 +387,58 @@ def test_cache_blocked_mlp_computes_the_plain_ops_over_several_blocks():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{name} gradient {i}: {m}")
 
 
+def test_tide_runs_its_feature_encoder_once_per_distinct_calendar_row(monkeypatch):
+    """Windows cut from one calendar share most of their time-feature rows; TiDE's feature encoder runs its
+    per-row part on the distinct rows only and gathers it back: the same forecasts and gradients as
+    running it on every row (float64, training with sample-keyed dropout masks)."""
+    import models.TiDE as tide
+    from layers.dropout import masks_follow_samples
+
+    configs = make_configs(mark_dim=4)
+    horizon = configs.pred_len
+    model = build(tide, configs).double().train()
+    x_enc, _, x_dec, _ = (t.double() for t in make_inputs(configs))
+    g = torch.Generator().manual_seed(3)
+    calendar = torch.randn(L + horizon + 40, 4, generator=g, dtype=torch.float64)
+    windows = torch.stack([calendar[s:s + L + horizon] for s in torch.randint(0, 40, (B,), generator=g).tolist()])
+    marks = (windows[:, :L], windows[:, L - configs.label_len:])
+    found = []
+    distinct_rows = tide.distinct_rows
+    monkeypatch.setattr(tide, "distinct_rows", lambda x: found.append(distinct_rows(x)) or found[-1])
+
+    def train_step():
+        model.zero_grad()
+        with masks_follow_samples(7, 0, B):
+            out = model(x_enc, marks[0], x_dec, marks[1])
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    out, grads = train_step()
+    rows, inverse = found[-1]
+    assert len(rows) <= L + horizon + 40 < len(inverse) == B * (L + horizon)
+    monkeypatch.setattr(tide, "distinct_rows", lambda x: None)  # every row through the encoder
+    want_out, want_grads = train_step()
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_distinct_rows_are_exact_or_none(monkeypatch):
+    import models.TiDE as tide
+
+    x = torch.randn(30, 4)[torch.randint(0, 30, (500,), generator=torch.Generator().manual_seed(0))]
+    rows, inverse = tide.distinct_rows(x)
+    assert len(rows) <= 30 and torch.equal(rows[inverse], x)
+    assert tide.distinct_rows(torch.randn(100, 4)) is None  # no repeats: nothing to gain
+    with_nan = x.clone()
+    with_nan[3, 1] = float("nan")
+    assert tide.distinct_rows(with_nan) is None
+    colliding = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 6.0, 9.0]]).repeat(10, 1)
+    assert len(tide.distinct_rows(colliding)[0]) == 2
+    monkeypatch.setattr(tide, "_ROW_HASH", 0)  # the hash then sees the last column only: the two rows collide
+    assert tide.distinct_rows(colliding) is None
+
+
 @pytest.mark.parametrize("name", ["TSMixer", "iTransformer", "TiDE"])
 def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
     """TSMixer's four masks (two blocks x time and channel mixing), iTransformer's nine (the embedding's,
