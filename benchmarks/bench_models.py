@@ -26,7 +26,9 @@ arguments, so the table follows the scripts), on the first --steps training batc
   against computing on it) and evaluation's share of an epoch, with the test split scored at every
   epoch (TSLib) and with --test_every_epoch false; evaluation is timed on the first batches of the
   validation split and scaled to its length and the test split's;
-- --scaled: a second row at a larger setting for the models whose script step is tiny (SCALED).
+- --scaled: a second row at a larger setting for the models whose script step is tiny (SCALED);
+- --breakdown: each eager step timed call by call (call_breakdown): products, element-wise work and copies
+  over tensors of 4 MiB or more and smaller, views, the optimizer; where a step's time goes beyond its products.
 
 Device-agnostic: on a CUDA machine the same command fills the GPU table (the device is synchronised
 before every reading). The markdown table is printed and written to --out.
@@ -306,6 +308,59 @@ class ProductsAlone:
                     func(*args, **kwargs)
 
 
+class _TimeCalls(TorchDispatchMode):
+    """Wall time of every ATen call, each followed by a device sync, summed by category and by call."""
+
+    LARGE = 4 << 20  # bytes: above L2 on the CPUs measured here, so an element-wise pass streams from L3 or memory
+
+    def __init__(self, sync):
+        super().__init__()
+        self.sync = sync
+        self.categories, self.calls, self.counts = {}, {}, {}
+
+    @classmethod
+    def category(cls, func, tensors):
+        if func._overloadpacket in flop_registry:
+            return "products"
+        if func.is_view:
+            return "views"
+        name = func._overloadpacket.__name__
+        if "adam" in name or name.startswith("_foreach"):
+            return "optimizer"
+        largest = max((t.numel() * t.element_size() for t in tensors), default=0)
+        return "element-wise and copies, 4 MiB or more" if largest >= cls.LARGE else "element-wise and copies, smaller"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.sync()
+        seconds = time.perf_counter() - start
+        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if torch.is_tensor(t)]
+        category = self.category(func, tensors)
+        self.categories[category] = self.categories.get(category, 0.0) + seconds
+        shapes = [list(t.shape) for t in tensors] if len(tensors) <= 4 else f"({len(tensors)} tensors)"
+        call = f"{func._overloadpacket.__name__} {shapes}"
+        self.calls[call] = self.calls.get(call, 0.0) + seconds
+        self.counts[call] = self.counts.get(call, 0) + 1
+        return out
+
+
+def call_breakdown(step, sync, steps=5, top=6):
+    """Where `steps` steps' time goes, call by call: each ATen call timed on its own (a TorchDispatchMode),
+    summed into products, element-wise work and copies (over tensors of 4 MiB or more, and smaller), views
+    and the optimizer; with the `top` dearest calls. Per step, in seconds: (time under the timer, categories
+    as (name, seconds) from the largest, calls as (call, seconds, count))."""
+    timer = _TimeCalls(sync)
+    start = time.perf_counter()
+    with timer:
+        for _ in range(steps):
+            step()
+    elapsed = (time.perf_counter() - start) / steps
+    categories = sorted(((k, v / steps) for k, v in timer.categories.items()), key=lambda kv: -kv[1])
+    calls = sorted(((k, v / steps, timer.counts[k] // steps) for k, v in timer.calls.items()), key=lambda c: -c[1])
+    return elapsed, categories, calls[:top]
+
+
 def gemm(device, dtype):
     """A square product the size of which keeps the device busy, and its FLOPs."""
     n = 8192 if device.type == "cuda" else 2048
@@ -408,6 +463,17 @@ def render(rows, meta):
         for row in profiled:
             ops = "; ".join(f"`{name}` {share:.0f} % ({calls})" for name, share, calls in row["profile"])
             lines.append(f"- {row['model']} ({row['setting']}): {ops}")
+    broken_down = [row for row in rows if row.get("breakdown")]
+    if broken_down:
+        lines += ["", "## An eager step call by call (--breakdown: every ATen call timed on its own, 5 steps; each call also "
+                  "pays the timer's Python dispatch, so the step under the timer is longer than its eager ms)", ""]
+        for row in broken_down:
+            elapsed, categories, calls = row["breakdown"]
+            total = sum(seconds for _, seconds in categories)
+            shares = "; ".join(f"{name} {_ms(seconds)} ms ({100 * seconds / total:.0f} %)" for name, seconds in categories)
+            dearest = "; ".join(f"`{call}` {_ms(seconds)} ms ({count})" for call, seconds, count in calls)
+            lines.append(f"- {row['model']} ({row['setting']}), {_ms(elapsed)} ms a step under the timer: {shares}. "
+                         f"Dearest calls (calls a step): {dearest}")
     return "\n".join(lines) + "\n"
 
 
@@ -431,6 +497,9 @@ def main():
     parser.add_argument("--no_shares", action="store_true", help="skip the data and evaluation shares")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also list each model's N most expensive operators (torch.profiler, eager step)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time each model's eager step call by call: products, element-wise work and "
+                             "copies over large and small tensors, views, the optimizer, and the dearest calls")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--keep_freed_memory", type=str2bool, default=True,
@@ -526,6 +595,8 @@ def main():
             row["val_share"] = 100 * val / (train_epoch + val)
         if opts.profile:
             row["profile"] = profile_top(case["steps"]["eager"], device, opts.profile)
+        if opts.breakdown:
+            row["breakdown"] = call_breakdown(case["steps"]["eager"], sync)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items()}), flush=True)
 

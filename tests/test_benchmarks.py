@@ -447,3 +447,28 @@ def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
     again = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--out", str(out)],
                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
+
+
+def test_bench_models_breaks_a_step_down_call_by_call():
+    """--breakdown: every ATen call of a step timed and sorted into products, element-wise work over large
+    (4 MiB or more) and small tensors, views and the optimizer; the categories add up to the calls' time."""
+    from benchmarks.bench_models import call_breakdown
+
+    weight = torch.randn(64, 64, requires_grad=True)
+    optimizer = torch.optim.Adam([weight], fused=True)
+
+    def step():
+        big = torch.randn(1 << 21)  # 8 MiB
+        small = torch.randn(64, 64)
+        loss = (small @ weight).t().relu().sum() + torch.cat([big, big]).mul(2.0).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    elapsed, categories, calls = call_breakdown(step, lambda: None, steps=2, top=50)
+    names = dict(categories)
+    assert set(names) == {"products", "views", "optimizer", "element-wise and copies, 4 MiB or more",
+                          "element-wise and copies, smaller"}
+    assert elapsed >= sum(names.values()) > 0
+    assert any(call.startswith("mm [[64, 64], [64, 64]]") for call, _, _ in calls)
+    assert any(call.startswith("cat [[2097152], [2097152]]") and count == 1 for call, _, count in calls)
