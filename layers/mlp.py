@@ -9,7 +9,7 @@ runs that orientation at a fraction of its rate, the dearest product of the step
 gradient as (x.T @ grad_hidden).T, and folds the first bias into the product as a ones column of x, so
 its gradient comes with the weight's instead of from a separate pass over the [rows, hidden] layer:
 TSMixer's channel MLP (3072 rows, 7 -> 512 -> 7) 3.1 -> 2.1 ms forward + backward on 2 cores. Wider
-inputs (TSMixer's time MLP, 96 -> 512) are faster as plain ops, which relu_mlp then runs.
+inputs (96 -> 512, as in TSMixer's time MLP) measured faster as plain ops, which relu_mlp then runs.
 """
 import torch
 import torch.nn.functional as F

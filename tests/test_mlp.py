@@ -1,4 +1,5 @@
-"""layers.mlp.relu_mlp: ReluMLP's backward gives autograd's gradients, and it runs only where it is meant to."""
+"""layers.mlp: ReluMLP's backward gives autograd's gradients and runs only where it is meant to; mlp_over_columns
+is the MLP of the transpose."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ def test_narrow_input_mlp_matches_autograd(x_needs_grad):
 
 
 def test_input_of_transposed_layout():
-    """TSMixer's time MLP passes a transposed view; the result does not depend on the layout."""
+    """A transposed (non-contiguous) input, such as a view of a time-major tensor: the same result."""
     torch.manual_seed(1)
     up, down = nn.Linear(6, 64), nn.Linear(64, 6)
     x = torch.randn(6, 40).t().requires_grad_()

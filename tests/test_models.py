@@ -443,8 +443,8 @@ def test_distinct_rows_are_exact_or_none(monkeypatch):
 def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
     """TSMixer's four masks (two blocks x time and channel mixing), iTransformer's nine (the embedding's,
     then four a layer) and TiDE's (one a block) come from one draw per sample: on the CPU each keyed draw
-    costs a reseed per sample, which made TSMixer's step slower than TSLib's. The masks still follow the samples: a sample's output is
-    the same whatever its batch-mates."""
+    costs a reseed per sample, which made TSMixer's step slower than TSLib's. The masks still follow the
+    samples: a sample's output is the same whatever its batch-mates."""
     import importlib
 
     from layers import dropout as layers_dropout
