@@ -250,6 +250,16 @@ def fused_dropout(x: torch.Tensor) -> bool:
     return _keys is None and (x.device.type != "cpu" or torch.compiler.is_compiling())
 
 
+def shared_rate(like: torch.Tensor, rates, training: bool):
+    """The one rate of a forward's dropouts when layers.dropout draws their masks itself, so that a model can
+    draw them all at once (dropout_noises: on the CPU one reseed per sample, not one per sample and mask);
+    None where that does not serve: not training, no dropout, rates that differ, or F.dropout's own kernel
+    (fused_dropout), in which case each dropout draws its own mask or runs F.dropout."""
+    rates = list(rates)
+    p = rates[0] if rates else 0.0
+    return p if training and 0.0 < p < 1.0 and not fused_dropout(like) and all(r == p for r in rates) else None
+
+
 def keyed() -> bool:
     """Whether masks follow the samples here (inside masks_follow_samples)."""
     return _keys is not None

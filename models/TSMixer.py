@@ -5,7 +5,7 @@ Time Series Forecasting", TMLR 2023; follows the TSLib implementation, with opti
 normalisation (the paper's RevIN) under configs.use_norm."""
 from torch import nn
 
-from layers.dropout import Dropout, add_dropout, dropout_noises, fused_dropout
+from layers.dropout import Dropout, add_dropout, dropout_noises, shared_rate
 from layers.mlp import mlp_over_columns, relu_mlp
 from layers.normalization import InstanceNorm
 
@@ -79,8 +79,8 @@ class Model(nn.Module):
         layers.dropout draws masks itself; else pairs of Nones, and each dropout draws its own or runs
         F.dropout (layers.dropout.fused_dropout)."""
         drops = [module for block in self.model for module in (block.temporal[-1], block.channel[-1])]
-        p = drops[0].p if drops else 0.0
-        if not (self.training and 0.0 < p < 1.0 and not fused_dropout(x) and all(d.p == p for d in drops)):
+        p = shared_rate(x, (d.p for d in drops), self.training)
+        if p is None:
             return [(None, None)] * len(self.model)
         masks = dropout_noises(x, p, *[x.shape] * len(drops), batch_dims=[1] * len(drops))
         return list(zip(masks[0::2], masks[1::2]))

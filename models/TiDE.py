@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import Dropout, dropout, dropout_noises, fused_dropout
+from layers.dropout import Dropout, dropout, dropout_noises, shared_rate
 from layers.normalization import InstanceNorm
 
 # Width each step's time features are projected to before they join the encoder input and the
@@ -208,8 +208,8 @@ class Model(nn.Module):
         the CPU 3 072 a step at batch 512, 13 % of it). Else Nones, and each dropout draws its own or runs
         F.dropout (layers.dropout.fused_dropout)."""
         blocks = ([self.feature_encoder] if self.mark_dim else []) + [*self.encoders, *self.decoders, self.temporalDecoder]
-        p = blocks[0].dropout.p
-        if not (self.training and 0.0 < p < 1.0 and not fused_dropout(x) and all(b.dropout.p == p for b in blocks)):
+        p = shared_rate(x, (b.dropout.p for b in blocks), self.training)
+        if p is None:
             return [None] * len(blocks)
         rows = batch * channels
         shapes = [(rows, block.fc2.out_features) for block in (*self.encoders, *self.decoders)]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import add_dropout, dropout, dropout_noises, fused_dropout
+from layers.dropout import add_dropout, dropout, dropout_noises, fused_dropout, shared_rate
 from layers.embed import DataEmbeddingInverted
 from layers.encoder import Encoder, EncoderLayer
 from layers.normalization import InstanceNorm
@@ -69,10 +69,10 @@ class Model(nn.Module):
         the CPU a step pays one reseed per sample, not one per sample and layer; else Nones, and each
         dropout runs F.dropout (layers.dropout.fused_dropout). iTransformer builds every dropout with one rate."""
         layers, n_tokens, batch = self.encoder.layers, len(tokens), tokens.shape[1]
-        p = self.embedding.dropout.p
-        rates = [p] + [rate for layer in layers for rate in (layer.attention.dropout, layer.dropout.p,
-                                                              layer.feed_forward.dropout.p)]
-        if not (self.training and 0.0 < p < 1.0 and not fused_dropout(tokens) and all(r == p for r in rates)):
+        rates = [self.embedding.dropout.p] + [rate for layer in layers for rate in (
+            layer.attention.dropout, layer.dropout.p, layer.feed_forward.dropout.p)]
+        p = shared_rate(tokens, rates, self.training)
+        if p is None:
             return [None] + [(None, None, None, None)] * len(layers)
         d_model = self.embedding.linear.out_features
         shapes, batch_dims = [(n_tokens, batch, d_model)], [1]
