@@ -262,7 +262,8 @@ def _worker_pids(launcher_pid):
 
 
 def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
-    argv = [*SMALL_TIMERXL, "--train_epochs", 3, "--no_plots"]
+    # 20 000 rows: epochs of ~2 s, so the kill at epoch 2's first progress line lands well before its save
+    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--train_epochs", 3, "--no_plots"]
     # the uninterrupted reference: the same 2 workers, forked warm (the script's launch is what is tested)
     assert_ok(run_cli(tmp_path / "a", *argv, "--ddp", nproc=2, timeout=300))
     reference = records(tmp_path / "a")[-1]
@@ -270,8 +271,7 @@ def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
     env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
     run = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "b"))],
                    env=dict(subprocess_env(), **env))
-    run.wait_for("epoch 1/")  # the summary line: last.pth of epoch 1 exists
-    time.sleep(0.3)  # into epoch 2
+    run.wait_for("  epoch 2: ")  # a progress line: last.pth of epoch 1 exists, epoch 2 is a quarter done
     victim = _worker_pids(run.proc.pid)[1]
     os.kill(victim, signal.SIGKILL)
     code, output = run.finish()

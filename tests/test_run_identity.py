@@ -70,7 +70,10 @@ def test_a_longer_run_may_continue_a_shorter_one_unless_the_schedule_reads_the_l
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
     loses a worker in epoch 1, before it saved anything: its restart starts from epoch 1."""
-    argv = [*SMALL_TIMERXL, "--seed", 7, "--train_epochs", 2, "--no_plots", *_outputs(tmp_path)]
+    # 20 000 rows: an epoch of ~2 s here, so the kill at epoch 1's first progress line (a quarter in) has
+    # about 1.5 s before the epoch's save; a time-based kill raced that save once epochs got fast
+    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--seed", 7, "--train_epochs", 2, "--no_plots",
+            *_outputs(tmp_path)]
     env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1")  # ddp_forecast.sh: --rdzv_id tsl-ddp
     older = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--train_epochs", "1",
                       "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
@@ -81,8 +84,7 @@ def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
 
     fresh = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--learning_rate", "1e-3"],
                      env=dict(env, MASTER_PORT=str(free_port())))
-    fresh.wait_for("training long_term_forecast")  # the summary line: epoch 1 is starting
-    time.sleep(0.5)
+    fresh.wait_for("  epoch 1: ")  # a progress line: epoch 1 is a quarter done, nothing saved yet
     os.kill(_worker_pids(fresh.proc.pid)[1], signal.SIGKILL)
     assert last.read_bytes() == older_state, "the kill came after epoch 1 was saved"
     code, output = fresh.finish()
