@@ -27,6 +27,8 @@ arguments, so the table follows the scripts), on the first --steps training batc
   epoch (TSLib) and with --test_every_epoch false; evaluation is timed on the first batches of the
   validation split and scaled to its length and the test split's;
 - --scaled: a second row at a larger setting for the models whose script step is tiny (SCALED);
+- --ablate FLAGS ...: the eager step again with each string of run.py flags appended (`--dropout 0`,
+  `--use_norm 0`), a column each: what a part of the model costs, measured in the same rounds;
 - --breakdown: each eager step timed call by call (call_breakdown): products, element-wise work and copies
   over tensors of 4 MiB or more and smaller, views, the optimizer; where a step's time goes beyond its products.
 
@@ -39,6 +41,7 @@ import importlib
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -455,7 +458,9 @@ def render(rows, meta):
         cells.append(f"{row['eval_share']:.1f} % ({row['val_share']:.1f} %)" if row.get("eval_share") is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Columns after eager: that variant's ms per step and eager's time over it (above 1x: faster "
-              "than our eager step; for `tslib`, how many times faster ours is)."]
+              "than our eager step; for `tslib`, how many times faster ours is"
+              + ("; for `eager --flags` (--ablate), how much slower the step is with what those flags leave out"
+                 if any(v.startswith("eager ") for v in meta["variants"]) else "") + ")."]
     profiled = [row for row in rows if row.get("profile")]
     if profiled:
         lines += ["", "## Where an eager step's time goes (torch.profiler: each operator's own time, share of the "
@@ -497,6 +502,10 @@ def main():
     parser.add_argument("--no_shares", action="store_true", help="skip the data and evaluation shares")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also list each model's N most expensive operators (torch.profiler, eager step)")
+    parser.add_argument("--ablate", nargs="+", default=[], metavar="FLAGS",
+                        help="also time the eager step with each of these strings of run.py flags appended, e.g. "
+                             "--ablate '--dropout 0' '--use_norm 0': a column each, eager's time over it above 1x "
+                             "when the part left out costs time")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each model's eager step call by call: products, element-wise work and "
                              "copies over large and small tensors, views, the optimizer, and the dearest calls")
@@ -517,6 +526,10 @@ def main():
         parser.error("the tslib variant needs --tslib /path/to/Time-Series-Library")
     if "baseline" in variants and not opts.baseline:
         parser.error("the baseline variant needs --baseline /path/to/an/earlier/checkout")
+    ablations = {f"eager {flags.strip()}": shlex.split(flags) for flags in opts.ablate}
+    if any(not argv or not argv[0].startswith("--") for argv in ablations.values()):
+        parser.error(f"--ablate takes strings of run.py flags, e.g. --ablate '--dropout 0'; got {opts.ablate}")
+    variants += list(ablations)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     if opts.keep_freed_memory:
@@ -542,6 +555,8 @@ def main():
                 steps["compile"] = OursStep([*full, "--compile"], device, opts.steps)
             if "amp" in variants:
                 steps["amp"] = OursStep([*full, "--use_amp"], device, opts.steps)
+            for name, flags in ablations.items():
+                steps[name] = OursStep([*full, *flags], device, opts.steps)
             if "unkeyed" in variants:
                 steps["unkeyed"] = OursStep(full, device, opts.steps, keyed=False)
             if "baseline" in variants:

@@ -430,7 +430,8 @@ def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
         .replace("assert x_dec.shape[1] == 48 + 96 and x_mark_dec is not None", "assert x_dec is None"))
     out = tmp_path / "table.md"
     done = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--models", "DLinear", "--variants",
-                           "eager,baseline,tslib", "--tslib", str(checkout), "--baseline", str(baseline), "--steps", "2",
+                           "eager,baseline,tslib", "--tslib", str(checkout), "--baseline", str(baseline),
+                           "--ablate", "--moving_avg 13", "--steps", "2",
                            "--rounds", "1", "--root_path", str(tmp_path / "nowhere"), "--out", str(out), "--device",
                            "cpu"], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -439,14 +440,24 @@ def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "script: batch 32" and float(cells[2]) > 0 and float(cells[3]) > 0
     assert re.fullmatch(r"[\d.]+ \(\d+ %\)", cells[6])  # products alone
-    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", cell) for cell in cells[7:9])
-    assert cells[9].endswith("%") and "(" in cells[10]
+    assert all(re.fullmatch(r"[\d.]+ \([\d.]+x\)", cell) for cell in cells[7:10])
+    assert cells[10].endswith("%") and "(" in cells[11]
+    assert "| eager --moving_avg 13 ms |" in out.read_text()  # --ablate: the step with those flags, a column
     assert "synthetic" in out.read_text()
     assert len((tmp_path / "tslib_steps").read_text().split()) >= 3 + 2  # warm-up and timed steps
     assert len((tmp_path / "baseline_steps").read_text().split()) >= 3 + 2
     again = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--out", str(out)],
                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
+    wrong = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--ablate", "dropout 0", "--out",
+                            str(tmp_path / "other.md")], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                           text=True, timeout=120)
+    assert wrong.returncode == 2 and "--ablate takes strings of run.py flags" in wrong.stderr
+    applied = subprocess.run([sys.executable, "benchmarks/bench_models.py", "--models", "DLinear", "--ablate",
+                              "--moving_avg x", "--root_path", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o.md"),
+                              "--device", "cpu"], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                             text=True, timeout=120)
+    assert applied.returncode == 2 and "--moving_avg must be an integer" in applied.stderr  # the flags reach run.py's parser
 
 
 def test_bench_models_breaks_a_step_down_call_by_call():
