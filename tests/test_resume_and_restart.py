@@ -261,23 +261,55 @@ def _worker_pids(launcher_pid):
     return workers
 
 
+def freeze_a_worker(run, line, settle_s=1.0):
+    """At `line` of a DDP run, SIGSTOP its local rank 1 and give the others `settle_s` to finish what was under
+    way; returns the frozen pid. From then on nothing that needs every rank (a step, a validation, the save
+    after it) completes, so the files on disk stay as they are until the caller SIGKILLs the pid. Whether
+    the kill still lands where the test wants it (before a save) is then read from disk, not from timing."""
+    run.wait_for(line)
+    victim = _worker_pids(run.proc.pid)[1]
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(settle_s)
+    return victim
+
+
+def kill_a_worker_before(start, line, not_saved_yet, attempts=3):
+    """Start a run (`start(attempt)` -> Streamed), freeze local rank 1 at `line`, and SIGKILL it there once
+    `not_saved_yet(attempt)` confirms the save the test wants to precede has not happened. A stalled test
+    process can read `line` only after that save: such an attempt cannot test the restart, so it is ended
+    and started afresh (a new folder each attempt). Returns (the run, its attempt number)."""
+    for attempt in range(attempts):
+        run = start(attempt)
+        victim = freeze_a_worker(run, line)
+        if not_saved_yet(attempt):
+            os.kill(victim, signal.SIGKILL)
+            return run, attempt
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.finish()
+    raise AssertionError(f"in {attempts} attempts the save always came before {line!r} was read")
+
+
 def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
-    # 20 000 rows: epochs of ~2 s, so the kill at epoch 2's first progress line lands well before its save
     argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--train_epochs", 3, "--no_plots"]
     # the uninterrupted reference: the same 2 workers, forked warm (the script's launch is what is tested)
     assert_ok(run_cli(tmp_path / "a", *argv, "--ddp", nproc=2, timeout=300))
     reference = records(tmp_path / "a")[-1]
 
-    env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
-    run = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / "b"))],
-                   env=dict(subprocess_env(), **env))
-    run.wait_for("  epoch 2: ")  # a progress line: last.pth of epoch 1 exists, epoch 2 is a quarter done
-    victim = _worker_pids(run.proc.pid)[1]
-    os.kill(victim, signal.SIGKILL)
+    def start(attempt):
+        env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
+        return Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / f"b{attempt}"))],
+                        env=dict(subprocess_env(), **env))
+
+    def epoch_1_is_the_last_saved(attempt):
+        last = next((tmp_path / f"b{attempt}" / "checkpoints").glob("*/last.pth"))
+        return torch.load(last, weights_only=True)["epoch"] == 1
+
+    # killed at a progress line of epoch 2: last.pth of epoch 1 exists, epoch 2's is not written
+    run, attempt = kill_a_worker_before(start, "  epoch 2: ", epoch_1_is_the_last_saved)
     code, output = run.finish()
     assert code == 0, output[-3000:]
     assert "resumed from" in output and "after epoch 1" in output
-    result = records(tmp_path / "b")[-1]
+    result = records(tmp_path / f"b{attempt}")[-1]
     assert result["world_size"] == 2
     _assert_same_run(result, reference)
 

@@ -2,7 +2,6 @@
 that wrote it (--resume names every argument that differs; an elastic restart never continues an earlier
 launch's last.pth), two seeds never share a setting, and two runs never write one setting at once."""
 import os
-import signal
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from helpers import (SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, output_args as _outputs, records,
                      run_cli, subprocess_env)
-from test_resume_and_restart import Streamed, _worker_pids
+from test_resume_and_restart import Streamed, kill_a_worker_before
 
 SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
 DLINEAR = ["--synthetic_rows", 1500, "--num_threads", 1]
@@ -70,23 +69,27 @@ def test_a_longer_run_may_continue_a_shorter_one_unless_the_schedule_reads_the_l
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
     loses a worker in epoch 1, before it saved anything: its restart starts from epoch 1."""
-    # 20 000 rows: an epoch of ~2 s here, so the kill at epoch 1's first progress line (a quarter in) has
-    # about 1.5 s before the epoch's save; a time-based kill raced that save once epochs got fast
-    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--seed", 7, "--train_epochs", 2, "--no_plots",
-            *_outputs(tmp_path)]
+    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--seed", 7, "--train_epochs", 2, "--no_plots"]
     env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1")  # ddp_forecast.sh: --rdzv_id tsl-ddp
-    older = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--train_epochs", "1",
-                      "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
-    code, output = older.finish()
-    assert code == 0, output[-3000:]
-    last = tmp_path / "checkpoints" / records(tmp_path)[-1]["setting"] / "last.pth"
-    older_state = last.read_bytes()
+    older_states = {}
 
-    fresh = Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv), "--learning_rate", "1e-3"],
-                     env=dict(env, MASTER_PORT=str(free_port())))
-    fresh.wait_for("  epoch 1: ")  # a progress line: epoch 1 is a quarter done, nothing saved yet
-    os.kill(_worker_pids(fresh.proc.pid)[1], signal.SIGKILL)
-    assert last.read_bytes() == older_state, "the kill came after epoch 1 was saved"
+    def start(attempt):  # each attempt in a folder of its own, the older run's last.pth in it
+        outputs = [*map(str, argv), *map(str, _outputs(tmp_path / str(attempt)))]
+        older = Streamed(["bash", "scripts/ddp_forecast.sh", *outputs, "--train_epochs", "1",
+                          "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
+        code, output = older.finish()
+        assert code == 0, output[-3000:]
+        older_states[attempt] = last_of(attempt).read_bytes()
+        return Streamed(["bash", "scripts/ddp_forecast.sh", *outputs, "--learning_rate", "1e-3"],
+                        env=dict(env, MASTER_PORT=str(free_port())))
+
+    def last_of(attempt):
+        return tmp_path / str(attempt) / "checkpoints" / records(tmp_path / str(attempt))[-1]["setting"] / "last.pth"
+
+    # killed at a progress line of epoch 1 (a quarter in), while last.pth is still the older run's
+    fresh, attempt = kill_a_worker_before(start, "  epoch 1: ",
+                                          lambda attempt: last_of(attempt).read_bytes() == older_states[attempt])
+    tmp_path, last = tmp_path / str(attempt), last_of(attempt)
     code, output = fresh.finish()
     assert code == 0, output[-3000:]
     assert "elastic restart: " in output and "starting from epoch 1" in output
