@@ -77,9 +77,14 @@ def test_a_model_computes_what_it_computed_before(golden, name):
     torch.testing.assert_close(now["forecast"], saved["forecast"], rtol=1e-4, atol=1e-5,
                                msg=lambda m: f"{name}'s forecast changed: {m}")
     assert sorted(now["grads"]) == sorted(saved["grads"])
+    # a gradient that is nearly zero (PatchTST's key bias, mathematically zero) holds rounding noise of the
+    # size of the model's larger gradients, which differs from one CPU's kernels to another's (AMD against
+    # Intel: 2.4e-8 in a gradient of 8.8e-6, the largest 0.13): the floor follows the model's largest gradient
+    largest = max(grad.abs().max().item() for grad in saved["grads"].values())
     for key, grad in saved["grads"].items():
         scale = grad.abs().max().item()
-        torch.testing.assert_close(now["grads"][key], grad, rtol=1e-3, atol=1e-5 * max(scale, 1e-3),
+        atol = max(1e-5 * max(scale, 1e-3), 1e-6 * largest)
+        torch.testing.assert_close(now["grads"][key], grad, rtol=1e-3, atol=atol,
                                    msg=lambda m, key=key: f"{name}'s gradient of {key} changed: {m}")
 
 
