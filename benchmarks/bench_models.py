@@ -182,7 +182,11 @@ def model_class_from(root, name):
     if not path.is_file():
         return None
     with packages_from(root):
-        module = importlib.import_module(f"models.{name}")
+        try:
+            module = importlib.import_module(f"models.{name}")
+        except ImportError as missing:  # TSLib's layers import its requirements (reformer_pytorch, ...)
+            require(False, f"{path} needs {missing.name or missing}: pip install the requirements of {root} "
+                           f"(its requirements.txt), or leave that variant out")
     require(Path(module.__file__).resolve() == path.resolve(), f"imported {module.__file__}, not {path}")
     return module.Model
 
