@@ -401,6 +401,22 @@ def test_products_alone_replays_every_counted_product_of_a_step():
     assert replayed.get_total_flops() == ProductsAlone.REPEATS * step_flops(step) > 0
 
 
+def test_a_tslib_model_that_imports_a_missing_package_is_named_in_one_line(tmp_path):
+    """TSLib's layers import its requirements (reformer_pytorch, ...): without them, one line naming the package."""
+    from benchmarks.bench_models import model_class_from
+    from utils.errors import UserError
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "iTransformer.py").write_text("import a_package_nobody_installed\n")
+    with pytest.raises(UserError, match=r"iTransformer.py needs a_package_nobody_installed: pip install the "
+                                        r"requirements of .*, or leave that variant out"):
+        model_class_from(tmp_path, "iTransformer")
+    import models.iTransformer  # noqa: F401  our package is ours again
+
+    assert Path(sys.modules["models.iTransformer"].__file__).parent == Path(__file__).resolve().parents[1] / "models"
+
+
 def test_bench_models_times_ours_beside_a_tslib_checkouts_model(tmp_path):
     """One round of DLinear against a stand-in TSLib checkout's DLinear (imported from there): the table
     has the step times, the FLOPs and the shares, and TSLib's loop trained the stand-in."""

@@ -89,12 +89,12 @@ def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     # killed at a progress line of epoch 1 (a quarter in), while last.pth is still the older run's
     fresh, attempt = kill_a_worker_before(start, "  epoch 1: ",
                                           lambda attempt: last_of(attempt).read_bytes() == older_states[attempt])
-    tmp_path, last = tmp_path / str(attempt), last_of(attempt)
+    folder, last = tmp_path / str(attempt), last_of(attempt)
     code, output = fresh.finish()
     assert code == 0, output[-3000:]
     assert "elastic restart: " in output and "starting from epoch 1" in output
     assert "resumed from" not in output
-    record = records(tmp_path)[-1]
+    record = records(folder)[-1]
     assert record["args"]["learning_rate"] == 1e-3 and record["seed"] == 7
     assert [h["epoch"] for h in record["history"]] == [1, 2]
     assert record["history"][0]["lr"] == pytest.approx(1e-3)  # its own epoch 1, not the older run's 1e-4
