@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -342,3 +343,72 @@ def assert_compiled_gradients_equal_eager(argv, batch_size, label):
             torch.testing.assert_close(compiled[name], grad, rtol=1e-4, atol=1e-6,
                                        msg=lambda m, name=name: f"{label} {name}: {m}")
     return device
+
+
+class Streamed:
+    """A process whose output is collected line by line while it runs."""
+
+    def __init__(self, cmd, env=None):
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or subprocess_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, text, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"never saw {text!r}:\n{''.join(self.lines)[-3000:]}")
+
+    def finish(self, timeout=240):
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.lines)
+
+
+def _worker_pids(launcher_pid):
+    """Worker processes started by torchrun's agent, as {local_rank: pid}."""
+    workers = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher_pid:
+            for item in environ:
+                if item.startswith(b"LOCAL_RANK="):
+                    workers[int(item.split(b"=")[1])] = int(entry.name)
+    return workers
+
+
+def kill_a_worker_before(start, line, not_saved_yet, attempts=3, settle_s=1.0):
+    """Start a DDP run (`start(attempt)` -> Streamed), SIGSTOP its local rank 1 at `line`, give the others
+    `settle_s` to finish what was under way, and SIGKILL the frozen worker once `not_saved_yet(attempt)`
+    confirms the save the test wants to precede has not happened. With one rank frozen nothing that needs
+    every rank (a step, a validation, the save after it) completes, so where the kill lands is read from disk,
+    not timed. A stalled test process can read `line` only after that save: such an attempt cannot test the
+    restart, so it is ended and started afresh (a new folder each attempt). Returns (the run, its attempt)."""
+    for attempt in range(attempts):
+        run = start(attempt)
+        run.wait_for(line)
+        victim = _worker_pids(run.proc.pid)[1]
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(settle_s)
+        if not_saved_yet(attempt):
+            os.kill(victim, signal.SIGKILL)
+            return run, attempt
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.finish()
+    raise AssertionError(f"in {attempts} attempts the save always came before {line!r} was read")

@@ -3,50 +3,16 @@ run does; a resume with other model arguments is refused and one of a finished r
 restarts a SIGKILLed DDP worker, which resumes from last.pth."""
 import os
 import signal
-import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import (REPO, SMALL_TIMERXL as TIMERXL, assert_ok, free_port, output_args as _outputs, records,
-                     run_cli, subprocess_env)
+from helpers import (SMALL_TIMERXL as TIMERXL, Streamed, assert_ok, free_port, kill_a_worker_before,
+                     output_args as _outputs, records, run_cli, subprocess_env)
 
 SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
-
-
-class Streamed:
-    """A process whose output is collected line by line while it runs."""
-
-    def __init__(self, cmd, env=None):
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or subprocess_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, text, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"never saw {text!r}:\n{''.join(self.lines)[-3000:]}")
-
-    def finish(self, timeout=240):
-        self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return self.proc.returncode, "".join(self.lines)
 
 
 def _losses(record):
@@ -243,52 +209,6 @@ def test_resume_keeps_the_fp16_loss_scale(tmp_path):
 
 
 # ---------------------------------------------------------------- elastic restarts
-def _worker_pids(launcher_pid):
-    """Worker processes started by torchrun's agent, as {local_rank: pid}."""
-    workers = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == launcher_pid:
-            for item in environ:
-                if item.startswith(b"LOCAL_RANK="):
-                    workers[int(item.split(b"=")[1])] = int(entry.name)
-    return workers
-
-
-def freeze_a_worker(run, line, settle_s=1.0):
-    """At `line` of a DDP run, SIGSTOP its local rank 1 and give the others `settle_s` to finish what was under
-    way; returns the frozen pid. From then on nothing that needs every rank (a step, a validation, the save
-    after it) completes, so the files on disk stay as they are until the caller SIGKILLs the pid. Whether
-    the kill still lands where the test wants it (before a save) is then read from disk, not from timing."""
-    run.wait_for(line)
-    victim = _worker_pids(run.proc.pid)[1]
-    os.kill(victim, signal.SIGSTOP)
-    time.sleep(settle_s)
-    return victim
-
-
-def kill_a_worker_before(start, line, not_saved_yet, attempts=3):
-    """Start a run (`start(attempt)` -> Streamed), freeze local rank 1 at `line`, and SIGKILL it there once
-    `not_saved_yet(attempt)` confirms the save the test wants to precede has not happened. A stalled test
-    process can read `line` only after that save: such an attempt cannot test the restart, so it is ended
-    and started afresh (a new folder each attempt). Returns (the run, its attempt number)."""
-    for attempt in range(attempts):
-        run = start(attempt)
-        victim = freeze_a_worker(run, line)
-        if not_saved_yet(attempt):
-            os.kill(victim, signal.SIGKILL)
-            return run, attempt
-        os.killpg(run.proc.pid, signal.SIGKILL)
-        run.finish()
-    raise AssertionError(f"in {attempts} attempts the save always came before {line!r} was read")
-
-
 def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
     argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--train_epochs", 3, "--no_plots"]
     # the uninterrupted reference: the same 2 workers, forked warm (the script's launch is what is tested)

@@ -7,9 +7,8 @@ import time
 import pytest
 import torch
 
-from helpers import (SMALL_TIMERXL as TIMERXL, assert_ok, free_port, make_args, output_args as _outputs, records,
-                     run_cli, subprocess_env)
-from test_resume_and_restart import Streamed, kill_a_worker_before
+from helpers import (SMALL_TIMERXL as TIMERXL, Streamed, assert_ok, free_port, kill_a_worker_before, make_args,
+                     output_args as _outputs, records, run_cli, subprocess_env)
 
 SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
 DLINEAR = ["--synthetic_rows", 1500, "--num_threads", 1]
