@@ -183,3 +183,18 @@ def test_a_step_based_run_stops_early_at_the_evaluation_step_and_says_so(tmp_pat
     record = records(tmp_path)[-1]
     assert record["stopped_step"] == 24 and [h["step"] for h in record["history"]] == [12, 24]
     assert "early stopping after step 24" in proc.stdout
+
+
+def test_a_resume_keeps_the_log_record_of_its_save_step(tmp_path):
+    """steps.csv is cut back to the saved step inclusive: saving and logging every 4 steps, a run killed
+    as step 10 starts resumes from step 8, whose row (written before the save) must stay."""
+    argv = ["--synthetic_rows", 1500, "--train_steps", 12, "--save_steps", 4, "--log_steps", 4]
+    assert_ok(run_cli(tmp_path / "straight", *argv))
+    killed = run_cli(tmp_path, *argv, preempt_at_step=10)
+    assert killed.returncode != 0
+    assert [r["step"] for r in _steps_csv(tmp_path)] == ["4", "8"]
+    proc = run_cli(tmp_path, *argv, "--resume")
+    assert_ok(proc)
+    assert "at step 8 (in epoch" in proc.stdout, proc.stdout
+    assert [r["step"] for r in _steps_csv(tmp_path)] == ["4", "8", "12"]
+    assert _steps_csv(tmp_path) == _steps_csv(tmp_path / "straight")
