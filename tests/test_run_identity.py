@@ -64,6 +64,14 @@ def test_a_longer_run_may_continue_a_shorter_one_unless_the_schedule_reads_the_l
     assert "train_epochs (saved 1, now 2)" in _refused(proc, started)
 
 
+def test_resume_refuses_another_validation_subset(tmp_path):
+    """--val_windows picks the windows early stopping reads: a run that validated on 40 continues only on 40."""
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--val_windows", 40))
+    started = time.time()
+    proc = run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--resume")
+    assert "val_windows (saved 40, now 0)" in _refused(proc, started)
+
+
 # ---------------------------------------------------------------- elastic restarts
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
