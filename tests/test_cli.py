@@ -50,7 +50,8 @@ def test_legacy_local_rank_argument_is_accepted(tmp_path):
 
 def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    for prefix in ("module.", "_orig_mod.", "module._orig_mod."):
+    # DDP(torch.compile(m)) and torch.compile(DDP(m)) nest the two wrappers either way round
+    for prefix in ("", "module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."):
         path = tmp_path / "wrapped.pth"
         save_atomic({prefix + k: v + 1 for k, v in model.state_dict().items()}, path)
         fresh = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
