@@ -92,3 +92,17 @@ def test_evaluation_arguments_that_contradict_each_other_are_refused(argv, messa
 
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve_args(make_args("--synthetic_rows", 1500, *argv), 1)
+
+
+def test_do_predict_rolls_a_token_model_out_to_the_test_horizon(tmp_path):
+    """--do_predict with a token model forecasts --test_pred_len rows (48) past the data, from the last
+    test_seq_len rows: not the training window's output_token_len (24)."""
+    from exp.outputs import predict
+    from helpers import make_experiment
+
+    args = make_args(*SMALL_TIMERXL, *TOKENS, "--synthetic_rows", 1500, "--test_pred_len", 48,
+                     "--results_dir", tmp_path, "--no_plots")
+    frame = predict(make_experiment(args), "tokens")
+    written = pd.read_csv(tmp_path / "tokens" / "forecast.csv")
+    assert len(written) == len(frame) == 48 and written.shape[1] == 1 + 7  # the date, seven channels
+    assert np.isfinite(written.iloc[:, 1:].to_numpy()).all()
