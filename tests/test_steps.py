@@ -198,3 +198,25 @@ def test_a_resume_keeps_the_log_record_of_its_save_step(tmp_path):
     assert "at step 8 (in epoch" in proc.stdout, proc.stdout
     assert [r["step"] for r in _steps_csv(tmp_path)] == ["4", "8", "12"]
     assert _steps_csv(tmp_path) == _steps_csv(tmp_path / "straight")
+
+
+def test_tst_spans_the_train_steps_as_torchs_one_cycle_does(tmp_path):
+    """--lradj TST over a --train_steps run is torch's OneCycleLR over those steps (pct_start 0.2): the
+    warm-up peaks at step 8 of 40 and the last step takes the floor, base / 25 / 1e4."""
+    import torch
+
+    base, steps = 0.01, 40
+    assert_ok(run_cli(tmp_path, "--synthetic_rows", 1500, "--train_steps", steps, "--log_steps", 1,
+                      "--lradj", "TST", "--learning_rate", base))
+    logged = [float(r["lr"]) for r in _steps_csv(tmp_path)]
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=base, total_steps=steps, pct_start=0.2,
+                                                    cycle_momentum=False)
+    expected = []
+    for _ in range(steps):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        one_cycle.step()
+    assert logged == pytest.approx(expected, rel=1e-9)
+    assert max(logged) == pytest.approx(base, rel=1e-12) and logged.index(max(logged)) == 7  # step 8
+    assert logged[-1] == pytest.approx(base / 25 / 1e4, rel=1e-9)
