@@ -106,3 +106,23 @@ def test_do_predict_rolls_a_token_model_out_to_the_test_horizon(tmp_path):
     written = pd.read_csv(tmp_path / "tokens" / "forecast.csv")
     assert len(written) == len(frame) == 48 and written.shape[1] == 1 + 7  # the date, seven channels
     assert np.isfinite(written.iloc[:, 1:].to_numpy()).all()
+
+
+def test_a_batchnorm_checkpoint_evaluates_the_same_on_2_processes(tmp_path):
+    """--checkpoint is read on rank 0 and sent to every rank whole, buffers included: PatchTST's BatchNorm
+    running statistics are part of the model, and a rank left with its initial ones scores other numbers."""
+    patchtst = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--e_layers", 1, "--n_heads", 2,
+                "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--synthetic_rows", 1200, "--num_threads", 1]
+    assert_ok(run_cli(tmp_path / "train", *patchtst, "--train_steps", 5))
+    checkpoint = tmp_path / "train" / "checkpoints" / records(tmp_path / "train")[-1]["setting"] / "checkpoint.pth"
+    state = torch.load(checkpoint, weights_only=True)
+    assert any(k.endswith("running_var") and not torch.allclose(v, torch.ones_like(v)) for k, v in state.items())
+    outcomes = []
+    for nproc in (None, 2):
+        ddp = ["--ddp"] if nproc else []
+        assert_ok(run_cli(tmp_path, *patchtst, "--is_training", 0, "--checkpoint", checkpoint, *ddp, nproc=nproc))
+        outcomes.append(records(tmp_path)[-1])
+    one, two = outcomes
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    for key in ("vali_loss", "mse", "mae"):
+        assert two[key] == pytest.approx(one[key], rel=1e-7, abs=0), key
