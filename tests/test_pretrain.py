@@ -63,6 +63,29 @@ def test_univariate_windows_stay_inside_one_series_and_count_right(tmp_path, aut
         assert sorted(seen.tolist()) == sorted(x[:, 0, 0].tolist())
 
 
+@pytest.mark.parametrize("flag, selection", [("train", ["--subset_rand_ratio", 0.5]), ("val", ["--val_windows", 6])])
+def test_a_selection_of_univariate_windows_takes_the_splits_windows(tmp_path, flag, selection):
+    """Univariate windows are already a selection of the series laid end to end; few-shot and
+    --val_windows select again, through it: every window chosen is one of the split's, none crosses series."""
+    _corpus(tmp_path)
+    argv = ["--data", "univariate", "--root_path", tmp_path, "--data_path", "**/*", "--scale", "false",
+            "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
+
+    def windows(*extra):
+        args = make_args(*argv, *extra)
+        args.autoregressive = False
+        dataset = data_provider(args, flag)[0]
+        return dataset.__getitems__(torch.arange(len(dataset)))[:2]
+
+    (x, y), (whole_x, _) = windows(*selection), windows()
+    assert 0 < len(x) < len(whole_x)
+    # values are 1000 x series + row: each window runs on through consecutive rows of one series
+    start = x[:, :1, 0]
+    torch.testing.assert_close(x[..., 0], start + torch.arange(48.0), rtol=0, atol=0)
+    torch.testing.assert_close(y[..., 0], start + torch.arange(24.0, 72.0), rtol=0, atol=0)
+    assert set(start[:, 0].tolist()) <= set(whole_x[:, 0, 0].tolist())  # and starts where a split's window does
+
+
 def test_ett_named_files_get_ett_borders_and_every_series_its_own_scaler(tmp_path):
     rng = np.random.default_rng(0)
     values = np.stack([rng.normal(5, 2, 14400), rng.normal(-300, 40, 14400)], axis=1)
