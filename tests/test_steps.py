@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import SMALL_TIMERXL, assert_ok, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, records, run_cli, run_on_ranks
 
 # TimerXL with dropout: a resume that restored no generator would draw other masks. 1500 rows give 931
 # training windows: 30 steps per epoch at a global batch of 32 (1 x 32, or 2 processes x 8 x 2 accumulation).
@@ -220,3 +220,22 @@ def test_tst_spans_the_train_steps_as_torchs_one_cycle_does(tmp_path):
     assert logged == pytest.approx(expected, rel=1e-9)
     assert max(logged) == pytest.approx(base, rel=1e-12) and logged.index(max(logged)) == 7  # step 8
     assert logged[-1] == pytest.approx(base / 25 / 1e4, rel=1e-9)
+
+
+def _global_record_of_uneven_parts(rank, world):
+    """Rank r's part of one step: 1 element of loss 100, 99 elements of loss 1, nothing (an empty part)."""
+    import torch
+
+    from exp.steps import RunningLoss
+
+    part = {0: (100.0, 1), 1: (99.0, 99), 2: (0.0, 0)}[rank]
+    running = RunningLoss("cpu")
+    running.add(torch.tensor(part[0], dtype=torch.float64), part[1], samples=part[1])
+    return running.global_record()[0]
+
+
+def test_the_logged_train_loss_weighs_every_element_not_every_rank():
+    """A step whose global batch splits unevenly (parts of 1, 99 and 0 elements, very different losses):
+    the record is the mean over the 100 elements, 1.99, on every rank; a mean of the ranks' means says
+    33.7 (50.5 leaving the empty part out, nan dividing by its 0)."""
+    assert run_on_ranks(_global_record_of_uneven_parts, 3) == [pytest.approx(1.99, rel=1e-12)] * 3

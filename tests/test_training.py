@@ -215,3 +215,16 @@ def test_the_validation_loss_is_the_training_losss_metric(loss, metric):
     _, loader = data_provider(exp.args, "val")
     metrics = exp.evaluate(loader, "val").metrics()
     assert exp.vali(loader) == metrics[metric] and metrics["mse"] != metrics["mae"]
+
+
+def test_early_stopping_counts_evaluations_since_the_last_improvement():
+    """Patience 2: an improvement resets the count, so improve, worse, improve, worse, worse stops at the
+    fifth evaluation (two in a row without a new best), not the fourth (three without one in all)."""
+    from utils.tools import EarlyStopping
+
+    stopper = EarlyStopping(2)
+    seen = []
+    for loss in (1.0, 1.5, 0.8, 0.9, 0.95):
+        seen.append((stopper.step(loss), stopper.counter, stopper.should_stop))
+    assert seen == [(True, 0, False), (False, 1, False), (True, 0, False), (False, 1, False), (False, 2, True)]
+    assert stopper.best_loss == 0.8
