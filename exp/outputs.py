@@ -22,16 +22,19 @@ logger = logging.getLogger("tsl")
 
 
 class OriginalScale:
-    """Scaled tensors back on the data's original scale, in float32: the scored channels are
-    the data's last tensor.shape[-1] (all for M, the target for S / MS / --covariate)."""
+    """Scaled tensors back on the data's original scale, in float64: the scored channels are
+    the data's last tensor.shape[-1] (all for M, the target for S / MS / --covariate).
+
+    float64 because float32 has 24 bits: at an offset of 1e8 it keeps steps of 8, and the
+    errors of a series whose std is 6 vanish in the rounding (issue 36, item 1)."""
 
     def __init__(self, scaler, device):
         # None: the data was never scaled (--scale false), or scaled per series (its tensors stay as they are)
         self.stats = None if scaler is None else tuple(
-            torch.as_tensor(v, dtype=torch.float32, device=device) for v in (scaler.mean_, scaler.scale_))
+            torch.as_tensor(v, dtype=torch.float64, device=device) for v in (scaler.mean_, scaler.scale_))
 
     def __call__(self, tensor):
-        tensor = tensor.float()
+        tensor = tensor.double()
         if self.stats is None:
             return tensor
         mean, scale = self.stats
@@ -143,10 +146,18 @@ def _why_not_finite(name, metrics):
     base, orig = (name[:-5], True) if name.endswith("_orig") else (name, False)
     scale = "on the original scale" if orig else "on the scaled data"
     mae = metrics.get("mae_orig" if orig else "mae")
-    if base in ("mape", "mspe") and isinstance(mae, float) and math.isfinite(mae):
+    if base in ("mape", "mspe") and _finite(mae):
         # finite errors over a finite truth give a non-finite ratio only where the truth is 0
         return f"the true values hold a 0 {scale}, and percentage errors divide by it"
+    if orig and _finite(metrics.get(base)):
+        # the same errors are finite on the scaled data, so forecasts and truths are: float64 ran out of range
+        return ("float64 overflow on the original scale (values, errors or their squares past 1.8e308); "
+                "the data and forecasts are finite, as the same metrics on the scaled data show")
     return f"the forecasts or the true values are not finite {scale}"
+
+
+def _finite(value):
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _nulls_for_non_finite(value):
@@ -219,11 +230,11 @@ def predict(exp, setting):
         return None
     dataset, index, last_row = data.future_input(window_for(args, "test"), args.freq, args.embed)
     pred, _ = _forecast(exp, dataset.__getitems__([0]))
-    forecast = OriginalScale(data.scaler, exp.device)(pred)[0].cpu().double().numpy()  # len(index) rows
+    forecast = OriginalScale(data.scaler, exp.device)(pred)[0].cpu().numpy()  # len(index) rows, float64
     frame = pd.DataFrame(forecast, columns=data.columns[-forecast.shape[1]:])
     frame.insert(0, index.name, index)
     path = atomic_write(output_path(args, setting, "forecast.csv"),
-                        lambda f: frame.to_csv(f, index=False, float_format="%.8g"), binary=False)
+                        lambda f: frame.to_csv(f, index=False), binary=False)  # float64 as repr: every digit kept
     logger.info(f"forecast of the {len(index)} steps after {last_row} ({', '.join(frame.columns[1:])}, "
                 f"original scale): {path}")
     return frame

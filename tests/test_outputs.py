@@ -1,6 +1,6 @@
 """A run's outputs beyond its metrics (exp/outputs.py): --do_predict's forecast past the data, dated at
---freq or counted in steps when undated; --inverse metrics on the original scale, equal under DDP; the
-pictures, and none with --no_plots."""
+--freq or counted in steps when undated; --inverse metrics on the original scale, float64-exact at an
+offset of 1e8 and equal under DDP; the pictures, and none with --no_plots."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,12 +13,12 @@ from helpers import assert_ok, make_args, make_experiment, records, run_cli
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-OFFSET = 1000.0
+OFFSET = 1e8  # float32 keeps steps of 8 there: every original-scale figure must be float64 (issue 36, item 1)
 
 
 @pytest.fixture(scope="module")
 def offset_run(tmp_path_factory):
-    """One short S run on a CSV far from zero, with pictures, --inverse and --do_predict."""
+    """One short S run on a CSV far from zero (std about 5, offset 1e8), with pictures, --inverse and --do_predict."""
     tmp = tmp_path_factory.mktemp("offset")
     frame = make_synthetic(rows=1200, channels=3, seed=7)
     frame[["x0", "x1", "OT"]] = frame[["x0", "x1", "OT"]] * 5 + OFFSET
@@ -48,6 +48,59 @@ def test_inverse_metrics_are_the_scaled_ones_times_the_scale(offset_run):
     assert record["mse_orig"] == pytest.approx(record["mse"] * scale ** 2, rel=1e-4)
     assert record["mae_orig"] == pytest.approx(record["mae"] * scale, rel=1e-4)
     assert f"original scale: mse {record['mse_orig']:.6g}" in proc.stdout
+
+
+def _trained_model(tmp, argv, record):
+    """The offset run's args, data and experiment holding its trained weights, rebuilt in this process."""
+    from data_provider.data_factory import prepared_data
+    from utils.checkpoint import load_weights
+
+    args = make_args(*argv)
+    exp = make_experiment(args)
+    load_weights(exp.raw_model, tmp / "checkpoints" / record["setting"] / "checkpoint.pth")
+    return args, prepared_data(args), exp.raw_model.eval()
+
+
+def test_inverse_metrics_at_an_offset_of_1e8_are_the_float64_ones(offset_run):
+    """Issue 36, item 1: the run's *_orig metrics equal a float64 computation (numpy, sklearn's inverse)
+    over the same window predictions to 1e-9; in float32 mae_orig was off by tens of percent."""
+    from data_provider.data_factory import data_provider, window_for
+    from exp.forward import forward
+
+    tmp, frame, argv, _, record = offset_run
+    args, data, model = _trained_model(tmp, argv, record)
+    with torch.no_grad():  # the run's own batches, so the predictions are the run's to the bit
+        pred = np.concatenate([forward(model, b, args, "test", "cpu")[0].numpy() for b in data_provider(args, "test")[1]])
+    n, horizon = pred.shape[:2]
+    start = data.split_rows("test", window_for(args, "test").x_len)[0] + args.seq_len
+    rows = start + np.arange(n)[:, None] + np.arange(horizon)  # [window, step]: the rows each window forecasts
+
+    def inverse(scaled):
+        return data.scaler.inverse_transform(scaled.astype(np.float64).reshape(-1, 1)).reshape(n, horizon)
+
+    forecast = inverse(pred[..., 0])
+    for truth, rel in ((inverse(data.values[rows, -1]), 1e-9),  # the scaled truth the run scores against
+                       (frame["OT"].to_numpy()[rows], 1e-7)):  # the CSV's: float32 storage of the scaled data
+        err = forecast - truth
+        expected = {"mse_orig": np.mean(err ** 2), "mae_orig": np.mean(np.abs(err)), "rmse_orig": np.mean(err ** 2) ** 0.5,
+                    "mape_orig": np.mean(np.abs(err / truth)), "mspe_orig": np.mean((err / truth) ** 2)}
+        for key, value in expected.items():
+            assert record[key] == pytest.approx(value, rel=rel, abs=0), (key, rel)
+
+
+def test_do_predict_writes_every_digit_of_a_forecast_at_an_offset_of_1e8(offset_run):
+    """forecast.csv holds the float64 inverse of the model's scaled output (not 1.0000001e+08)."""
+    from data_provider.data_factory import window_for
+    from exp.forward import forward
+
+    tmp, _, argv, _, record = offset_run
+    args, data, model = _trained_model(tmp, argv, record)
+    dataset, _, _ = data.future_input(window_for(args, "test"), args.freq, args.embed)
+    with torch.no_grad():
+        scaled = forward(model, dataset.__getitems__([0]), args, "test", "cpu")[0][0].numpy()
+    written = pd.read_csv(tmp / "results" / record["setting"] / "forecast.csv")["OT"].to_numpy()
+    expected = data.scaler.inverse_transform(scaled.astype(np.float64))[:, 0]
+    assert np.abs(written - expected).max() < 1e-6, np.abs(written - expected).max()
 
 
 def test_pictures_after_a_run_and_none_with_no_plots(offset_run):

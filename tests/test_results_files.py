@@ -104,12 +104,47 @@ def test_each_scale_explains_its_own_non_finite_ratios(caplog):
     """A percentage error is blamed on a 0 among the true values only when the same scale's mae is finite."""
     from exp.outputs import finite_metrics
 
-    metrics = {"mae": 0.6, "mape": math.inf, "mae_orig": math.inf, "mape_orig": math.inf}
+    metrics = {"mae": 0.6, "mape": math.inf, "mae_orig": 1.0, "mape_orig": math.inf}
     with caplog.at_level("WARNING", logger="tsl"):
         finite_metrics(metrics)
     line = caplog.records[-1].getMessage()
     assert "mape inf: the true values hold a 0 on the scaled data" in line
-    assert "mae_orig inf, mape_orig inf: the forecasts or the true values are not finite on the original scale" in line
+    assert "mape_orig inf: the true values hold a 0 on the original scale" in line
+    # a diverged model: not finite on either scale, and no overflow is claimed
+    finite_metrics({"mae": math.nan, "mae_orig": math.nan, "mape_orig": math.nan})
+    assert ("mae_orig nan, mape_orig nan: the forecasts or the true values are not finite on the original scale"
+            in caplog.records[-1].getMessage())
+
+
+def test_original_scale_metrics_of_huge_values_are_float64_and_an_overflow_is_named(caplog):
+    """Issue 36, item 13: values of 1e30 gave inf in float32 and a warning blaming the data; in float64 they
+    are finite. Past float64's range (errors of 1e160 squared) the warning names the overflow."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from exp.outputs import OriginalScale, finite_metrics
+    from utils.metrics import ErrorSums
+
+    pred, true = torch.randn(2, 2, 12, 1, generator=torch.Generator().manual_seed(0))
+    for size in (1e30, 1e160):
+        original = ErrorSums(transform=OriginalScale(SimpleNamespace(mean_=np.array([size]),
+                                                                     scale_=np.array([size])), "cpu"))
+        original.update(pred, true)
+        scaled = ErrorSums()
+        scaled.update(pred, true)
+        metrics = {**scaled.metrics(), **{f"{k}_orig": v for k, v in original.metrics().items()}}
+        err = (pred.double() - true.double()).numpy() * size
+        assert metrics["mae_orig"] == pytest.approx(np.abs(err).mean(), rel=1e-12)
+        if size == 1e30:
+            assert metrics["mse_orig"] == pytest.approx(np.mean(err ** 2), rel=1e-12)
+            continue
+        assert metrics["mse_orig"] == math.inf and math.isfinite(metrics["mse"])
+        with caplog.at_level("WARNING", logger="tsl"):
+            finite_metrics(metrics)
+        line = caplog.records[-1].getMessage()
+        assert line.startswith("mse_orig inf, rmse_orig inf: float64 overflow on the original scale"), line
+        assert "not finite" not in line
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ _FIELDS = ("count", "sq", "abs", "ape", "spe")
 
 
 class ErrorSums:
-    """Running float64 sums of squared, absolute and percentage errors.
+    """Running float64 sums of squared, absolute and percentage errors (of float32 errors on the
+    scaled data; of float64 ones after a float64 `transform`, e.g. to the original scale).
 
     With `keep_windows` it also keeps each window's own MSE and MAE, in loader order, so
     metrics over any subset of windows can be computed afterwards (`window_errors`).
@@ -28,12 +29,15 @@ class ErrorSums:
         self._reduced = False
 
     def update(self, pred, true):
-        if self.transform is not None:
+        if self.transform is None:
+            pred = pred.float()
+        else:  # float64 values (OriginalScale), so errors, squares and sums are float64 throughout
             pred, true = self.transform(pred), self.transform(true)
-        err = pred.float() - true
+        err = pred - true
         rel = err / true
-        # float32 sums per window, then float64 across windows: a window's sum does not depend
-        # on which batch or rank it landed in, and no float64 copy of the errors is made.
+        # Per-window sums in the errors' dtype (float32 on the scaled data: no float64 copy of the
+        # errors is made), then float64 across windows: a window's sum does not depend on which
+        # batch or rank it landed in.
         window_dims = tuple(range(1, err.dim()))
         per_window = torch.stack([err.square().sum(window_dims), err.abs().sum(window_dims),
                                   rel.abs().sum(window_dims), rel.square().sum(window_dims)])  # [4, B]
