@@ -378,3 +378,27 @@ def test_export_writes_openltms_layout_and_back(tmp_path, capsys):
     save_atomic({"Linear_Seasonal.weight": torch.zeros(2, 2)}, tmp_path / "dlinear.pth")
     with pytest.raises(UserError, match="not a TimerXL or Timer checkpoint"):
         checkpoint_main(["export", "--to", "openltm", str(tmp_path / "dlinear.pth"), str(tmp_path / "x.pth")])
+
+
+@pytest.mark.filterwarnings("ignore:'utils.checkpoint' found in sys.modules")  # runpy: run as `python -m` runs it
+@pytest.mark.parametrize("where", ["an existing folder", "under a file"])
+def test_export_to_a_path_it_cannot_write_says_so_in_one_line(tmp_path, capsys, monkeypatch, where):
+    """`python -m utils.checkpoint export SRC DST` with DST a folder, or a path no file can take: exit 2,
+    one `error:` line, nothing written (it was an IsADirectoryError traceback)."""
+    import runpy
+    import sys
+
+    save_atomic(ours("Timer", **SHAPES[0]).state_dict(), tmp_path / "ours.pth")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kept.txt").write_text("mine")
+    dst = tmp_path / "out" if where == "an existing folder" else tmp_path / "out" / "kept.txt" / "o.pth"
+    monkeypatch.setattr(sys, "argv", ["checkpoint", "export", "--to", "openltm", str(tmp_path / "ours.pth"), str(dst)])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_module("utils.checkpoint", run_name="__main__")
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == ""
+    expected = (f"error: {dst} is a folder: name the file to write, e.g. {dst / 'checkpoint.pth'}"
+                if where == "an existing folder" else f"error: cannot write {dst} (")
+    assert err.startswith(expected) and err.count("\n") == 1, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["kept.txt"]
+    assert (tmp_path / "out" / "kept.txt").read_text() == "mine"

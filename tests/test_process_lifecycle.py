@@ -257,3 +257,109 @@ def test_a_worker_whose_launcher_died_before_it_started_stops_at_once():
     assert proc.stderr.strip() == "error: the launcher (pid 999999999) is gone; this worker stops"
     proc = run_command([sys.executable, "-c", code], timeout=60, extra_env=dict(env, TSL_LAUNCHER_PID=""))
     assert proc.returncode == 0 and "still training" in proc.stdout  # external torchrun: its parent is the agent
+
+
+# ---------------------------------------------------------------- the best weights' save (checkpoint.pth)
+def test_best_weights_that_cannot_be_written_stop_every_rank_with_one_line(tmp_path):
+    """A folder stands where checkpoint.pth goes: both ranks stop at the first evaluation with the same
+    line (it was an IsADirectoryError on rank 0 and rank 1 left in the barrier), nothing half-written."""
+    from exp.settings import setting_name
+    from helpers import assert_one_error_line, run_cli
+
+    argv = ["--synthetic_rows", 1500, "--num_threads", 1, "--train_epochs", 2]
+    args = make_args(*argv)
+    args.autoregressive = False  # as resolve_args decides for DLinear
+    blocker = tmp_path / "checkpoints" / setting_name(args, 0) / "checkpoint.pth"
+    blocker.mkdir(parents=True)
+    proc = run_cli(tmp_path, *argv, nproc=2, timeout=120)
+    assert_one_error_line(proc, f"error: cannot write the best weights {blocker} (Is a directory); the previous one "
+                                "is intact. Free space or fix the folder's permissions (or move away what stands")
+    assert blocker.is_dir() and not any(blocker.iterdir())
+    assert sorted(p.name for p in blocker.parent.iterdir()) == ["checkpoint.pth"]  # no temp file, no last.pth
+    assert not (tmp_path / "results" / "results.jsonl").exists()
+
+
+def _save_best_twice(rank, world, folder, how):
+    """save_best, then rank 0's folder turns read-only (or its disk full) and save_best again with other
+    weights: (what every rank raised the second time, the first file's bytes)."""
+    import os
+    import resource
+    import signal
+
+    from utils.checkpoint import save_best
+    from utils.errors import UserError
+
+    model, path = torch.nn.Linear(30, 30), folder / "checkpoint.pth"
+    save_best(model, path)
+    first = path.read_bytes()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 0 and how == "read-only":
+        os.chmod(folder, 0o555)
+    elif rank == 0:  # the write stops part-way: a file may grow to 100 bytes only
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then write() fails with EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, limit[1]))
+    try:
+        save_best(model, path)
+    except UserError as error:
+        return str(error), first
+    finally:
+        os.chmod(folder, 0o755)
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+
+
+def _writes_into_read_only_folders(folder):
+    probe = folder / "read-only"
+    probe.mkdir(mode=0o555)
+    try:
+        (probe / "file").touch()
+        return True
+    except PermissionError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_best_weights_rank_0_cannot_write_mid_run_stop_every_rank_keeping_the_previous(tmp_path, how):
+    """The folder made read-only (or the disk full) after a first checkpoint.pth: every rank stops with one
+    line, the first file intact (it was a PermissionError on rank 0 plus a gloo traceback on rank 1)."""
+    folder = tmp_path / "setting"
+    folder.mkdir()
+    if how == "read-only" and _writes_into_read_only_folders(tmp_path):
+        pytest.skip("this user writes into read-only folders (root); the full-disk case fails the same save")
+    (stopped, first), (stopped_too, _) = run_on_ranks(_save_best_twice, 2, folder, how)
+    why = "Permission denied" if how == "read-only" else "File too large"
+    line = (f"cannot write the best weights {folder / 'checkpoint.pth'} ({why}); the previous one is intact. Free "
+            "space or fix the folder's permissions (or move away what stands at that path), then run again with --resume")
+    assert stopped == stopped_too == line
+    assert (folder / "checkpoint.pth").read_bytes() == first
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pth"]  # no temp file left
+
+
+# ---------------------------------------------------------------- file modes
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)], ids=["umask 022", "umask 077"])
+def test_every_file_a_run_or_a_corpus_build_writes_has_the_umasks_mode(tmp_path, monkeypatch, umask, mode):
+    """Files are made as open() makes them, 0o666 less the umask: a corpus or results another user must
+    read are readable under umask 022 (atomic_write's temp files were mkstemp's 0o600 whatever the umask)."""
+    import os
+
+    import run
+    from data_provider.corpus import build
+    from data_provider.synthetic import make_synthetic
+
+    monkeypatch.setattr(run, "configure_logging", lambda quiet=False: None)  # keep the tsl logger as tests find it
+    make_synthetic(rows=600, channels=2, seed=1).to_csv(tmp_path / "series.csv", index=False)
+    argv = ["--train_steps", 2, "--log_steps", 1, "--save_steps", 1, "--synthetic_rows", 1500, "--do_predict",
+            "--quiet", *output_args(tmp_path)]
+    before = os.umask(umask)
+    try:
+        assert run.main(list(map(str, argv))) == 0
+        build(str(tmp_path / "corpus"), [str(tmp_path / "series.csv")], progress=False)
+    finally:
+        os.umask(before)
+    written = [p for folder in ("checkpoints", "results", "corpus") for p in (tmp_path / folder).rglob("*")
+               if p.is_file()]
+    names = {p.name for p in written}
+    assert {"checkpoint.pth", "last.pth", "metrics.json", "window_errors.csv", "steps.csv", "forecast.csv",
+            "results.jsonl", "index.json"} <= names, names
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}

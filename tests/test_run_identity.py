@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import (SMALL_TIMERXL as TIMERXL, Streamed, assert_ok, free_port, kill_a_worker_before, make_args,
-                     output_args as _outputs, records, run_cli, subprocess_env)
+                     output_args as _outputs, records, run_cli, run_on_ranks, subprocess_env)
 
 SMALL_TIMERXL = [*TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
 DLINEAR = ["--synthetic_rows", 1500, "--num_threads", 1]
@@ -157,3 +157,57 @@ def test_a_dead_runs_lock_file_does_not_block(tmp_path):
     (folder / ".lock").write_text("pid 999999 on nowhere, started long ago\n")  # its process is gone
     assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1))
     assert not (folder / ".lock").exists() and (folder / "checkpoint.pth").is_file()
+
+
+def _save_after_the_folder_is_removed(rank, world, folder, second_run):
+    """A run's rank 0 saves the best weights, its setting folder is removed (`rm -rf` of --checkpoints)
+    and, with `second_run`, a second run of the setting takes it (its lock, its checkpoint.pth); then
+    the first run saves again. (What every rank raised or None, what the folder holds after the first
+    run left it.)"""
+    import argparse
+    import fcntl
+    import shutil
+
+    from utils import distributed
+    from utils.checkpoint import save_best, setting_lock
+    from utils.errors import UserError
+
+    args = argparse.Namespace(checkpoints=str(folder / "checkpoints"), is_training=1)
+    setting = folder / "checkpoints" / "s"
+    model, stopped, other = torch.nn.Linear(3, 3), None, None
+    with setting_lock(args, "s"):
+        save_best(model, setting / "checkpoint.pth")
+        if rank == 0:
+            shutil.rmtree(folder / "checkpoints")
+            if second_run:
+                setting.mkdir(parents=True)
+                other = os.open(setting / ".lock", os.O_RDWR | os.O_CREAT)
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.write(other, b"the second run")
+                (setting / "checkpoint.pth").write_bytes(b"the second run's weights")
+        distributed.barrier()
+        try:
+            save_best(model, setting / "checkpoint.pth")
+        except UserError as error:
+            stopped = str(error)
+    left = sorted((p.name, p.read_bytes()) for p in setting.iterdir()) if setting.exists() else None
+    if other is not None:
+        os.close(other)
+    return stopped, left
+
+
+@pytest.mark.parametrize("second_run", [False, True])
+def test_a_run_whose_setting_folder_was_removed_stops_at_its_next_save(tmp_path, second_run):
+    """The lock lives in the setting's folder: once that is removed the first run's save must not re-make
+    the folder, nor write beside (or over) a second run that took the setting, nor remove its lock on
+    the way out. Every rank stops with the same line."""
+    results = run_on_ranks(_save_after_the_folder_is_removed, 2, tmp_path, second_run)
+    setting = tmp_path / "checkpoints" / "s"
+    line = (f"the folder of setting s, {setting}, was removed or replaced while this run trained (its lock file "
+            f"{setting / '.lock'} is gone or another run's): this run stops rather than write into another run's "
+            "files; start it again (with --resume if last.pth is still there)")
+    assert [stopped for stopped, _ in results] == [line, line]
+    if second_run:
+        assert results[0][1] == [(".lock", b"the second run"), ("checkpoint.pth", b"the second run's weights")]
+    else:
+        assert results[0][1] is None  # not re-made

@@ -139,10 +139,25 @@ def checkpoint_path(args, setting, name="checkpoint.pth"):
 
 
 def save_best(model, path):
-    """Rank 0 writes `model`'s weights; every rank returns once the file is complete."""
-    if distributed.is_main():
-        save_atomic(model.state_dict(), path)
-    distributed.barrier()  # nobody reads the file before it is complete
+    """Rank 0 writes `model`'s weights; every rank returns once the file is complete (nobody reads it
+    before), or, if rank 0 cannot write it, every rank stops with its one line (save_or_stop)."""
+    save_or_stop(lambda: save_atomic(model.state_dict(), path), path, "the best weights")
+
+
+def save_or_stop(write, path, what):
+    """Rank 0 calls write() to save `what` at `path`; a collective. If its setting's lock is no longer
+    this run's (setting_lock) or the write fails, every rank stops with the same line, the previous
+    file intact."""
+    distributed.raise_on_every_rank(lambda: _lost_lock(path) or _write_or_say_why(write, path, what), on="main")
+
+
+def _write_or_say_why(write, path, what):
+    try:
+        write()
+    except OSError as exc:
+        return (f"cannot write {what} {path} ({exc.strerror or exc}); the previous one is intact. Free space or "
+                "fix the folder's permissions (or move away what stands at that path), then run again with --resume")
+    return None
 
 
 # ------------------------------------------------------------ a run's identity
@@ -241,7 +256,7 @@ def save_training_state(path, model, optimizer, stopper, args, epoch, step, hist
     epoch when `end_of_epoch`): a count that does not depend on the world size.
     A collective: every rank calls it (its generators, its `running` sums (name -> RunningLoss) and,
     under --zero, its optimizer shard go in); rank 0 writes, and if it cannot, every rank stops with
-    its one line. `grad_scaler`: fp16's loss scale (the same on every rank: it follows the
+    its one line (save_or_stop). `grad_scaler`: fp16's loss scale (the same on every rank: it follows the
     all-reduced gradients)."""
     own = {name: r.state_dict() for name, r in (running or {}).items()}
     rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
@@ -269,16 +284,7 @@ def save_training_state(path, model, optimizer, stopper, args, epoch, step, hist
             "history": history,
         }, path)
 
-    distributed.raise_on_every_rank(lambda: _write_or_say_why(write, path), on="main")
-
-
-def _write_or_say_why(write, path):
-    try:
-        write()
-    except OSError as exc:
-        return (f"cannot write the training state {path} ({exc.strerror or exc}); the previous one is intact. "
-                "Free space or fix the folder's permissions, then run again with --resume")
-    return None
+    save_or_stop(write, path, "the training state")
 
 
 def read_training_state(path):
@@ -431,11 +437,42 @@ def require_writable(args, *options):
     distributed.raise_on_every_rank(first_problem, on="main")
 
 
+# The setting locks this process holds: setting folder (absolute) -> (setting, lock path, its open fd).
+_held_locks = {}
+
+
+def _same_file(path, fd):
+    """Whether `path` still names the file open as `fd` (not removed, not replaced by another)."""
+    try:
+        named, held = os.stat(path), os.fstat(fd)
+    except OSError:  # gone, or a file now stands where a folder of its path was
+        return False
+    return (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _lost_lock(path):
+    """None unless `path` lies in a setting folder whose lock this process holds and that lock file is
+    gone or another's (the folder removed, `rm -rf` of --checkpoints, perhaps re-made by another run):
+    then the line that stops this run before it writes into what may now be another run's folder. (A
+    second run that takes the setting between this check and the write is not caught: microseconds.)"""
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in _held_locks:
+        return None
+    setting, lock, fd = _held_locks[folder]
+    if _same_file(lock, fd):
+        return None
+    return (f"the folder of setting {setting}, {folder}, was removed or replaced while this run trained (its lock "
+            f"file {lock} is gone or another run's): this run stops rather than write into another run's files; "
+            "start it again (with --resume if last.pth is still there)")
+
+
 @contextlib.contextmanager
 def setting_lock(args, setting):
     """Rank 0 holds an exclusive flock on <checkpoints>/<setting>/.lock while a training run writes
     the setting; a second run on the same setting stops on every rank, naming the holder. The kernel
-    drops the lock when its process dies, so a killed run never blocks the next one."""
+    drops the lock when its process dies, so a killed run never blocks the next one. The lock lives
+    in the folder it guards: every save checks that it still stands (save_or_stop), so a run whose
+    folder was removed under it stops instead of writing beside a second run that took the setting."""
     if not args.is_training:  # evaluation only reads the setting's checkpoint
         yield
         return
@@ -458,17 +495,14 @@ def setting_lock(args, setting):
                 os.close(fd)
                 return (f"setting {setting} is in use by another run ({holder}): two runs must not write one "
                         f"setting's checkpoints; wait for it to end, or use another --checkpoints or --des")
-            try:
-                same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same_file = False
-            if same_file:  # else its holder removed it between our open and our lock: take the new one
+            if _same_file(path, fd):  # else its holder removed it between our open and our lock: take the new one
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
         held["fd"] = fd
+        _held_locks[os.path.abspath(folder)] = (setting, path, fd)
         return None
 
     def take_or_say_why():
@@ -482,10 +516,13 @@ def setting_lock(args, setting):
         yield
     finally:
         if "fd" in held:
+            _held_locks.pop(os.path.abspath(folder), None)
             # remove the file while still holding it (a waiting opener sees the inode change), so a
-            # run leaves no lock file, and no folder if it wrote nothing else there
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            # run leaves no lock file, and no folder if it wrote nothing else there; never another
+            # run's, made after this run's folder was removed
+            if _same_file(path, held["fd"]):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             os.close(held["fd"])
             if held["new_folder"]:
                 with contextlib.suppress(OSError):
@@ -496,12 +533,18 @@ def setting_lock(args, setting):
 def export(src, dst, to="openltm"):
     """Write `src` (any file read_weights reads) to `dst` in OpenLTM's layout (`to="openltm"`, for
     OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`). Returns the model name."""
+    if os.path.isdir(dst):
+        raise UserError(f"{dst} is a folder: name the file to write, e.g. {os.path.join(dst, 'checkpoint.pth')}")
     state, source = read_weights(src)
     model = openltm.our_model_of(state)
     if model is None:
         raise UserError(f"{src} is not a TimerXL or Timer checkpoint: OpenLTM's layout exists for those two only")
     out = openltm.ours_to_openltm(state, model) if to == "openltm" else state
-    save_atomic(out, dst)
+    try:
+        save_atomic(out, dst)
+    except OSError as exc:
+        raise UserError(f"cannot write {dst} ({exc.strerror or exc}); choose another path or fix its folder's "
+                        "permissions") from None
     return model, source
 
 
@@ -516,7 +559,7 @@ def main(argv=None):
     convert.add_argument("--to", choices=("openltm", "ours"), default="openltm")
     convert.add_argument("src", help="a checkpoint.pth / last.pth of ours, or an OpenLTM checkpoint (.pth, "
                                      ".safetensors, a model.safetensors folder)")
-    convert.add_argument("dst", help="the file to write")
+    convert.add_argument("dst", help="the file to write (not a folder)")
     args = parser.parse_args(argv)
     model, source = export(args.src, args.dst, args.to)
     origin = source.what if source is not None else f"our {model}"

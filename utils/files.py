@@ -2,19 +2,43 @@
 
 A crash or a kill mid-write leaves the previous file (or none), never half of one.
 """
+import functools
 import os
 import tempfile
 
 TEMP_PREFIX = ".tmp_"
 
 
+def current_umask():
+    """The process's umask, read without changing it: os.umask can only read it by setting it, and a
+    thread creating a file meanwhile would get the wrong mode. Linux shows it in /proc/self/status."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _umask_by_setting_it()
+
+
+@functools.lru_cache(maxsize=None)
+def _umask_by_setting_it():
+    """Where /proc does not tell (not Linux): set and restore it, once."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path, write, binary=True):
-    """Call write(f) on a temp file in `path`'s folder, fsync it, then rename it over `path`."""
+    """Call write(f) on a temp file in `path`'s folder, fsync it, then rename it over `path`. The file
+    gets the mode open() would give it (0o666 less the umask), not mkstemp's private 0o600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX, suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
