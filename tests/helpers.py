@@ -66,8 +66,25 @@ def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False,
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return subprocess.run(cmd + ["run.py", *argv], cwd=REPO, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(cmd + [str(REPO / "run.py"), *argv], cwd=REPO, env=repo_first_env(subprocess_env()),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def repo_first_env(env):
+    """`env` with this checkout's root first on PYTHONPATH: a process started with it imports this
+    repository's code, not an installed copy or another checkout's."""
+    paths = [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return dict(env, PYTHONPATH=os.pathsep.join(paths))
+
+
+def project_imported_elsewhere():
+    """The first project module this process holds from outside REPO, as 'name (file)', or None."""
+    for name in ("run", "exp", "utils", "data_provider", "models", "layers"):
+        module = sys.modules.get(name)
+        origin = getattr(module, "__file__", None)
+        if origin and not Path(origin).resolve().is_relative_to(REPO):
+            return f"{name} ({origin})"
+    return None
 
 
 # What every run.py process imports (torch._dynamo comes with the first optimizer): loaded once
@@ -78,18 +95,24 @@ _fork_context = None
 
 def warm_context():
     """multiprocessing's forkserver, its server holding WARM_MODULES: children fork from it in
-    milliseconds. It starts with one thread per library (OMP_NUM_THREADS=1), so forking is safe."""
+    milliseconds. It starts with one thread per library (OMP_NUM_THREADS=1), so forking is safe.
+
+    The server imports WARM_MODULES by name with its own sys.path (Python 3.11 does not pass it the
+    parent's): its working directory first, then PYTHONPATH, then an installed copy. Started in REPO with
+    REPO first on PYTHONPATH, it holds this checkout's code wherever pytest was started."""
     global _fork_context
     if _fork_context is None:
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(WARM_MODULES)
-        saved = dict(os.environ)
-        os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        saved, cwd = dict(os.environ), os.getcwd()
+        os.environ.update(repo_first_env(saved), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        os.chdir(REPO)
         try:
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
         finally:
+            os.chdir(cwd)
             os.environ.clear()
             os.environ.update(saved)
         _fork_context = context
@@ -124,6 +147,11 @@ def _run_py_child(argv, env, stdout_path, stderr_path, preempt_at_step=None):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
+    elsewhere = project_imported_elsewhere()
+    if elsewhere:  # the fork server holds another checkout's modules: say so rather than test that code
+        print(f"tests/helpers: the fork server imported {elsewhere}, not the code under {REPO}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)
     sys.argv = ["run.py", *argv]
     code = 1
     try:

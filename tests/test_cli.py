@@ -48,6 +48,31 @@ def test_legacy_local_rank_argument_is_accepted(tmp_path):
     assert_ok(run_cli(tmp_path, "--train_epochs", 1, "--local_rank", 0, "--synthetic_rows", 1500))
 
 
+def test_the_suite_runs_this_checkouts_code_wherever_pytest_starts(tmp_path):
+    """pytest started in another folder that holds another copy of the project, also first on PYTHONPATH
+    (as another checkout, or an installed copy, would be): the forked runs still run this checkout's code.
+    The copy marks a file when it is imported; the test above runs as the inner session."""
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import REPO, subprocess_env
+
+    elsewhere, marker = tmp_path / "elsewhere", tmp_path / "copy_imported"
+    for name in ("exp", "models", "layers", "data_provider", "utils"):
+        shutil.copytree(REPO / name, elsewhere / name, ignore=shutil.ignore_patterns("__pycache__"))
+    mark = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (elsewhere / "run.py").write_text(mark + (REPO / "run.py").read_text())
+    (elsewhere / "exp" / "__init__.py").write_text(mark + (REPO / "exp" / "__init__.py").read_text())
+    inner = f"{REPO / 'tests' / 'test_cli.py'}::test_legacy_local_rank_argument_is_accepted"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                           str(tmp_path / "inner"), inner], cwd=elsewhere,
+                          env=dict(subprocess_env(), PYTHONPATH=str(elsewhere)), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not marker.exists(), f"the other copy ran: {marker.read_text().split()}"
+
+
 def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     # DDP(torch.compile(m)) and torch.compile(DDP(m)) nest the two wrappers either way round
