@@ -10,7 +10,8 @@ beside the published figures.
 Records are the lines run.py appends to `<results_dir>/results.jsonl`. Rows group them by
 data set (a `custom` file by its name), features, input length, model, horizon (for
 token models the rolled-out test_pred_len and test_seq_len) and training recipe (learning
-rate, global batch, --lradj, --des, and --eval_batch_size, --train_drop_last and --embed when set)
+rate, global batch, --lradj, --des, and --eval_batch_size, --train_drop_last, --embed and a test on a
+--test_windows subset when set)
 and every other argument that changes what a run trains or scores (--train_epochs, --lr_scaling,
 --model_id, the model's shape, ...: TRAJECTORY_ARGS; the ones that set rows apart join --des), so
 runs trained or scored differently, or tagged as a variant with --des, never share a row.
@@ -230,8 +231,10 @@ def recipe_of(record):
     Settings that change the figures without changing the tag join it: an explicit --eval_batch_size
     ("Exp, eval batch 1": it leaves most models' figures alone, but not those of a model whose
     forecasts depend on the batch, TimesNet), --train_drop_last ("Exp, train drop_last": other
-    training steps) and an --embed other than the default timeF ("Exp, embed none": other inputs).
-    They join even when the tag already says so, so a row never mixes runs with and without them."""
+    training steps), an --embed other than the default timeF ("Exp, embed none": other inputs) and
+    a test on a --test_windows subset of the split ("Exp, test 512 of 9000 windows": never taken for
+    the full test). They join even when the tag already says so, so a row never mixes runs with and
+    without them."""
     args = record.get("args", {})
     des = args.get("des", "")
     notes = []
@@ -241,6 +244,8 @@ def recipe_of(record):
         notes.append("train drop_last")
     if args.get("embed", "timeF") != "timeF":
         notes.append(f"embed {args['embed']}")
+    if record.get("test_windows", 0) < record.get("test_split_windows", 0):
+        notes.append(f"test {record['test_windows']} of {record['test_split_windows']} windows")
     for note in notes:
         des = f"{des}, {note}"
     return (args.get("learning_rate", 0.0), args.get("global_batch_size", args.get("batch_size", 0)),

@@ -93,12 +93,23 @@ def keeps_data_on_device(args, device):
     return _placement_cache[key]
 
 
-def validation_subset(dataset, n, seed):
-    """`n` validation windows drawn from `seed` alone (the first n positions of a seeded permutation,
-    in time order): the same subset on every rank and world size, so the validation loss stays exact;
-    memory for n windows, none for the rest."""
-    chosen = FeistelPermutation(len(dataset), epoch_key(seed, 0) ^ 0x7A11DA7E)(np.arange(n))  # not epoch 0's order
-    return WindowSelection(dataset, np.sort(chosen))
+class SeededSubset(WindowSelection):
+    """`n` windows of an evaluation split drawn from `seed` alone (the first n positions of a seeded
+    permutation, in time order): the same subset on every rank and world size, so the validation
+    (--val_windows) or test (--test_windows) metrics stay exact; memory for n windows, none for the
+    rest. `positions` are the chosen windows' numbers in the split, `split_windows` its size."""
+
+    def __init__(self, split, n, seed):
+        chosen = FeistelPermutation(len(split), epoch_key(seed, 0) ^ 0x7A11DA7E)(np.arange(n))  # not epoch 0's order
+        self.positions, self.split_windows = np.sort(chosen), len(split)
+        super().__init__(split, self.positions)
+
+
+def split_numbering(dataset):
+    """(each window's number in its split, the split's size): a SeededSubset's, or every window's."""
+    if isinstance(dataset, SeededSubset):
+        return dataset.positions, dataset.split_windows
+    return np.arange(len(dataset)), len(dataset)
 
 
 def data_provider(args, flag, device=None):
@@ -112,8 +123,9 @@ def data_provider(args, flag, device=None):
     dataset = prepared_data(args).window_dataset(flag, window_for(args, flag), with_marks=reads_marks)
     if flag == "train":  # few-shot: the same random windows on every rank, before DDP shards them
         dataset = few_shot_subset(dataset, args.subset_rand_ratio, args.seed)
-    if flag == "val" and 0 < args.val_windows < len(dataset):
-        dataset = validation_subset(dataset, args.val_windows, args.seed)
+    subset = {"val": args.val_windows, "test": args.test_windows}.get(flag)
+    if subset and subset < len(dataset):  # as many windows as the split holds, or more: all of them
+        dataset = SeededSubset(dataset, subset, args.seed)
     on_device = keeps_data_on_device(args, device)
     if on_device:
         dataset.to(device)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from data_provider.data_factory import data_provider, prepared_data
+from data_provider.data_factory import data_provider, prepared_data, split_numbering
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
@@ -32,7 +32,7 @@ from utils.checkpoint import (checkpoint_path, load_weights, require_writable, r
 from utils.errors import require
 from utils.files import remove_stale_temporaries
 from utils.metrics import ErrorSums, batch_loss
-from utils.progress import RESULT, EpochProgress, progress_mode
+from utils.progress import RESULT, EpochProgress, EvaluationProgress, progress_mode
 from utils.tools import EarlyStopping, LearningRateSchedule, eval_mode
 
 logger = logging.getLogger("tsl")
@@ -260,9 +260,11 @@ class Exp_Forecast(Exp_Basic):
     def evaluate(self, loader, stage, original=None, keep_windows=False):
         """Global ErrorSums over every window of the loader's split, on every rank; `original`
         (an ErrorSums with an OriginalScale transform), if given, also sums the errors on the
-        data's original scale; `keep_windows` keeps each window's errors too."""
+        data's original scale; `keep_windows` keeps each window's errors too. A long evaluation shows
+        its progress on rank 0 (utils.progress.EvaluationProgress)."""
         model = self.raw_model  # no DDP wrapper: no collective can run inside this loop
         sums = ErrorSums(keep_windows)
+        progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
         with eval_mode(model):
             for batch in loader:
                 with self.autocast():
@@ -270,6 +272,8 @@ class Exp_Forecast(Exp_Basic):
                 sums.update(pred, true)
                 if original is not None:
                     original.update(pred, true)
+                progress.update()
+        progress.close()
         if original is not None:
             original.all_reduce()
         return sums.all_reduce()
@@ -299,12 +303,16 @@ class Exp_Forecast(Exp_Basic):
             require_one_scale(data, args)
             original = ErrorSums(transform=OriginalScale(data.scaler, self.device))
         sums = self.evaluate(test_loader, "test", original, keep_windows=True)
-        save_window_errors(args, setting, sums.window_errors())
+        numbers, split_windows = split_numbering(test_loader.dataset)
+        save_window_errors(args, setting, sums.window_errors(), numbers)
         metrics = sums.metrics()
         if original is not None:
             metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
         metrics["vali_loss"] = vali_loss
-        metrics["test_windows"] = len(test_loader.dataset)
+        metrics["test_windows"] = len(test_loader.dataset)  # scored: all of the split's, or --test_windows of them
+        metrics["test_split_windows"] = split_windows
+        if args.test_windows and args.test_windows >= split_windows:
+            logger.info(f"--test_windows {args.test_windows}: the test split holds {split_windows} windows, all scored")
         peak = distributed.peak_gpu_mib(self.device)
         if peak is not None:
             metrics["peak_gpu_mib"] = peak  # per rank, over the whole run
@@ -353,9 +361,12 @@ def result_line(setting, metrics):
     orig = ""
     if "mse_orig" in metrics:
         orig = f"; original scale: mse {metrics['mse_orig']:.6g} mae {metrics['mae_orig']:.6g}"
+    scored = metrics["test_windows"]
+    if scored < metrics["test_split_windows"]:
+        scored = f"{scored} of the split's {metrics['test_split_windows']}"  # a --test_windows subset
     return (f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
             f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig} (vali {metrics['vali_loss']:.6f}, "
-            f"{metrics['test_windows']} windows, {distributed.world_size()} processes)")
+            f"{scored} windows, {distributed.world_size()} processes)")
 
 
 def _ending(items):

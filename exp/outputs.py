@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from data_provider.data_factory import data_provider, prepared_data, window_for
+from data_provider.data_factory import data_provider, prepared_data, split_numbering, window_for
 from exp.forward import forward, on_device
 from utils import distributed, plots
 from utils.checkpoint import writable_dir_problem
@@ -170,13 +170,14 @@ def _nulls_for_non_finite(value):
     return value
 
 
-def save_window_errors(args, setting, errors):
+def save_window_errors(args, setting, errors, numbers):
     """window_errors.csv (rank 0): each test window's MSE and MAE, in test order, so metrics over
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
-    benchmarks/drop_last_effect.py) need no second evaluation."""
+    benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
+    the test split (0, 1, 2, ... unless --test_windows scored a subset)."""
     if not distributed.is_main():
         return
-    rows = np.column_stack([np.arange(len(errors)), errors.numpy()])
+    rows = np.column_stack([numbers, errors.numpy()])
     atomic_write(output_path(args, setting, "window_errors.csv"), lambda f: np.savetxt(
         f, rows, fmt=["%d", "%.9g", "%.9g"], delimiter=",", header="window,mse,mae", comments=""), binary=False)
 
@@ -198,6 +199,7 @@ def draw_forecasts(exp, setting, n_windows=4):
         return
     data = prepared_data(args)
     dataset, _ = data_provider(args, "test")
+    numbers, split_windows = split_numbering(dataset)  # with --test_windows, the subset's windows
     picks = sorted({round(i * (len(dataset) - 1) / max(n_windows - 1, 1)) for i in range(n_windows)})
     batch = on_device(dataset.__getitems__(picks), exp.device)
     pred, true = _forecast(exp, batch)
@@ -206,8 +208,8 @@ def draw_forecasts(exp, setting, n_windows=4):
     window = window_for(args, "test")
     windows = []
     for i, pick in enumerate(picks):
-        label = f"test window {pick + 1} of {len(dataset)}"
-        date = data.forecast_date("test", window, pick)
+        label = f"test window {numbers[pick] + 1} of {split_windows}"
+        date = data.forecast_date("test", window, int(numbers[pick]))
         if date is not None:
             label += f", forecast from {date:%Y-%m-%d %H:%M}"
         windows.append({"history": history[i], "truth": true[i], "forecast": pred[i], "label": label})

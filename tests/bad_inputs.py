@@ -247,6 +247,9 @@ PROBES = [
     Probe("seed past the largest with --itr", fixed("--seed", 4294967295, "--itr", 2), "passes the largest seed"),
     Probe("subset ratio", fixed("--subset_rand_ratio", 0), "--subset_rand_ratio must be in (0, 1], got 0"),
     Probe("accumulation steps", fixed("--accumulation_steps", 0), "--accumulation_steps must be positive, got 0"),
+    # issue 36 item 25: --test_windows (more than the test split holds scores every window, with a note)
+    Probe("no test windows", fixed("--test_windows", 0), "--test_windows must be positive, got 0"),
+    Probe("negative test windows", fixed("--test_windows", -5), "--test_windows must be positive, got -5"),
     Probe("unknown choice", fixed("--embed", "nope"), "--embed: invalid choice: 'nope'"),
     # arguments that contradict each other
     Probe("label longer than input", fixed("--seq_len", 48, "--label_len", 96), "--label_len must be between 0 and --seq_len (48)"),

@@ -75,8 +75,9 @@ def test_the_order_is_the_same_in_every_version_of_the_code():
 
 
 def test_the_validation_subset_is_the_same_in_every_version_of_the_code():
-    """--val_windows' subset decides every reported validation loss: pinned like the training order."""
-    from data_provider.data_factory import validation_subset
+    """--val_windows' (and --test_windows') subset decides every reported validation loss: pinned like the
+    training order."""
+    from data_provider.data_factory import SeededSubset
 
     class Split:
         window, split = None, "val"
@@ -84,7 +85,7 @@ def test_the_validation_subset_is_the_same_in_every_version_of_the_code():
         def __len__(self):
             return 1000
 
-    assert validation_subset(Split(), 6, 2021).indices.tolist() == [113, 456, 495, 559, 668, 758]
+    assert SeededSubset(Split(), 6, 2021).indices.tolist() == [113, 456, 495, 559, 668, 758]
 
 
 @pytest.mark.parametrize("n, world", [(1000, 1), (1000, 2), (1001, 3), (5, 3)])

@@ -147,6 +147,10 @@ def build_parser():
                         "at any batch size and number of processes) or the batch's, as TSLib's code at batch > 1")
     g.add_argument("--val_windows", type=non_negative_int, default=0,
                    help="validate on this many windows, a fixed random subset of a huge validation split (0: all)")
+    g.add_argument("--test_windows", type=positive_int, default=None,
+                   help="test on this many windows, a fixed random subset of a huge test split drawn as "
+                        "--val_windows draws its own (default: all; more than the split holds: all); the "
+                        "records say how many of the split's windows were scored")
 
     g = p.add_argument_group(MODEL_GROUP)
     g.add_argument("--enc_in", type=positive_int, default=None, help="default: from the data")

@@ -173,8 +173,9 @@ NOT_IDENTITY = {
     # threads do not reorder batches, where batches are gathered or how malloc keeps memory changes no
     # value, and --compile runs the same model (rounding only; a run must be able to continue without
     # the compiler)
-    # the test split's loss during training is reported, never used: training runs the same without it
-    "evaluation": ("test_every_epoch",),
+    # the test split's loss during training is reported, never used: training runs the same without it,
+    # or on a subset of it (--test_windows; the records say how many windows a test scored)
+    "evaluation": ("test_every_epoch", "test_windows"),
     "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "keep_freed_memory",
                      "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another

@@ -1,9 +1,12 @@
-"""Training progress on rank 0: a tqdm bar on a terminal, periodic plain lines in logs, or nothing.
+"""Training and evaluation progress on rank 0: a tqdm bar on a terminal, periodic plain lines in logs,
+or nothing.
 
 The loss shown is read from the device only when something is about to be displayed, so
-progress adds no host sync to ordinary steps.
+progress adds no host sync to ordinary steps. An evaluation shows nothing until it has run for a
+few seconds, so short runs print no progress for their validations and tests.
 """
 import logging
+import os
 import sys
 import time
 
@@ -13,6 +16,7 @@ RESULT = 25  # log level of the final result lines: above INFO, so --quiet keeps
 logging.addLevelName(RESULT, "RESULT")
 
 PLAIN_EVERY_S = 30.0  # without a terminal: one line at most this often (and at 25/50/75 %)
+EVALUATION_QUIET_S = 5.0  # an evaluation shows progress once it has run this long
 
 
 def progress_mode(quiet=False, stream=None):
@@ -81,3 +85,43 @@ class EpochProgress:
     def samples_per_second(self):
         elapsed = time.perf_counter() - self.started
         return self.samples / elapsed if elapsed else 0.0
+
+
+class EvaluationProgress:
+    """`update()` after each batch of an evaluation (`stage`: val or test) of `total` batches; `close()`
+    at its end. Nothing is shown for its first `quiet_s` seconds (default EVALUATION_QUIET_S, or the
+    private TSL_EVALUATION_QUIET_S environment variable, which tests lower); then a bar on a terminal,
+    or a line every `every_s` seconds in logs. The batches counted are this rank's (rank 0's)."""
+
+    def __init__(self, stage, total, mode, stream=None, quiet_s=None, every_s=PLAIN_EVERY_S):
+        if quiet_s is None:
+            quiet_s = float(os.environ.get("TSL_EVALUATION_QUIET_S", EVALUATION_QUIET_S))
+        self.stage, self.total, self.mode = stage, total, mode
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self.done = 0
+        self.started = time.perf_counter()
+        self._next_line = self.started + quiet_s
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=stage, unit="batch", file=self.stream, dynamic_ncols=True,
+                             leave=False, delay=quiet_s)
+
+    def update(self):
+        self.done += 1
+        if self.mode == "bar":
+            self._bar.update(1)
+        elif self.mode == "lines" and time.perf_counter() >= self._next_line:
+            elapsed = time.perf_counter() - self.started
+            eta = (self.total - self.done) * elapsed / self.done
+            # one write, newline included (see EpochProgress._print_line)
+            self.stream.write(f"  {self.stage}: {self.done}/{self.total} batches, {self.done / elapsed:.1f} "
+                              f"batches/s, eta {eta:.0f}s\n")
+            self.stream.flush()
+            self._next_line = time.perf_counter() + self.every_s
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The large-model workflow of OpenLTM with Timer-XL, both stages under DDP:
 #   1. pre-train on every channel of every file in a folder, each channel a univariate series of its own
-#      (--data univariate; --data_path is a glob under --root_path, '**' recurses);
+#      (--data univariate; --data_path is a glob under --root_path, '**' recurses); its final test scores
+#      TEST_WINDOWS windows of the corpus' test split, a seeded subset (--test_windows), not all of them;
 #   2. fine-tune from that checkpoint on ETTh1 (--adaptation --pretrain_model_path), few-shot on a random
 #      RATIO of ETTh1's training windows (--subset_rand_ratio); validation and test use every window.
 # ETTh1 is read channel-independently, as OpenLTM's UnivariateDatasetBenchmark does: --data univariate on
@@ -10,6 +11,7 @@
 #   CORPUS=/data/utsd/ GLOB='**/*.csv' ROOT_PATH=../shared/datasets/ETT-small/ \
 #     bash scripts/pretrain/TimerXL_univariate_pretrain_finetune.sh
 #   RATIO=0.05 NPROC=4 bash ...sh --batch_size 16      # extra flags go to both stages
+#   TEST_WINDOWS=100000 bash ...sh                     # a larger test subset for the pre-training run
 #   PRETRAIN=0 bash ...sh                              # only fine-tune from an earlier pre-training run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +19,7 @@ CORPUS=${CORPUS:-./dataset/pretrain/}  # the pre-training corpus (e.g. UTSD), se
 GLOB=${GLOB:-*.csv}
 ROOT_PATH=${ROOT_PATH:-./dataset/ETT-small/}  # folder of ETTh1.csv (TSLib's layout, docs/data.md); the benchmark data here: ../shared/datasets/ETT-small/
 RATIO=${RATIO:-0.1}
+TEST_WINDOWS=${TEST_WINDOWS:-20000}  # a corpus' whole test split can take hours to score
 NPROC=${NPROC:-2}
 
 # Shape arguments must agree between the stages: the fine-tuning load is strict.
@@ -41,7 +44,7 @@ model=(
   --des Exp
 )
 pretrain=(--data univariate --root_path "$CORPUS" --data_path "$GLOB" --model_id pretrain
-          --learning_rate 0.0001 --lradj cosine --train_epochs 10 --patience 3)
+          --learning_rate 0.0001 --lradj cosine --train_epochs 10 --patience 3 --test_windows "$TEST_WINDOWS")
 
 if [ "${PRETRAIN:-1}" = 1 ]; then
   python run.py --ddp --nproc_per_node "$NPROC" "${model[@]}" "${pretrain[@]}" "$@"
