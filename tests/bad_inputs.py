@@ -139,7 +139,8 @@ def _truncated(folder):
 
 def _corpus(folder, damage):
     """A corpus built from one CSV, then damaged: a shard gone or cut short, another build's index, a
-    JSON file that is no corpus index, no index at all, or a build that never finished."""
+    JSON file that is no corpus index, no index at all, a build that never finished, or an edited series
+    table (TABLE_EDITS)."""
     from data_provider.corpus import INDEX, STATE, build
 
     (folder / "src").mkdir()
@@ -149,9 +150,15 @@ def _corpus(folder, damage):
         out.mkdir()
         (out / STATE).write_text("{}")
     else:
-        build(str(out), [str(folder / "src")], shard_mb=0.001, progress=False)
+        # a shard per series (400 points), but both series in one for an edit into the next series
+        build(str(out), [str(folder / "src")], shard_mb=1 if damage == "ends into the next series" else 0.001,
+              progress=False)
         shard = sorted(out.glob("*.bin"))[-1]
-        if damage == "missing shard":
+        if damage in TABLE_EDITS:
+            index = json.loads((out / INDEX).read_text())
+            TABLE_EDITS[damage](index["series"])
+            (out / INDEX).write_text(json.dumps(index))
+        elif damage == "missing shard":
             shard.unlink()
         elif damage == "short shard":
             shard.write_bytes(shard.read_bytes()[:100])
@@ -163,6 +170,20 @@ def _corpus(folder, damage):
             other = build(str(folder / "other"), [str(folder / "src")], progress=False)
             (out / INDEX).write_text(json.dumps(other))
     return ["--data", "corpus", "--root_path", out, *SMALL[2:]]
+
+
+def _grown(series, by, length=True):
+    series["ends"][2] += by
+    series["length"] += by if length else 0
+
+
+# issue 36 item 6: index.json's series table edited (each series of 400 points: split ends 280, 320, 400)
+TABLE_EDITS = {
+    "ends past a shard": lambda series: _grown(series[0], 100),
+    "ends into the next series": lambda series: _grown(series[0], 50, length=False),
+    "ends past the last shard": lambda series: _grown(series[1], 1000),
+    "split border moved": lambda series: series[0]["ends"].__setitem__(0, 180),
+}
 
 
 def _corrupt_state(folder):
@@ -218,6 +239,19 @@ PROBES = [
     Probe("corpus build not finished", lambda f: _corpus(f, "unfinished"),
           "its build did not finish: run the same `python -m data_provider.corpus build` again",
           shows="a folder with `.build_state.json`, no `index.json`"),
+    # issue 36 items 6 and 12: index.json's series table edited (before: windows of another series, exit 0,
+    # or an IndexError traceback mid-epoch)
+    Probe("corpus series ends past its shard", lambda f: _corpus(f, "ends past a shard"),
+          "runs to point 500 of shard ", shows="`index.json`: a series' `ends` and `length` 100 past its shard's end"),
+    Probe("corpus series ends into the next", lambda f: _corpus(f, "ends into the next series"),
+          "has split ends [280, 320, 450], which do not rise to its length 400",
+          shows="`index.json`: a series' last `ends` 50 into the next series of its shard"),
+    Probe("corpus series ends past the last shard", lambda f: _corpus(f, "ends past the last shard"),
+          "runs to point 1400 of shard ",
+          shows="`index.json`: the last series' `ends` and `length` 1000 past the last shard"),
+    Probe("corpus split border moved", lambda f: _corpus(f, "split border moved"),
+          "index.json's series table is not the one its build wrote",
+          shows="`index.json`: a series' training border moved (the table still consistent)"),
     Probe("ETT file too short", lambda f: [*_csv(f, "ETTh1.csv", _dated(rows=10000, OT=np.arange(10000.0))),
                                            "--data", "ETTh1"],
           "ETTh1 needs at least 14400 rows, the file has 10000",

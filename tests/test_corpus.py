@@ -3,6 +3,9 @@ from memory-mapped shards; a build that stops continues; bad corpora are refused
 import json
 import os
 import shutil
+import signal
+import socket
+import time
 
 import numpy as np
 import pandas as pd
@@ -14,7 +17,7 @@ from data_provider import data_factory
 from data_provider.corpus import INDEX, STATE, CorpusData, build, main as corpus_main
 from data_provider.synthetic import make_synthetic
 from data_provider.windows import Window
-from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, make_args, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, make_args, records, run_cli, warm_context
 from utils.errors import UserError
 
 TIMERXL = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--seq_len", 96, "--num_threads", 1]
@@ -95,11 +98,11 @@ def test_a_stopped_build_continues_to_the_same_corpus(tmp_path, monkeypatch):
     read = corpus_module.series_of
     calls = []
 
-    def dies_on_the_third_file(path, scale=True):
+    def dies_on_the_third_file(path, *options):
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt  # the build is stopped while reading c.npy
-        return read(path, scale)
+        return read(path, *options)
 
     monkeypatch.setattr(corpus_module, "series_of", dies_on_the_third_file)
     with pytest.raises(KeyboardInterrupt):
@@ -117,12 +120,84 @@ def test_a_stopped_build_continues_to_the_same_corpus(tmp_path, monkeypatch):
     assert not (tmp_path / "stopped" / STATE).exists()
     assert sorted(p.name for p in (tmp_path / "stopped").iterdir()) == sorted(
         [INDEX] + [s["file"] for s in resumed["shards"]])  # nothing of the stopped attempt left over
+    assert _content(tmp_path / "stopped") == _content(tmp_path / "straight")
 
-    def content(folder, index):
-        shards = b"".join((folder / s["file"]).read_bytes() for s in index["shards"])
-        return shards, [{k: v for k, v in s.items()} for s in index["series"]], [s["points"] for s in index["shards"]]
 
-    assert content(tmp_path / "stopped", resumed) == content(tmp_path / "straight", straight)
+def _content(folder):
+    """A built corpus' values, series table (names without their folder) and shard sizes (the build's id aside)."""
+    index = json.loads((folder / INDEX).read_text())
+    shards = b"".join((folder / s["file"]).read_bytes() for s in index["shards"])
+    series = [dict(s, name=os.path.basename(s["name"])) for s in index["series"]]
+    return shards, series, [s["points"] for s in index["shards"]]
+
+
+# ---------------------------------------------------------------- one build per folder
+def _build_held_at_its_second_file(out, src, go):
+    """In a forked process: build `src` into `out`, holding before the second source file until the file
+    `go` exists (a minute at most); `go`.waiting says it holds."""
+    read, calls = corpus_module.series_of, []
+
+    def held(path, *options):
+        calls.append(path)
+        if len(calls) == 2:
+            open(f"{go}.waiting", "w").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(go) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return read(path, *options)
+
+    corpus_module.series_of = held
+    build(out, [src], shard_mb=0.005, progress=False)
+
+
+def _a_held_build(tmp_path):
+    """(the sources, the folder, the go file, the builder's process), once the builder holds the folder."""
+    src = _sources(tmp_path / "src")
+    out, go = tmp_path / "out", tmp_path / "go"
+    builder = warm_context().Process(target=_build_held_at_its_second_file, args=(str(out), str(src), str(go)))
+    builder.start()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{go}.waiting") and builder.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert os.path.exists(f"{go}.waiting"), f"the first build never reached its second file ({builder.exitcode})"
+    return src, out, go, builder
+
+
+def test_a_second_build_into_the_folder_is_refused_naming_the_first(tmp_path, capsys):
+    """Before: two builds into one folder at once left an index of some series and an orphaned shard, or
+    crashed with a FileNotFoundError traceback and an index listing the series twice. Now the second stops
+    in one line naming the first (pid, host, start), and the first finishes its corpus untouched."""
+    build(str(tmp_path / "straight"), [str(_sources(tmp_path / "straight_src"))], shard_mb=0.005, progress=False)
+    src, out, go, first = _a_held_build(tmp_path)
+    try:
+        assert _cli("build", out, src, "--shard_mb", 0.005) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and "Traceback" not in err, err
+        assert (f"error: {out} is being built by another `python -m data_provider.corpus build` (pid {first.pid} on "
+                f"{socket.gethostname()}, started ") in err and "wait for it to end, or build into another folder" in err
+        open(go, "w").close()
+        first.join(60)
+    finally:
+        if first.is_alive():
+            first.kill()
+            first.join()
+    assert first.exitcode == 0
+    assert _content(out) == _content(tmp_path / "straight")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [INDEX, *(s["file"] for s in json.loads((out / INDEX).read_text())["shards"])])  # no lock file left
+
+
+def test_a_killed_builds_lock_does_not_block_the_command_that_continues_it(tmp_path):
+    """The kernel drops a dead builder's flock: its lock file (naming it) stays, and the same command takes
+    the folder and continues the build to the straight build's corpus."""
+    build(str(tmp_path / "straight"), [str(_sources(tmp_path / "straight_src"))], shard_mb=0.005, progress=False)
+    src, out, _, first = _a_held_build(tmp_path)
+    os.kill(first.pid, signal.SIGKILL)
+    first.join()
+    assert f"pid {first.pid} on " in (out / corpus_module.LOCK).read_text()
+    build(str(out), [str(src)], shard_mb=0.005, progress=False)
+    assert _content(out) == _content(tmp_path / "straight")
+    assert not (out / corpus_module.LOCK).exists()
 
 
 def _cli(*argv):
@@ -193,6 +268,141 @@ def test_parquet_sources_give_the_csvs_series(tmp_path):
     np.testing.assert_array_equal(b[:1600], a)  # the numeric columns: the CSV's series, scaled alike
     np.testing.assert_array_equal(b[1600:2400], a[:800])  # a row's target is its series
     assert from_parquet["series"][3]["name"].endswith("t.parquet:1:0") and not os.path.exists(tmp_path / "b" / STATE)
+
+
+def test_a_list_column_beside_an_id_column_gives_one_series_per_row(tmp_path):
+    """GIFT-Eval's and Chronos' layout under another name: an integer id and a list column of series. The id
+    is not a series; every row of the list column is one, with its own length and values (as before the fix:
+    "1 series, 5 points", the id column)."""
+    pytest.importorskip("pyarrow", reason="pyarrow reads .parquet/.arrow sources")
+    rng = np.random.default_rng(5)
+    rows = [rng.normal(size=n).cumsum() for n in (200, 200, 150, 200, 180)]
+    pd.DataFrame({"id": range(5), "values": [r.tolist() for r in rows]}).to_parquet(tmp_path / "s.parquet")
+    index = build(str(tmp_path / "out"), [str(tmp_path / "s.parquet")], scale=False, progress=False)
+    assert [s["length"] for s in index["series"]] == [200, 200, 150, 200, 180]
+    assert [s["name"].rsplit(":", 2)[1] for s in index["series"]] == ["0", "1", "2", "3", "4"]
+    stored = np.fromfile(next((tmp_path / "out").glob("*.bin")), dtype="<f4")
+    np.testing.assert_array_equal(stored, np.concatenate(rows).astype(np.float32))
+    # scaled, each row is split and scaled as a series of its own, as the same values in .npy files are
+    for i, r in enumerate(rows):
+        np.save(tmp_path / f"row{i}.npy", r)
+    scaled = build(str(tmp_path / "scaled"), [str(tmp_path / "s.parquet")], progress=False)
+    npy = build(str(tmp_path / "npy"), [str(tmp_path / "row*.npy")], progress=False)
+    assert [(s["ends"], s["mean"], s["std"]) for s in scaled["series"]] == [
+        (s["ends"], s["mean"], s["std"]) for s in npy["series"]]
+    assert (next((tmp_path / "scaled").glob("*.bin")).read_bytes()
+            == next((tmp_path / "npy").glob("*.bin")).read_bytes())
+
+
+def _parquet(folder, columns):
+    folder.mkdir()
+    pd.DataFrame(columns).to_parquet(folder / "s.parquet")
+    return folder / "s.parquet"
+
+
+def test_list_columns_are_taken_by_rule_or_by_name(tmp_path, capsys):
+    """'target' wins; several list columns without a 'target' are refused in one line naming them, and
+    --column picks one; a list of lists is one series per inner list (channels first, as LOTSA)."""
+    pytest.importorskip("pyarrow", reason="pyarrow reads .parquet/.arrow sources")
+    a, b = np.arange(300.0), 1000 + np.arange(300.0)
+    both = _parquet(tmp_path / "two", {"id": [7], "a": [a.tolist()], "b": [b.tolist()]})
+    assert _cli("build", tmp_path / "refused", both) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert "has several list columns (a, b) and none named 'target'; name the one that holds the series with " \
+           "--column NAME" in err, err
+    assert not (tmp_path / "refused" / INDEX).exists()
+    for column, values in (("a", a), ("b", b)):
+        assert _cli("build", tmp_path / column, both, "--column", column, "--no_scale") == 0
+        np.testing.assert_array_equal(np.fromfile(next((tmp_path / column).glob("*.bin")), "<f4"), values)
+    targeted = _parquet(tmp_path / "target", {"other": [a.tolist()], "target": [[a.tolist(), b.tolist()]]})
+    index = build(str(tmp_path / "channels"), [str(targeted)], scale=False, progress=False)
+    assert [s["name"].rsplit(":", 2)[1:] for s in index["series"]] == [["0", "0"], ["0", "1"]]
+    np.testing.assert_array_equal(np.fromfile(next((tmp_path / "channels").glob("*.bin")), "<f4"),
+                                  np.concatenate([a, b]))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no such column", "has no list column 'c' (--column); its list columns: a"),
+    ("lists of text", "list column 'a' holds string values, not numbers or lists of numbers"),
+    ("a null row", "row 1's 'a' is null; drop that row"),
+    ("channels of two lengths", "row 0's 'a' holds channels of different lengths ([300, 2])"),
+])
+def test_list_columns_that_hold_no_series_are_refused_in_one_line(tmp_path, capsys, case, message):
+    pytest.importorskip("pyarrow", reason="pyarrow reads .parquet/.arrow sources")
+    rows = {"no such column": [list(range(300))], "lists of text": [["x", "y"]], "a null row": [list(range(300)), None],
+            "channels of two lengths": [[list(range(300)), [1, 2]]]}[case]
+    source = _parquet(tmp_path / "src", {"a": rows})
+    assert _cli("build", tmp_path / "out", source, *(["--column", "c"] if case == "no such column" else [])) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / INDEX).exists()
+
+
+# ---------------------------------------------------------------- the series table of index.json
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory):
+    """The corpus fixture's sources in one shard: series 0-2 of 1500 points, 3-4 of 1200, 5 of 150."""
+    tmp = tmp_path_factory.mktemp("one_shard")
+    build(str(tmp / "out"), [str(_sources(tmp / "src"))], shard_mb=1, progress=False)
+    return tmp / "out"
+
+
+def _grow(series, by, length=True):
+    series["ends"][2] += by
+    series["length"] += by if length else 0
+
+
+# (which corpus, the edit of index.json, the error): in the `corpus` fixture every series has a shard of its own
+TABLE_DAMAGES = {
+    "ends past a shard": ("shards", lambda t: _grow(t["series"][0], 100), "runs to point 1600 of shard "),
+    "ends into the next series": ("one shard", lambda t: _grow(t["series"][0], 50, length=False),
+                                  "has split ends [1050, 1200, 1550], which do not rise to its length 1500"),
+    "ends past the last shard": ("shards", lambda t: _grow(t["series"][5], 1000), "runs to point 1150 of shard "),
+    "series moved onto the one before": ("one shard", lambda t: t["series"][1].update(offset=1490),
+                                         "starts at point 1490 of shard "),  # where series 0 ends at point 1500
+    "series after the last shard": ("shards", lambda t: t["series"][5].update(shard=99),
+                                    "names shard 99, but the index lists 6 shards"),
+    "split border moved": ("one shard", lambda t: t["series"][0]["ends"].__setitem__(0, 1000),
+                           "is not the one its build wrote"),
+    "scaler edited": ("one shard", lambda t: t["series"][2].update(mean=0.5), "is not the one its build wrote"),
+    "a field gone": ("shards", lambda t: t["series"][3].pop("ends"), "(KeyError: an entry without a number for"),
+}
+
+
+def _edited_copy(source, folder, edit):
+    shutil.copytree(source, folder)
+    index = json.loads((folder / INDEX).read_text())
+    edit(index)
+    (folder / INDEX).write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("damage", TABLE_DAMAGES)
+def test_an_edited_series_table_is_refused_when_the_corpus_opens(tmp_path, corpus, one_shard, damage):
+    """Before: the windows of an edited series read the next series' or shard's values (exit 0), or an
+    IndexError came mid-epoch past the last shard. Now opening refuses it in one line naming the series."""
+    layout, edit, message = TABLE_DAMAGES[damage]
+    folder = _edited_copy(corpus[1] if layout == "shards" else one_shard, tmp_path / "edited", edit)
+    with pytest.raises(UserError, match="index.json's series table is") as refused:
+        CorpusData(str(folder))
+    assert message in str(refused.value) and "copy the whole folder again from its build, or rebuild" in str(
+        refused.value), refused.value
+
+
+def test_an_index_from_before_the_checksum_is_checked_without_it(tmp_path, one_shard):
+    """index.json from a build before series_sha256: opened, its table checked for consistency only (a moved
+    split border is not seen; an inconsistent edit still is)."""
+    def without_digest(index):
+        del index["series_sha256"]
+
+    old = _edited_copy(one_shard, tmp_path / "old", without_digest)
+    assert CorpusData(str(old)).ends.tolist() == CorpusData(str(one_shard)).ends.tolist()
+    moved = _edited_copy(old, tmp_path / "moved", TABLE_DAMAGES["split border moved"][1])
+    assert CorpusData(str(moved)).ends[0, 0] == 1000
+    grown = _edited_copy(old, tmp_path / "grown", TABLE_DAMAGES["ends into the next series"][1])
+    with pytest.raises(UserError, match="which do not rise to its length 1500"):
+        CorpusData(str(grown))
 
 
 # ---------------------------------------------------------------- Time-MoE's layout (Time-300B), read as it is
