@@ -1,8 +1,12 @@
 """Reading a data file (CSV, raw text, gzipped text, .npy) or the built-in synthetic data into a Table."""
+import csv
 import functools
 import gzip
+import itertools
 import logging
 import os
+import re
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,12 +36,95 @@ def _read_raw_text(path):
     return pd.read_csv(path, header=None, sep=sep)
 
 
-def _is_number(text):
+def _is_number(text, decimal="."):
     try:
-        float(text)
+        float(text.replace(decimal, "."))
         return True
     except ValueError:
         return False
+
+
+SEPARATORS = ";\t|,"  # in order of preference where two split every line alike: a ',' in a ';' file is a decimal mark
+SNIFFED_LINES = 20  # csv.Sniffer takes ~2 ms a 1000-column line
+# the header pandas gives a column whose header cell is empty, as df.to_csv(path) writes the index's
+UNNAMED = re.compile(r"Unnamed: \d+(\.\d+)?")
+
+
+def _separator(path):
+    """The column separator of a CSV, as csv.Sniffer finds it in the first lines (',' for one column)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        sample = "".join(itertools.islice(f, SNIFFED_LINES))
+    sniffer = csv.Sniffer()
+    sniffer.preferred = list(SEPARATORS)
+    try:
+        return sniffer.sniff(sample, delimiters=SEPARATORS).delimiter
+    except csv.Error:  # no character splits every line alike: one column
+        return ","
+
+
+def _text_columns(frame):
+    return [c for c in frame.columns if c != "date" and not pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def _has_decimal_commas(frame):
+    """Whether a column pandas left as text holds commas: decimal commas, in a file not separated by ','."""
+    return any(frame[c].astype(str).str.contains(",", regex=False).any() for c in _text_columns(frame))
+
+
+def _refuse_mixed_decimal_marks(frame, path):
+    """Read with decimal commas, a cell that is a number with a decimal point is ambiguous (which mark is the
+    decimal and which a thousands separator?): refused rather than guessed."""
+    for col in _text_columns(frame):
+        dotted = pd.to_numeric(frame[col], errors="coerce").notna()
+        if dotted.any():
+            raise UserError(f"{path}: column '{col}' holds {frame[col][dotted].iloc[0]!r} (row {dotted.idxmax() + 1}) "
+                            "with a decimal point, where the file's other numbers have decimal commas; write every "
+                            "number with the same decimal mark and no thousands separators")
+
+
+def _read_fields(path, sep, **options):
+    """pd.read_csv, refusing rows longer than the header (pandas would make their leading fields the index:
+    the decimal commas of a file separated by ',' shift every value)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # index_col=False: rows longer than the header
+        try:
+            return pd.read_csv(path, sep=sep, index_col=False, **options)
+        except pd.errors.ParserWarning:
+            raise UserError(f"{path}: its rows have more fields than its header (fields separated by {sep!r}); "
+                            "decimal commas in a file separated by ','? Write it with decimal points, or "
+                            "separated by ';'") from None
+
+
+def _read_csv(path):
+    """A CSV as a frame: separated by ',', ';', tab or '|' (sniffed), with decimal points, or decimal commas
+    when not separated by ',' (as European spreadsheets export it), with or without a header row."""
+    sep = _separator(path)
+    frame, decimal = _read_fields(path, sep), "."
+    if sep != "," and _has_decimal_commas(frame):
+        frame, decimal = _read_fields(path, sep, decimal=","), ","
+        _refuse_mixed_decimal_marks(frame, path)
+    if all(_is_number(str(c), decimal) for c in frame.columns):  # a CSV without a header row
+        frame = _read_fields(path, sep, decimal=decimal, header=None)
+    frame.columns = [str(c) for c in frame.columns]
+    return _drop_written_index(frame, path)
+
+
+def _drop_written_index(frame, path):
+    """A column without a name that counts the rows one by one is the index df.to_csv(path) writes by default:
+    dropped, with a warning (as a channel it would be trained on). Any other column without a name is refused."""
+    if frame.empty:
+        return frame  # _frame_to_table refuses a file without rows
+    for col in [c for c in frame.columns if UNNAMED.fullmatch(c)]:
+        values = frame[col].to_numpy()
+        require(pd.api.types.is_integer_dtype(values) and (np.diff(values) == 1).all(),
+                f"{path}: column {frame.columns.get_loc(col) + 1} has no name in the header (pandas calls it '{col}') "
+                "and is not a row index; name it in the header ('date' if it holds the timestamps), or remove it")
+        frame = frame.drop(columns=[col])
+        if distributed.env_rank() == 0:  # every rank reads the file: warn once
+            logger.warning(f"{path}: dropped column '{col}', a row index without a name (as df.to_csv(path) writes "
+                           "it); write the file with df.to_csv(path, index=False) to leave it out")
+    return frame
 
 
 def _frame_to_table(frame, path):
@@ -73,12 +160,30 @@ def _first_unparsable(column):
     return f"{column[failed].iloc[0]!r} in row {failed.idxmax() + 1}" if failed.any() else None
 
 
+def _refuse_changing_offsets(column, path):
+    """Timestamps whose UTC offset changes (daylight saving time): pandas reads them only when told to convert
+    them to UTC (utc=True), which no run.py argument does; refused, saying how to write the file."""
+    try:
+        pd.to_datetime(column, utc=True)
+    except (ValueError, TypeError, OverflowError):
+        return  # not (only) the offsets: the caller names the value
+    first = pd.Timestamp(column.iloc[0]).utcoffset()
+    row = next((i for i, text in enumerate(column) if pd.Timestamp(text).utcoffset() != first), None)  # the change
+    if row is None:
+        return
+    raise UserError(f"{path}: the 'date' column's UTC offset changes ({column.iloc[0]!r} in row 1, "
+                    f"{column.iloc[row]!r} in row {row + 1}; daylight saving time?), and run.py reads one offset "
+                    "per file: write the column in UTC (in pandas: df['date'] = pd.to_datetime(df['date'], "
+                    "utc=True)), or remove it")
+
+
 def _parse_dates(column, path):
     """Timestamps in increasing order. Rows are the model's steps, so a row out of order is
     refused (sorting could hide a mangled file); a repeated timestamp is allowed, with one warning."""
     try:
         dates = pd.to_datetime(column)
     except (ValueError, TypeError, OverflowError) as exc:
+        _refuse_changing_offsets(column, path)
         where = _first_unparsable(column) or str(exc).splitlines()[0]
         raise UserError(f"{path}: the 'date' column cannot be parsed as timestamps ({where}); "
                         "fix the column or remove it") from None
@@ -113,9 +218,7 @@ def _read_file(path, mtime):
         if path.endswith((".txt", ".txt.gz")):
             frame = _read_raw_text(path)
         else:
-            frame = pd.read_csv(path)
-            if all(_is_number(c) for c in frame.columns):  # a CSV without a header row
-                frame = pd.read_csv(path, header=None)
+            frame = _read_csv(path)
         frame.columns = [str(c) for c in frame.columns]
     except pd.errors.EmptyDataError:
         raise UserError(f"{path} is empty; point --root_path/--data_path at a file with data") from None

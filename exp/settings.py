@@ -16,8 +16,8 @@ from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
 from models import FORWARD_INPUTS, get_model_class, inputs_used
 from utils import distributed
-from utils.arguments import FORECAST_TASKS, OTHER_TSLIB_TASKS, SEED_LIMIT
-from utils.checkpoint import checkpoint_path, load_weights
+from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT
+from utils.checkpoint import checkpoint_path, identity_differences, load_weights
 from utils.errors import UserError, require
 from utils.metrics import LOSSES
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
@@ -102,6 +102,49 @@ def _check_weights_sources(args):
 
 
 def evaluated_weights(args, setting):
+    """(path, pretrained) of the weights --is_training 0 evaluates (_weights_to_evaluate), once rank 0 has
+    checked them against their training record: a collective, every rank raises the refusal together."""
+    path, pretrained = _weights_to_evaluate(args, setting)
+    if not pretrained:  # zero-shot: pre-trained weights on other data, under arguments of their own by design
+        distributed.raise_on_every_rank(lambda: trained_otherwise(path, args), on="main")
+    return path, pretrained
+
+
+# What --is_training 0 compares with the evaluated weights' training record, as --resume compares a training
+# state: the arguments that decide what the model computes. Not: --dropout (off in evaluation); what the data
+# decides (enc_in, dec_in, c_out, mark_dim, --features: a channel-independent model may be evaluated on other
+# data, and a mis-shaped weight fails the strict load); seq_len and pred_len (in the setting's name, and the
+# shapes of a direct model's weights; a token model may be evaluated on other lengths).
+NOT_EVALUATION_IDENTITY = ("dropout", "enc_in", "dec_in", "c_out", "mark_dim", "features", "seq_len", "pred_len")
+EVALUATION_IDENTITY = tuple(name for name in MODEL_SHAPING_ARGS if name not in NOT_EVALUATION_IDENTITY)
+
+
+def trained_otherwise(weights, args):
+    """None, or the one line refusing to evaluate `weights` under model arguments other than those that trained
+    them, as the training state beside them (last.pth: the run's identity) records. Weights without one (another
+    program's file, a copy) are evaluated as given."""
+    record = os.path.join(os.path.dirname(weights), "last.pth")
+    if not os.path.isfile(record):
+        return None
+    try:  # memory-mapped: only the identity is read, not the weights and optimizer state
+        state = torch.load(record, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises many types for a truncated or foreign file
+        logger.warning(f"cannot read {record} ({type(exc).__name__}), the training record beside {weights}: "
+                       "the model arguments are not checked against those that trained the weights")
+        return None
+    saved = state.get("identity") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        return None
+    # an argument newer than the record is not compared: the record cannot say what trained the weights
+    differing = identity_differences(saved, {n: getattr(args, n) for n in EVALUATION_IDENTITY if n in saved})
+    if not differing:
+        return None
+    return (f"cannot evaluate {weights}: it was trained under other model arguments ({record} records them): "
+            f"{'; '.join(differing)}. Evaluate with the arguments it was trained with (compared: --model, "
+            "--label_len, the token lengths, --covariate and the model's arguments but --dropout)")
+
+
+def _weights_to_evaluate(args, setting):
     """(path, pretrained) of the weights --is_training 0 evaluates: --pretrain_model_path (zero-shot), --checkpoint,
     OpenLTM's <checkpoints>/<test_dir>/<test_file_name>, else <checkpoints>/<setting>/<test_file_name> (default
     checkpoint.pth). OpenLTM's rolling-forecast scripts give a --test_dir in a setting format that no run writes

@@ -191,6 +191,46 @@ def _corrupt_state(folder):
     return ["--resume", folder / "last.pth"]
 
 
+def _decimal_points_among_commas(folder):
+    """A spreadsheet export (sep ';', decimal ',') with one column pasted in with decimal points."""
+    frame = _dated(a=np.arange(400.0) / 8, OT=np.ones(400) / 3)
+    frame["a"] = frame["a"].map("{:.3f}".format)
+    frame.to_csv(folder / "mixed.csv", index=False, sep=";", decimal=",")
+    return ["--data", "custom", "--root_path", folder, "--data_path", "mixed.csv"]
+
+
+def _decimal_commas_in_a_comma_csv(folder):
+    (folder / "commas.csv").write_text("OT\n" + "".join(f"{i},5\n" for i in range(400)))
+    return ["--data", "custom", "--root_path", folder, "--data_path", "commas.csv"]
+
+
+def _unnamed_column(folder):
+    frame = _dated(a=np.arange(400.0), OT=np.ones(400))
+    frame.index = frame.index * 2  # not the row numbers df.to_csv(path) writes
+    frame.to_csv(folder / "unnamed.csv")
+    return ["--data", "custom", "--root_path", folder, "--data_path", "unnamed.csv"]
+
+
+def _daylight_saving(folder):
+    frame = _dated(a=np.arange(400.0), OT=np.ones(400))
+    frame["date"] = pd.date_range("2021-03-20", periods=400, freq="h", tz="Europe/Berlin").astype(str)
+    return _csv(folder, "dst.csv", frame)
+
+
+def _trained_with_another_moving_average(folder):
+    """The weights of a run trained with --moving_avg 25 and its training record beside them, evaluated with 13."""
+    import torch
+
+    from exp.settings import resolve_args
+    from helpers import make_args
+    from utils.checkpoint import run_identity
+
+    (folder / "trained").mkdir()
+    _weights(folder, "trained/checkpoint.pth", *SMALL)
+    torch.save({"identity": run_identity(resolve_args(make_args(*SMALL), 1))}, folder / "trained" / "last.pth")
+    return [*SMALL, "--is_training", 0, "--checkpoint", folder / "trained" / "checkpoint.pth", "--moving_avg", 13]
+
+
 def _has_gpu():
     import torch
 
@@ -339,6 +379,23 @@ PROBES = [
     Probe("checkpoint of another shape", _other_shape, "mis-shaped: Linear_Seasonal.bias (file (48,), model (96,))",
           shows="a `--pred_len 48` checkpoint for `--pred_len 96`"),
     Probe("corrupt training state", _corrupt_state, "truncated or corrupt", shows="`--resume` of a garbage `last.pth`"),
+    # issue 36, items 2, 3, 16 (how a CSV is written) and 5 (evaluating weights under other model arguments)
+    Probe("decimal points among decimal commas", _decimal_points_among_commas,
+          "mixed.csv: column 'a' holds '0.000' (row 1) with a decimal point, where the file's other numbers have "
+          "decimal commas", shows="a `;`-separated CSV with decimal commas, one column with decimal points"),
+    Probe("decimal commas in a comma CSV", _decimal_commas_in_a_comma_csv,
+          "commas.csv: its rows have more fields than its header (fields separated by ',')",
+          shows="one column of `0,5`-style values under a one-field header"),
+    Probe("unnamed column that is no row index", _unnamed_column,
+          "unnamed.csv: column 1 has no name in the header (pandas calls it 'Unnamed: 0') and is not a row index",
+          shows="an unnamed first column 0, 2, 4, ..."),
+    Probe("UTC offset changing with daylight saving", _daylight_saving,
+          "dst.csv: the 'date' column's UTC offset changes ('2021-03-20 00:00:00+01:00' in row 1, "
+          "'2021-03-28 03:00:00+02:00' in row 195",
+          shows="dates with `+01:00`, then `+02:00` from 28 March"),
+    Probe("evaluation under other model arguments", _trained_with_another_moving_average,
+          "moving_avg (saved 25, now 13). Evaluate with the arguments it was trained with", shows="`--is_training 0 --moving_avg 13` of weights whose "
+          "`last.pth` beside them records `--moving_avg 25`"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
