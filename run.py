@@ -131,9 +131,12 @@ def main(argv=None):
         require_same_data(args)
         return run_experiments(args, device)
     except UserError as problem:
-        # the process group may not exist: rank 0 says why, or each machine's first process what is wrong there
-        if distributed.env_rank() == 0 or (isinstance(problem, NodeError) and distributed.local_rank() == 0):
+        # the process group may not exist: rank 0 says why, each machine's first process what is wrong there,
+        # each process that could not join the group why not
+        if (distributed.env_rank() == 0 or isinstance(problem, distributed.NoGroupError)
+                or (isinstance(problem, NodeError) and distributed.local_rank() == 0)):
             print(f"error: {problem}", file=sys.stderr, flush=True)
+            distributed.tell_the_launcher_a_line_was_printed()
         distributed.wait_for_the_message(problem)
         distributed.end_job_on_user_error()  # a restart would meet the same error
         return 2

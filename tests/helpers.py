@@ -2,6 +2,7 @@
 import json
 import os
 import queue as queue_module
+import re
 import runpy
 import signal
 import socket
@@ -254,12 +255,17 @@ def assert_ok(proc):
 
 
 def assert_one_error_line(proc, message):
-    """run.py refused: exit code 2, exactly one `error:` line and it holds `message` (torchrun's agent
-    may add its own summary, "... worker(s) failed"), no traceback anywhere."""
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:") and "worker(s) failed" not in line]
+    """run.py refused: exit code 2, exactly one `error:` line and it holds `message` (under the launcher too:
+    no summary of its own, none of torchrun's log lines), no traceback anywhere."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
     assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert not TORCHRUN_LOG_LINE.search(proc.stderr), proc.stderr[-3000:]
+
+
+# "W1127 11:32:24.069000 5457 site-packages/torch/distributed/run.py:874] ...": torchrun's logging
+TORCHRUN_LOG_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/\S+\] ", re.M)
 
 
 def free_port():

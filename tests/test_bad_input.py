@@ -35,7 +35,7 @@ def test_the_catalogue_is_the_documented_one():
 
 # Through the launchers users type: a parse error, a data error, a model that cannot be built (after the
 # process group), an unwritable folder (decided on rank 0), each on `python run.py --ddp` (torchrun's agent,
-# fresh worker interpreters). The agent adds its own summary line ("... worker(s) failed").
+# fresh worker interpreters): the worker's line alone, no summary from the agent, none of torchrun's log lines.
 THROUGH_THE_LAUNCHER = ["negative learning rate", "missing file", "heads do not divide d_model", "unwritable results_dir"]
 
 

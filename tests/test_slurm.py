@@ -6,12 +6,16 @@ Without SLURM on the machine, everything runs on loopback: the variables are set
 for two "nodes" that are both 127.0.0.1, and the sbatch script runs with stand-ins for `srun` and
 `scontrol` on PATH. A real srun job runs only where srun exists (skipped otherwise, with the reason).
 """
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -152,16 +156,10 @@ def test_nproc_per_node_under_a_multi_task_step_is_refused():
 
 # ---------------------------------------------------------------- run.py as srun's tasks, on loopback
 def fork_tasks(argv, environments, timeout=120):
-    """run.py with `argv`, one process per environment (added to the test environment), forked from the
-    warm interpreter like helpers.fork_run_py; (return code, stdout, stderr) of all together."""
-    context = warm_context()
+    """run.py as start_tasks starts it, stopped as helpers.fork_run_py's processes are (once one fails, the
+    others); (return code, stdout, stderr) of all together."""
     with tempfile.TemporaryDirectory() as folder:
-        streams = [(os.path.join(folder, f"{i}.out"), os.path.join(folder, f"{i}.err")) for i in range(len(environments))]
-        processes = [context.Process(target=_run_py_child, args=(list(map(str, argv)), dict(subprocess_env(), **env),
-                                                                 *paths))
-                     for env, paths in zip(environments, streams)]
-        for process in processes:
-            process.start()
+        processes, streams = start_tasks(argv, environments, folder)
         failure = _wait_like_torchrun(processes, timeout)
         for process in processes:
             if process.is_alive():
@@ -170,6 +168,19 @@ def fork_tasks(argv, environments, timeout=120):
         out = "".join(_read_if_there(path) for path, _ in streams)
         err = "".join(_read_if_there(path) for _, path in streams)
     return subprocess.CompletedProcess(argv, 0 if failure is None else failure.exitcode, out, err)
+
+
+def start_tasks(argv, environments, folder):
+    """run.py with `argv`, one process per environment (added to the test environment), forked from the warm
+    interpreter and started; (the processes, the (stdout, stderr) files of each in `folder`)."""
+    context = warm_context()
+    streams = [(os.path.join(folder, f"{i}.out"), os.path.join(folder, f"{i}.err")) for i in range(len(environments))]
+    argv = list(map(str, argv))
+    processes = [context.Process(target=_run_py_child, args=(argv, dict(subprocess_env(), **env), *paths))
+                 for env, paths in zip(environments, streams)]
+    for process in processes:
+        process.start()
+    return processes, streams
 
 
 def srun_on_loopback(argv, tasks_per_node, folder, **extra):
@@ -239,6 +250,88 @@ def test_srun_tasks_without_ddp_warn_and_run_alone(trained, tmp_path):
 def test_run_py_refuses_srun_variables_that_do_not_fit_in_one_line(tmp_path, extra, message):
     proc = fork_tasks([*ARGS, "--ddp", *output_args(tmp_path)], [srun_task(0, [1, 1], MASTER_PORT="1", **extra)])
     assert_one_error_line(proc, message)
+
+
+# ---------------------------------------------------------------- MASTER_PORT taken by another program
+@contextlib.contextmanager
+def a_silent_listener():
+    """Another program on a port: it accepts every connection and never says a word. Yields the port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        with contextlib.suppress(OSError):  # the server closed
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        for connection in accepted:
+            connection.close()
+
+
+def srun_tasks_alone(argv, environments, timeout):
+    """run.py as srun's tasks without --kill-on-bad-exit (srun's default): no task is stopped when another
+    fails. [(exit code or None if still running at `timeout`, seconds it ran, its stderr)] in task order."""
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.monotonic()
+        processes, streams = start_tasks(argv, environments, folder)
+        seconds = [None] * len(processes)
+        while None in seconds and time.monotonic() < started + timeout:
+            for i, process in enumerate(processes):
+                if seconds[i] is None and process.exitcode is not None:
+                    seconds[i] = time.monotonic() - started
+            time.sleep(0.05)
+        codes = [process.exitcode for process in processes]
+        for process in processes:
+            process.kill()
+            process.join()
+        return [(code, took or timeout, _read_if_there(err)) for code, took, (_, err) in zip(codes, seconds, streams)]
+
+
+DIST_TIMEOUT = 5
+
+
+def test_a_taken_master_port_ends_every_task_with_one_line_naming_it(tmp_path):
+    """MASTER_PORT held by a program that accepts connections and never answers: task 0 cannot host the
+    process group there (it died with an EADDRINUSE traceback), task 1 reaches that program instead of task 0
+    (it waited for as long as the program lived, past --dist_timeout). Each ends within --dist_timeout + 10 s,
+    exit code 2, with one line naming the port."""
+    with a_silent_listener() as port:
+        envs = [srun_task(i, [2], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for i in range(2)]
+        ended = srun_tasks_alone([*ARGS, "--dist_timeout", DIST_TIMEOUT, "--ddp", "--no_plots", *output_args(tmp_path)],
+                                 envs, timeout=DIST_TIMEOUT + 10)
+    shown = "\n".join(f"task {task}: exit {code} after {seconds:.1f} s\n{err[-2000:]}"
+                      for task, (code, seconds, err) in enumerate(ended))
+    assert all(code == 2 and seconds < DIST_TIMEOUT + 10 for code, seconds, _ in ended), shown
+    where = f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}"
+    for (_, _, err), message in zip(ended, [
+            f"error: the port of {where} is taken by another program, so rank 0 cannot host the process group there; "
+            "set MASTER_PORT to a free port",
+            f"error: no process group formed at {where} within {DIST_TIMEOUT} s: rank 0 never answered there; is "
+            "another program listening on that port"]):
+        assert err.startswith(message) and err.count("\n") == 1, shown  # its one line, nothing else
+
+
+def test_rank_0_that_nobody_joins_stops_after_dist_timeout(monkeypatch):
+    """The other side of the wait: rank 0 hosting the store, joined by no other rank, stops after --dist_timeout
+    with one line naming the port (the other ranks' wait is test_a_taken_master_port_ends_every_task...)."""
+    from utils import distributed
+
+    port = free_port()
+    for name, value in dict(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port).items():
+        monkeypatch.setenv(name, str(value))
+    started = time.monotonic()
+    with pytest.raises(distributed.NoGroupError) as refused:
+        distributed._store_of_rank_0(1)
+    assert time.monotonic() - started < 1 + 5
+    line = str(refused.value)
+    assert line.startswith(f"no process group formed at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} within 1 s: 1 of 2 "
+                           "processes joined; start every process with the same") and "\n" not in line, line
 
 
 # ---------------------------------------------------------------- the sbatch script

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,16 @@ def die_with_launcher():
     if os.getppid() != launcher:
         print(f"error: the launcher (pid {launcher}) is gone; this worker stops", file=sys.stderr)
         os._exit(1)
+
+
+LINE_PRINTED = "TSL_LINE_PRINTED"  # set by utils.launch: a file its workers write to once one printed a user error
+
+
+def tell_the_launcher_a_line_was_printed():
+    """After this worker printed a user error's line: utils.launch then adds no line of its own."""
+    if os.environ.get(LINE_PRINTED):
+        with open(os.environ[LINE_PRINTED], "a") as f:
+            f.write(f"rank {env_rank()}\n")
 
 
 USER_ERROR_SIGNAL = signal.SIGUSR1  # worker -> agent: a user error, restarting cannot help (utils.launch)
@@ -295,25 +306,80 @@ def _init_process_group(cuda, device, timeout_s):
     options = dict(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
                    device_id=device if cuda else None)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = None  # None: env://, torchrun's agent hosts the store
+    if restart and agent_store:
         # After an elastic restart torchrun's store still holds the previous group's
         # connection keys; a per-attempt prefix keeps the new group from reading them.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              int(os.environ["WORLD_SIZE"]), is_master=False, timeout=options["timeout"])
-        dist.init_process_group(store=dist.PrefixStore(f"restart_{restart}", store),
-                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **options)
-    else:
-        try:
+        store = dist.PrefixStore(f"restart_{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+            is_master=False, timeout=options["timeout"]))
+    elif not agent_store and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        store = _store_of_rank_0(timeout_s)  # srun's tasks, or variables set by hand
+    try:
+        if store is None:
             dist.init_process_group(init_method="env://", **options)
-        except RuntimeError as error:  # torch.distributed.DistBackendError
-            # CUDA_VISIBLE_DEVICES=0 exported for every process of a 1-GPU machine: NCCL refuses
-            # on every rank at once, with a traceback that names a bus id, not the fix
-            if "Duplicate GPU detected" not in str(error):
+        else:
+            dist.init_process_group(store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **options)
+    except RuntimeError as error:  # torch.distributed.DistBackendError
+        # CUDA_VISIBLE_DEVICES=0 exported for every process of a 1-GPU machine: NCCL refuses
+        # on every rank at once, with a traceback that names a bus id, not the fix
+        if "Duplicate GPU detected" not in str(error):
+            raise
+        raise NodeError(f"two processes of this job share one GPU on {socket.gethostname()} (NCCL: "
+                        "Duplicate GPU detected): each process needs a GPU of its own; start at most as "
+                        "many processes per machine as it has GPUs, or show each process a different "
+                        "one (CUDA_VISIBLE_DEVICES)") from None
+
+
+class NoGroupError(UserError):
+    """This process could not join the process group, so it cannot tell the others: every process
+    that meets it prints its line (run.py), not rank 0 alone."""
+
+
+FREE_PORT = "set MASTER_PORT to a free port, the same for every process"
+
+
+def _store_of_rank_0(timeout_s):
+    """The store env:// would make (rank 0 hosts it at MASTER_ADDR:MASTER_PORT, the others join), with
+    every wait ending within timeout_s in one line naming the port. torch's own client waits forever
+    on a program there that accepts connections but never answers (it reads the store's first reply
+    without a timeout), so the others join in a thread that is given up after timeout_s."""
+    addr, port, world = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
+    no_group = f"no process group formed at {where} within {timeout_s} s"
+    if env_rank() == 0:
+        try:
+            return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, multi_tenant=True)
+        except RuntimeError as error:  # torch.distributed.DistNetworkError, DistStoreError
+            if "EADDRINUSE" in str(error):
+                raise NoGroupError(f"the port of {where} is taken by another program, so rank 0 cannot host the "
+                                   f"process group there; {FREE_PORT}") from None
+            if not isinstance(error, dist.DistError):
                 raise
-            raise NodeError(f"two processes of this job share one GPU on {socket.gethostname()} (NCCL: "
-                            "Duplicate GPU detected): each process needs a GPU of its own; start at most as "
-                            "many processes per machine as it has GPUs, or show each process a different "
-                            "one (CUDA_VISIBLE_DEVICES)") from None
+            count = re.search(r"(\d+)/(\d+) clients joined", str(error))  # a DistStoreError's text
+            why = f"{count[1]} of {count[2]} processes joined" if count else str(error).splitlines()[0].rstrip(".")
+            raise NoGroupError(f"{no_group}: {why}; start every process with the same MASTER_ADDR, MASTER_PORT and "
+                               "WORLD_SIZE") from None
+    joined = []
+
+    def join():
+        try:
+            joined.append(dist.TCPStore(addr, port, world, is_master=False, timeout=timeout))
+        except Exception as error:  # handed to the waiting thread
+            joined.append(error)
+
+    joining = threading.Thread(target=join, name="join rank 0's store", daemon=True)
+    joining.start()
+    joining.join(timeout_s)
+    if joined and not isinstance(joined[0], Exception):
+        return joined[0]
+    if joined and not isinstance(joined[0], dist.DistError):
+        raise joined[0]
+    raise NoGroupError(f"{no_group}: rank 0 never answered there; is another program listening on that port (then "
+                       f"{FREE_PORT}), or did rank 0 stop (its own line says why)?") from None
 
 
 def _set_threads(threads):

@@ -2,16 +2,21 @@
 
 `python -m utils.launch <torchrun arguments> run.py ...` is exactly
 `torchrun <torchrun arguments> run.py ...` (same parser, same elastic agent, same c10d
-rendezvous); only a failed run ends differently: the workers have already printed
-what went wrong, so the launcher adds one line and exits with the workers' code. A
-rendezvous that fails before any worker starts (a node missing, MASTER_ADDR unreachable,
-the port taken) ends with one line that says what to check, and exit code 1. A worker's
-user error ends the job at once, whatever --max_restarts (exit code 2); SIGTERM or SIGINT
-ends it with one line saying how to resume.
+rendezvous); only a run's end differs. A worker's user error ends the job at once, whatever
+--max_restarts, with exit code 2 and the worker's line alone. A worker that failed without
+saying why (killed, or a traceback) gets one line from the launcher, which exits with the
+workers' code. A rendezvous that fails before any worker starts (a node missing,
+MASTER_ADDR unreachable, the port taken) ends with one line that says what to check, and
+exit code 1; SIGTERM or SIGINT ends the job with one line saying how to resume. torchrun's
+own lines about its workers (how they ended, the signals that stopped them, its
+OMP_NUM_THREADS banner) repeat those lines and are not shown, unless LOGLEVEL is set.
 """
+import contextlib
+import logging
 import os
 import signal
 import sys
+import tempfile
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -19,7 +24,7 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
-from utils.distributed import LAUNCHER_PID, USER_ERROR_SIGNAL
+from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL
 from utils.errors import UserError
 
 
@@ -32,12 +37,16 @@ def launch(torchrun_argv):
         config.signals_to_handle = f"{handled},{USER_ERROR_SIGNAL.name}"
     # the workers' check that this process lives (utils.distributed.die_with_launcher); only for them
     os.environ[LAUNCHER_PID] = str(os.getpid())
+    printed_fd, os.environ[LINE_PRINTED] = tempfile.mkstemp(prefix="tsl-line-printed-")
+    os.close(printed_fd)
     try:
-        run(config)
+        with torchruns_lines_hidden():
+            run(config)
     except ChildFailedError as failure:
         codes = sorted({f.exitcode for f in failure.failures.values()})
-        print(f"error: {len(failure.failures)} worker(s) failed (exit codes {codes}); "
-              "the first message above says why", file=sys.stderr)
+        if not a_line_was_printed(os.environ[LINE_PRINTED]):  # a worker's user error: its line is all there is to say
+            print(f"error: {len(failure.failures)} worker(s) failed (exit codes {codes}); "
+                  "the first message above says why", file=sys.stderr)
         return next((c for c in codes if c > 0), 1)
     except RendezvousError as failure:
         print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
@@ -52,7 +61,39 @@ def launch(torchrun_argv):
         return 128 + signal.SIGINT
     finally:
         os.environ.pop(LAUNCHER_PID, None)
+        os.remove(os.environ.pop(LINE_PRINTED))
     return 0
+
+
+def a_line_was_printed(printed):
+    """Whether a worker printed a user error's line (utils.distributed.tell_the_launcher_a_line_was_printed)."""
+    try:
+        return os.path.getsize(printed) > 0
+    except OSError:
+        return False
+
+
+# torchrun's loggers whose lines the launcher's or a worker's one line says already: a worker's end and
+# the signals that stop the others; its OMP_NUM_THREADS banner (run.py sets its threads itself)
+REPEATING_LOGGERS = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.api",
+                     "torch.distributed.elastic.agent.server.api")
+
+
+@contextlib.contextmanager
+def torchruns_lines_hidden():
+    """Hide REPEATING_LOGGERS' lines meanwhile, unless LOGLEVEL (torchrun's own switch) is set."""
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in REPEATING_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def device_workers(devices, nproc_per_node, gpus, visible=None):
