@@ -15,7 +15,7 @@ DLINEAR = ["--synthetic_rows", 1500, "--num_threads", 1]
 
 
 def _error_lines(proc):
-    return [line for line in proc.stderr.splitlines() if line.startswith("error: ") and "worker" not in line]
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
 
 
 def _refused(proc, started, limit=30):
