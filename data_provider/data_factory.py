@@ -25,7 +25,8 @@ _prepared_cache = {}
 
 
 def _cache_key(args):
-    return tuple(getattr(args, k, None) for k in DATA_ARGS)
+    # --inverse keeps the file's own values of the scored columns (TableData.original) beside the scaled ones
+    return tuple(getattr(args, k, None) for k in DATA_ARGS + ("inverse",))
 
 
 def prepared_data(args):

@@ -1,6 +1,7 @@
 """The table data (--data ETTh1..ETTm2, custom, synthetic): one multivariate series with its
 columns in model order, split at fixed borders, scaled with the training rows' statistics."""
 import logging
+import os
 
 import numpy as np
 import pandas as pd
@@ -23,9 +24,12 @@ class TableData(ForecastData):
 
     per_series_scaling = False
 
-    def __init__(self, name, values, marks, columns, scaler, dates, ends):
+    def __init__(self, name, values, marks, columns, scaler, dates, ends, original=None):
         self.name = name  # --data, for messages
         self.values = values  # [T, C] float32, scaled, target last
+        # [T, k] float64: the file's own values of the last k (scored) columns, kept for --inverse's
+        # truths (float32 scaled values are 1e-8 off at an offset of 1e8); None without --inverse
+        self.original = original
         self.marks = marks  # [T, F] float32 time features (F = 0 without dates)
         self.columns = columns
         self.scaler = scaler  # None with --scale false
@@ -45,7 +49,9 @@ class TableData(ForecastData):
 
     def window_dataset(self, flag, window, with_marks=True):
         start, stop = self.split_rows(flag, window.x_len)
-        dataset = WindowDataset(self.values[start:stop], self.marks[start:stop], window, flag, with_marks=with_marks)
+        original = None if self.original is None else self.original[start:stop]
+        dataset = WindowDataset(self.values[start:stop], self.marks[start:stop], window, flag, with_marks=with_marks,
+                                original=original)
         if len(dataset) == 0:
             raise UserError(
                 f"the {flag} split of {self.name} has {stop - start} rows, fewer than the {window.span} "
@@ -99,15 +105,31 @@ def prepare_table(args):
     values, columns = select_columns(table, args.features, args.target)
     openltm = OPENLTM_DATA.get(args.data)  # OpenLTM's MultivariateDatasetBenchmark splits by the file's name
     ends = ends_of_file(openltm, args.data_path, len(values)) if openltm else split_ends(args.data, len(values))
+    original = None
+    if getattr(args, "inverse", False):  # scored against the file's own values: the target's (a copy) with MS
+        original = values[:, -1:].copy() if args.features == "MS" else values
     scaler = None
     if args.scale:
         # imported here: sklearn.preprocessing costs about a second, paid only by a process that reads data
         from sklearn.preprocessing import StandardScaler
 
-        scaler = StandardScaler().fit(values[: ends[0]])
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, in one line
+            scaler = StandardScaler().fit(values[: ends[0]])
+        _require_scalable(scaler, values, columns, args)
         values = scaler.transform(values)
     if table.dates is not None:
         marks = time_features(table.dates, args.freq, args.embed)
     else:
         marks = np.zeros((len(values), 0), dtype=np.float32)
-    return TableData(args.data, values.astype(np.float32), marks, columns, scaler, table.dates, ends)
+    return TableData(args.data, values.astype(np.float32), marks, columns, scaler, table.dates, ends, original)
+
+
+def _require_scalable(scaler, values, columns, args):
+    """A column whose squared deviations pass float64's 1.8e308 (values of about 1e154 and more) has an
+    infinite variance: StandardScaler would leave it unscaled, and training would diverge."""
+    too_large = [f"'{c}' (largest |value| {np.abs(values[:, i]).max():.3g})"
+                 for i, c in enumerate(columns) if not (np.isfinite(scaler.mean_[i]) and np.isfinite(scaler.var_[i]))]
+    require(not too_large,
+            f"{os.path.join(args.root_path, args.data_path)}: column(s) {', '.join(too_large)} hold values too large "
+            "to scale in float64 (their squares overflow past 1.8e308); rescale the column, e.g. divide it by a "
+            "power of ten")

@@ -38,15 +38,18 @@ class Window:
 class WindowDataset(Dataset):
     """Every window of one split: item i is (x, y, x_mark, y_mark) starting at row i."""
 
-    def __init__(self, values, marks, window, split, with_marks=True):
+    def __init__(self, values, marks, window, split, with_marks=True, original=None):
         self.window = window
         self.split = split
         self.with_marks = with_marks  # False: batches carry None for the marks (a model that reads none)
         self.n_windows = len(values) - window.span + 1
-        self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)))
+        # original: [rows, k] float64, the file's own values of the scored columns (--inverse), or None
+        original = None if original is None else torch.from_numpy(np.ascontiguousarray(original))
+        self._store(torch.from_numpy(np.ascontiguousarray(values)), torch.from_numpy(np.ascontiguousarray(marks)),
+                    original)
 
-    def _store(self, data, marks):
-        self.data, self.marks = data, marks
+    def _store(self, data, marks, original):
+        self.data, self.marks, self.original = data, marks, original
         # [n_windows, length, C] views of the series (no copy) for the input and the target
         # part of every window: a batch is one gather per tensor, contiguous as gathered.
         w, n = self.window, len(self)
@@ -57,13 +60,15 @@ class WindowDataset(Dataset):
         self._parts = (windows(data, 0, w.x_len), windows(data, w.y_offset, w.y_len))
         self._parts += ((windows(marks, 0, w.x_len), windows(marks, w.y_offset, w.y_len)) if self.with_marks
                         else (None, None))
+        self._original_targets = None if original is None else windows(original, w.y_offset, w.y_len)
 
     def __len__(self):
         return max(self.n_windows, 0)
 
     def to(self, device):
         """Keep the split on `device` (a GPU): batches are then gathered there."""
-        self._store(self.data.to(device), self.marks.to(device))
+        self._store(self.data.to(device), self.marks.to(device),
+                    None if self.original is None else self.original.to(device))
         return self
 
     @property
@@ -75,6 +80,12 @@ class WindowDataset(Dataset):
         """A whole batch in one gather: [B, x_len, C], [B, y_len, C] and their marks."""
         starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
         return tuple(None if part is None else part[starts] for part in self._parts)
+
+    def original_targets(self, indices):
+        """[B, y_len, k] float64: the target part of windows `indices` as the data file holds it (what
+        --inverse scores against), gathered as __getitems__ gathers the batch."""
+        starts = torch.as_tensor(indices, dtype=torch.long, device=self.data.device)
+        return self._original_targets[starts]
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):
@@ -110,6 +121,10 @@ class WindowSelection(Dataset):
         """One index lookup, then the base's one gather per tensor."""
         chosen = torch.as_tensor(indices, dtype=torch.long, device=self.indices.device)
         return self.base.__getitems__(self.indices[chosen])
+
+    def original_targets(self, indices):
+        chosen = torch.as_tensor(indices, dtype=torch.long, device=self.indices.device)
+        return self.base.original_targets(self.indices[chosen])
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):
@@ -196,6 +211,10 @@ class WindowLoader:
             self._worker_batches.sampler.start = start
             return iter(self._worker_loader)
         return (self.dataset.__getitems__(indices) for indices in self.batch_indices(start))
+
+    def original_targets(self):
+        """Each batch's original_targets (the data file's own values), in the order of the batches."""
+        return (self.dataset.original_targets(indices) for indices in self.batch_indices())
 
     def __iter__(self):
         return self.batches()

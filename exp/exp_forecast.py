@@ -260,18 +260,19 @@ class Exp_Forecast(Exp_Basic):
     def evaluate(self, loader, stage, original=None, keep_windows=False):
         """Global ErrorSums over every window of the loader's split, on every rank; `original`
         (an ErrorSums with an OriginalScale transform), if given, also sums the errors on the
-        data's original scale; `keep_windows` keeps each window's errors too. A long evaluation shows
-        its progress on rank 0 (utils.progress.EvaluationProgress)."""
+        data's original scale, against the data file's own float64 values; `keep_windows` keeps each
+        window's errors too. A long evaluation shows its progress on rank 0 (utils.progress.EvaluationProgress)."""
         model = self.raw_model  # no DDP wrapper: no collective can run inside this loop
         sums = ErrorSums(keep_windows)
         progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
+        truths = loader.original_targets() if original is not None else None  # batch by batch, as the loader's
         with eval_mode(model):
             for batch in loader:
                 with self.autocast():
                     pred, true = forward(model, batch, self.args, stage, self.device)
                 sums.update(pred, true)
-                if original is not None:
-                    original.update(pred, true)
+                if original is not None:  # the scored part: the horizon's last steps, the last channels
+                    original.update(pred, next(truths)[:, -pred.shape[1]:, -pred.shape[-1]:].to(pred.device))
                 progress.update()
         progress.close()
         if original is not None:

@@ -396,6 +396,12 @@ PROBES = [
     Probe("evaluation under other model arguments", _trained_with_another_moving_average,
           "moving_avg (saved 25, now 13). Evaluate with the arguments it was trained with", shows="`--is_training 0 --moving_avg 13` of weights whose "
           "`last.pth` beside them records `--moving_avg 25`"),
+    # issue 36, item 1's follow-up: values whose squares pass float64 (before: "validation loss is nan ...
+    # training diverged" after an epoch)
+    Probe("values too large to scale",
+          lambda f: [*_csv(f, "huge.csv", _dated(a=np.arange(400.0), OT=np.arange(400.0) * 1e160)), *SMALL[2:]],
+          "huge.csv: column(s) 'OT' (largest |value| 3.99e+162) hold values too large to scale in float64 (their squares "
+          "overflow past 1.8e308); rescale the column, e.g. divide it by a power of ten", shows="`OT` 0, 1e160, 2e160, ..., 3.99e162"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),

@@ -128,9 +128,9 @@ def test_original_scale_metrics_of_huge_values_are_float64_and_an_overflow_is_na
 
     pred, true = torch.randn(2, 2, 12, 1, generator=torch.Generator().manual_seed(0))
     for size in (1e30, 1e160):
-        original = ErrorSums(transform=OriginalScale(SimpleNamespace(mean_=np.array([size]),
-                                                                     scale_=np.array([size])), "cpu"))
-        original.update(pred, true)
+        to_original = OriginalScale(SimpleNamespace(mean_=np.array([size]), scale_=np.array([size])), "cpu")
+        original = ErrorSums(transform=to_original)
+        original.update(pred, to_original(true))  # the truths come on the original scale (the data's own values)
         scaled = ErrorSums()
         scaled.update(pred, true)
         metrics = {**scaled.metrics(), **{f"{k}_orig": v for k, v in original.metrics().items()}}

@@ -21,7 +21,9 @@ class ErrorSums:
     """
 
     def __init__(self, keep_windows=False, transform=None):
-        self.transform = transform  # applied to prediction and truth first (e.g. exp.outputs.OriginalScale)
+        # applied to the prediction first, onto the scale of the truths given to update (exp.outputs.
+        # OriginalScale: the scaled forecasts onto the data file's own float64 values)
+        self.transform = transform
         self.sums = dict.fromkeys(_FIELDS, 0.0)
         self._pending = []  # per-batch sums kept as tensors: no host sync inside the loop
         self._windows = [] if keep_windows else None  # per batch: [B, 2] (mse, mae) of each window
@@ -29,11 +31,11 @@ class ErrorSums:
         self._reduced = False
 
     def update(self, pred, true):
-        if self.transform is None:
-            pred = pred.float()
-        else:  # float64 values (OriginalScale), so errors, squares and sums are float64 throughout
-            pred, true = self.transform(pred), self.transform(true)
-        err = pred - true
+        if self.transform is not None:
+            pred = self.transform(pred)
+        # float32 on the scaled data (an autocast forecast too); float64 on the original scale, so errors,
+        # squares and sums are float64 throughout
+        err = pred.to(true.dtype) - true
         rel = err / true
         # Per-window sums in the errors' dtype (float32 on the scaled data: no float64 copy of the
         # errors is made), then float64 across windows: a window's sum does not depend on which
