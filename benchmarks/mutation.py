@@ -55,11 +55,11 @@ TARGETS = {
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
 EQUIVALENT = {
-    "data_provider/files.py:74:core/NumberReplacer":
+    "data_provider/files.py:187:core/NumberReplacer":
         "`splitlines()[0]` -> `[-1]` on pandas' message where no single date is to blame: the one case found "
         "(mixed time zones) has a one-line message; the survivor led to that case, which raised a raw "
-        "traceback (fixed, tests/test_data.py::test_dates_in_mixed_time_zones_are_refused_in_one_line)",
-    "utils/checkpoint.py:501:core/ReplaceComparisonOperator_Eq_LtE":
+        "traceback (fixed, tests/test_data.py::test_dates_whose_offset_changes_with_daylight_saving_are_refused_saying_how_to_write_them)",
+    "utils/checkpoint.py:543:core/ReplaceComparisonOperator_Eq_LtE":
         "`to == \"openltm\"` -> `<=` in export: the command line allows only \"openltm\" and \"ours\", and "
         "\"ours\" sorts after \"openltm\"",
     "exp/steps.py:86:core/ReplaceBinaryOperator_Sub_Mod":
@@ -116,14 +116,14 @@ EQUIVALENT = {
         "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "
         "with broadcast_buffers (rank 0's on every rank) and only rank 0 saves, so only other ranks' statistics "
         "between evaluations differ, which nothing reads",
-    "data_provider/corpus.py:221:core/ReplaceComparisonOperator_Eq_Is":
+    "data_provider/corpus.py:355:core/ReplaceComparisonOperator_Eq_Is":
         "`index.get(\"version\") == VERSION` -> `is`: VERSION is a small int and json.load gives ints for integer "
         "literals; CPython keeps one object per int in [-5, 256], so `is` holds exactly when `==` does for every "
         "version a build writes",
-    "data_provider/files.py:95:core/NumberReplacer":
+    "data_provider/files.py:208:core/NumberReplacer":
         "the read-file cache's size, 8 -> 7 files kept per process: a run reads one data file, and any size "
         "gives the same tables (the cache only saves re-reading it for the next split or run)",
-    "data_provider/table.py:87:core/ReplaceComparisonOperator_Eq_GtE":
+    "data_provider/table.py:93:core/ReplaceComparisonOperator_Eq_GtE":
         "`features == \"S\"` -> `>= \"S\"` in select_columns: the line above admits only M, S and MS, and of "
         "those only \"S\" is >= \"S\" (\"M\" and \"MS\" sort before it)",
 }
