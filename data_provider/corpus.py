@@ -35,7 +35,6 @@ fancy-indexing read per file (a window that runs over a file boundary is read pi
 """
 import argparse
 import contextlib
-import fcntl
 import functools
 import glob
 import hashlib
@@ -45,9 +44,7 @@ import mmap
 import operator
 import os
 import re
-import socket
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -59,7 +56,7 @@ from data_provider.interface import ForecastData
 from data_provider.splits import SPLITS
 from data_provider.univariate import SUFFIXES, scaled_series
 from utils.errors import UserError, require
-from utils.files import atomic_write
+from utils.files import atomic_write, take_file_lock
 
 CORPUS = "corpus"
 INDEX, STATE, JOURNAL, LOCK = "index.json", ".build_state.json", ".build_series.jsonl", ".build.lock"
@@ -249,25 +246,10 @@ def build_lock(out_dir):
 
 
 def _take_lock(path):
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 500).decode(errors="replace").strip() or "a process that is starting"
-            os.close(fd)
-            raise UserError(f"{os.path.dirname(path)} is being built by another `python -m data_provider.corpus "
-                            f"build` ({holder}); wait for it to end, or build into another folder") from None
-        try:
-            same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same_file = False
-        if same_file:  # else its holder removed it between our open and our lock: take the new one
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+    fd, holder = take_file_lock(path)
+    if fd is None:
+        raise UserError(f"{os.path.dirname(path)} is being built by another `python -m data_provider.corpus "
+                        f"build` ({holder}); wait for it to end, or build into another folder")
     return fd
 
 

@@ -2,12 +2,10 @@
 resume from (last.pth), which carries the run's identity; the lock that keeps two runs out
 of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
-import fcntl
 import logging
 import os
 import socket
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +13,7 @@ import torch
 from utils import distributed, openltm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names
 from utils.errors import UserError
-from utils.files import atomic_write
+from utils.files import atomic_write, same_file, take_file_lock
 from utils.tools import rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
@@ -442,15 +440,6 @@ def require_writable(args, *options):
 _held_locks = {}
 
 
-def _same_file(path, fd):
-    """Whether `path` still names the file open as `fd` (not removed, not replaced by another)."""
-    try:
-        named, held = os.stat(path), os.fstat(fd)
-    except OSError:  # gone, or a file now stands where a folder of its path was
-        return False
-    return (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev)
-
-
 def _lost_lock(path):
     """None unless `path` lies in a setting folder whose lock this process holds and that lock file is
     gone or another's (the folder removed, `rm -rf` of --checkpoints, perhaps re-made by another run):
@@ -460,7 +449,7 @@ def _lost_lock(path):
     if folder not in _held_locks:
         return None
     setting, lock, fd = _held_locks[folder]
-    if _same_file(lock, fd):
+    if same_file(lock, fd):
         return None
     return (f"the folder of setting {setting}, {folder}, was removed or replaced while this run trained (its lock "
             f"file {lock} is gone or another run's): this run stops rather than write into another run's files; "
@@ -487,21 +476,10 @@ def setting_lock(args, setting):
             return problem
         held["new_folder"] = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 500).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                return (f"setting {setting} is in use by another run ({holder}): two runs must not write one "
-                        f"setting's checkpoints; wait for it to end, or use another --checkpoints or --des")
-            if _same_file(path, fd):  # else its holder removed it between our open and our lock: take the new one
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+        fd, holder = take_file_lock(path)
+        if fd is None:
+            return (f"setting {setting} is in use by another run ({holder}): two runs must not write one "
+                    f"setting's checkpoints; wait for it to end, or use another --checkpoints or --des")
         held["fd"] = fd
         _held_locks[os.path.abspath(folder)] = (setting, path, fd)
         return None
@@ -521,7 +499,7 @@ def setting_lock(args, setting):
             # remove the file while still holding it (a waiting opener sees the inode change), so a
             # run leaves no lock file, and no folder if it wrote nothing else there; never another
             # run's, made after this run's folder was removed
-            if _same_file(path, held["fd"]):
+            if same_file(path, held["fd"]):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
             os.close(held["fd"])

@@ -2,9 +2,12 @@
 
 A crash or a kill mid-write leaves the previous file (or none), never half of one.
 """
+import fcntl
 import functools
 import os
+import socket
 import tempfile
+import time
 
 TEMP_PREFIX = ".tmp_"
 
@@ -68,3 +71,33 @@ def remove_stale_temporaries(folder, older_than):
             except FileNotFoundError:
                 pass
     return removed
+
+
+def same_file(path, fd):
+    """Whether `path` still names the file open as `fd` (not removed, not replaced by another)."""
+    try:
+        named, held = os.stat(path), os.fstat(fd)
+    except OSError:  # gone, or a file now stands where a folder of its path was
+        return False
+    return (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev)
+
+
+def take_file_lock(path):
+    """An exclusive flock on `path` (created if missing), with this process's pid, host and start time
+    written in: (its open fd, None), or (None, what the file says of the process that holds it). The
+    kernel drops the lock when its holder dies, so a killed holder never blocks the next taker."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 500).decode(errors="replace").strip() or "a process that is starting"
+            os.close(fd)
+            return None, holder
+        if same_file(path, fd):  # else its holder removed it between our open and our lock: take the new one
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+    return fd, None
