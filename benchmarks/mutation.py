@@ -13,7 +13,7 @@ a new test, or a line in EQUIVALENT saying why no test can tell it apart.
     python -m benchmarks.mutation recheck /tmp/mutation.sqlite   # survivors again, after new tests
     python -m benchmarks.mutation report /tmp/mutation.sqlite --recheck --out benchmarks/results/mutation.md
 
-Not part of CI's run (see README, Tests).
+Not part of CI's run; the samples so far and their triage: docs/testing.md.
 """
 import argparse
 import json

@@ -159,3 +159,13 @@ def test_the_quick_start_commands_are_checked():
     assert "scripts/ddp_forecast.sh" in named["script"] and "pytest" in named["module"], named
     planted = named_commands("python -m utils.gone results/ && bash scripts/gone.sh && python benchmarks/gone.py")
     assert missing_commands(planted) == ["bash scripts/gone.sh", "python -m utils.gone", "python benchmarks/gone.py"]
+
+
+def test_the_readme_is_a_front_door():
+    """README.md says what the project is and where to read on; the history of measurements lives in
+    docs/ (issue 37: it had grown to 311 lines). Every page of docs/ is one link away."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines; move detail into docs/"
+    linked = {target.partition("#")[0] for target in LINK.findall(outside_code(text))}
+    unlinked = [page for page in sorted((REPO / "docs").glob("*.md")) if f"docs/{page.name}" not in linked]
+    assert not unlinked, f"README.md links no {', '.join(page.name for page in unlinked)}"
