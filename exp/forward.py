@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from utils.distributed import AgreedError
+
 
 def forward(model, batch, args, stage, device):
     """(prediction, truth) for the elements that are scored at `stage` (train, val or test)."""
@@ -25,7 +27,7 @@ def direct_forward(model, batch, args, device):
     dec_inp = None
     if "x_dec" in args.model_inputs:  # TSLib decoder input: the last label_len known steps, then zeros
         dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1)
-    out = model(x, _used("x_mark_enc", x_mark, args), dec_inp, _used("x_mark_dec", y_mark, args))
+    out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), dec_inp, _used("x_mark_dec", y_mark, args)), args)
     if out.shape[1] != pred_len:  # even a no-op slice costs a zero-fill and copy in backward
         out = out[:, -pred_len:]
     return target_channels(out, args), target_channels(y[:, -pred_len:], args)
@@ -36,7 +38,7 @@ def token_forward(model, batch, args, stage, device):
     or only the last token with --last_token (always) / --valid_last (validation)."""
     x, y, x_mark, _ = on_device(batch, device)
     token, out_len = args.input_token_len, args.output_token_len
-    out = model(x, _used("x_mark_enc", x_mark, args), None, None)
+    out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), None, None), args)
     batch_size, n_tokens = x.shape[0], x.shape[1] // token
     pred = out.reshape(batch_size, n_tokens, out_len, -1)
     true = y.unfold(1, out_len, token).permute(0, 1, 3, 2)  # [B, N, out_len, C]
@@ -56,11 +58,22 @@ def rollout(model, batch, args, device):
     preds = []
     for step in range(steps):
         window_marks = None if marks is None else marks[:, step * out_len: step * out_len + history]
-        nxt = model(x, window_marks, None, None)[:, -out_len:]
+        nxt = forecast_of(model(x, window_marks, None, None), args)[:, -out_len:]
         preds.append(nxt)
         x = torch.cat([x[:, out_len:], nxt], dim=1)
     pred = torch.cat(preds, dim=1)[:, :horizon]
     return target_channels(pred, args), target_channels(y, args)
+
+
+def forecast_of(out, args):
+    """The model's output, or one line when its forward returned None: TSLib's models branch on
+    configs.task_name and return nothing for a task they lack. Every rank runs the same model code on the
+    same task, so every rank raises this at the same call: an agreed error (rank 0 prints, all leave together)."""
+    if out is None:
+        raise AgreedError(f"model {args.model} returned None for --task_name {args.task_name}: its forward has no "
+                          "branch for this task; give a task it forecasts (TSLib's models: --task_name "
+                          "long_term_forecast), or have its forward return the forecast")
+    return out
 
 
 def target_channels(tensor, args):

@@ -47,6 +47,7 @@ def resolve_args(args, world_size):
     fill_defaults(args)
     cls = model_class(args)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
+    check_task_fits_model(args)
     args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
     # every number is in its range already (utils.arguments' types); what is left are relations
     _fill_shapes(args, prepared_data(args), cls)
@@ -75,11 +76,20 @@ def check_task(args):
             f"--task_name {task} is TSLib's {words} task, which this codebase does not do: it does long-term "
             "forecasting only (--task_name long_term_forecast, OpenLTM's forecast, or zero_shot_forecast); run "
             f"{task} with TSLib")
-    require(task in FORECAST_TASKS, f"unknown --task_name '{task}'; this codebase does long-term forecasting: "
-                                    f"{', '.join(FORECAST_TASKS)}")
+    require(task in FORECAST_TASKS, f"unknown --task_name '{task}'; choose one of {', '.join(FORECAST_TASKS)} "
+                                    "(TSLib's long-term forecasting, OpenLTM's name for it with its token models "
+                                    "Timer and TimerXL, TSLib's zero-shot forecasting)")
     require(task != "zero_shot_forecast" or (not args.is_training and args.pretrain_model_path),
             "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
             "--pretrain_model_path FILE")
+
+
+def check_task_fits_model(args):
+    """OpenLTM's `forecast` names the task of its token models; TSLib's models branch on TSLib's task names
+    (their forward returns None for any other), so a direct model takes TSLib's name."""
+    require(args.task_name != "forecast" or args.autoregressive,
+            f"--task_name forecast is OpenLTM's name for its token models (Timer, TimerXL); {args.model} forecasts "
+            "in one pass, as TSLib's models, which know TSLib's task names only: use --task_name long_term_forecast")
 
 
 def zero_shot(args):

@@ -346,6 +346,13 @@ PROBES = [
                                                        "short_term_forecast")),
     Probe("zero-shot task without weights", fixed("--task_name", "zero_shot_forecast"),
           "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0"),
+    # issue 37 item 3: task names (before: OpenLTM's forecast ran a TSLib-style model, whose forward returns
+    # None for it: "'NoneType' object has no attribute 'shape'")
+    Probe("OpenLTM's task name for a direct model", fixed("--task_name", "forecast"),
+          "--task_name forecast is OpenLTM's name for its token models (Timer, TimerXL); DLinear forecasts in one "
+          "pass, as TSLib's models, which know TSLib's task names only: use --task_name long_term_forecast"),
+    Probe("unknown task name", fixed("--task_name", "forecasting"),
+          "unknown --task_name 'forecasting'; choose one of long_term_forecast, forecast, zero_shot_forecast"),
     Probe("two sets of weights to evaluate", lambda f: ["--is_training", 0, "--checkpoint", f / "a.pth",
                                                         "--pretrain_model_path", f / "b.pth"],
           "--is_training 0 evaluates one set of weights, but --pretrain_model_path",

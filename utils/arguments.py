@@ -14,11 +14,16 @@ import time
 
 DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
 SEED_LIMIT = 2 ** 32  # numpy's seeds are 32-bit; --itr adds its run index
-# What this codebase does: TSLib's long-term forecasting, OpenLTM's forecast task (the same thing), and
-# TSLib's zero-shot forecasting (pre-trained weights evaluated without training).
+TSLIB_OTHER_GROUP = "TSLib's other tasks and tools (accepted, not done here)"
+# What this codebase does: TSLib's long-term forecasting, OpenLTM's forecast task (the same thing, for its
+# token models: exp.settings.check_task_fits_model), and TSLib's zero-shot forecasting (pre-trained weights
+# evaluated without training).
 FORECAST_TASKS = ("long_term_forecast", "forecast", "zero_shot_forecast")
 # TSLib's other tasks, refused in one line (exp.settings.check_task)
 OTHER_TSLIB_TASKS = ("short_term_forecast", "imputation", "anomaly_detection", "classification")
+# TSLib's data augmentation presets (its run.py's "Augmentation" flags), applied only with --augmentation_ratio > 0
+TSLIB_AUGMENTATIONS = ("jitter", "scaling", "permutation", "randompermutation", "magwarp", "timewarp", "windowslice",
+                       "windowwarp", "rotation", "spawner", "dtwwarp", "shapedtwwarp", "wdba", "discdtw", "discsdtw")
 
 
 def _number(kind, ok, wanted):
@@ -95,8 +100,9 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("basic")
     g.add_argument("--task_name", default="long_term_forecast",
-                   help="long_term_forecast (TSLib), forecast (OpenLTM) or zero_shot_forecast (--is_training 0 "
-                        "--pretrain_model_path FILE); TSLib's other tasks are not done here")
+                   help="TSLib's long_term_forecast or zero_shot_forecast (--is_training 0 --pretrain_model_path "
+                        "FILE), or OpenLTM's forecast (its token models: Timer, TimerXL); TSLib's other tasks are "
+                        "not done here")
     g.add_argument("--is_training", type=flag_int, default=1,
                    help="1: train then test; 0: evaluate saved weights without training (--checkpoint, --test_dir, "
                         "--pretrain_model_path for zero-shot, else this setting's checkpoint.pth)")
@@ -188,6 +194,26 @@ def build_parser():
                         "window: its own window's; tiled: the official code's x_mark.repeat(C, 1, 1), "
                         "which gives series b*C+c window (b*C+c) mod B's, so a forecast depends on the "
                         "rest of its batch (only to reproduce the published figures)")
+    # TSLib's run.py defines these for its other models: a model file written for TSLib reads them from configs
+    g.add_argument("--seg_len", type=positive_int, default=96, help="TSLib's SegRNN: segment length")
+    g.add_argument("--distil", action="store_false", default=True,
+                   help="TSLib's Informer: given, the encoder does not distil (TSLib's inverted flag)")
+    g.add_argument("--expand", type=positive_int, default=2, help="TSLib's Mamba: expansion factor")
+    g.add_argument("--d_conv", type=positive_int, default=4, help="TSLib's Mamba: convolution kernel size")
+    for name in ("tv_dt", "tv_B", "tv_C", "use_D"):
+        g.add_argument(f"--{name}", type=flag_int, default=0, help="TSLib's MambaSingleLayer: 0 or 1")
+    g.add_argument("--p_hidden_dims", type=positive_int, nargs="+", default=[128, 128],
+                   help="TSLib's Non-stationary Transformer: the projector's hidden sizes")
+    g.add_argument("--p_hidden_layers", type=positive_int, default=2, help="TSLib's Non-stationary Transformer")
+    g.add_argument("--node_dim", type=positive_int, default=10, help="TSLib's graph models (MSGNet): node embedding size")
+    g.add_argument("--gcn_depth", type=positive_int, default=2, help="TSLib's graph models")
+    g.add_argument("--gcn_dropout", type=probability, default=0.3, help="TSLib's graph models")
+    g.add_argument("--propalpha", type=non_negative_float, default=0.3, help="TSLib's graph models")
+    g.add_argument("--conv_channel", type=positive_int, default=32, help="TSLib's graph models")
+    g.add_argument("--skip_channel", type=positive_int, default=32, help="TSLib's graph models")
+    g.add_argument("--alpha", type=non_negative_float, default=0.1, help="TSLib's TimeFilter: KNN of its graph")
+    g.add_argument("--top_p", type=non_negative_float, default=0.5, help="TSLib's TimeFilter: dynamic routing")
+    g.add_argument("--pos", type=flag_int, default=1, help="TSLib's TimeFilter: positional embedding, 0 or 1")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--train_epochs", type=positive_int, default=10)
@@ -250,6 +276,19 @@ def build_parser():
     g.add_argument("--pretrain_model_path", default=None, help="checkpoint.pth of a pre-training run (same model arguments)")
     g.add_argument("--subset_rand_ratio", type=fraction, default=1.0,
                    help="few-shot: train on this random fraction of the training windows (from --seed; val/test whole)")
+
+    # TSLib's run.py's arguments of its other tasks and of its experiment's extras: a TSLib script or model
+    # finds them; what would change a forecast here (augmentation, the DTW metric) is named in the warning line
+    g = p.add_argument_group(TSLIB_OTHER_GROUP)
+    g.add_argument("--seasonal_patterns", default="Monthly", help="TSLib's M4 subset (short-term forecasting)")
+    g.add_argument("--mask_rate", type=probability, default=0.25, help="TSLib's imputation: mask ratio")
+    g.add_argument("--anomaly_ratio", type=non_negative_float, default=0.25, help="TSLib's anomaly detection (%%)")
+    g.add_argument("--use_dtw", action="store_true", help="TSLib's DTW metric: not computed here")
+    g.add_argument("--augmentation_ratio", type=non_negative_int, default=0,
+                   help="TSLib's training-data augmentation: not done here")
+    for name in TSLIB_AUGMENTATIONS:
+        g.add_argument(f"--{name}", action="store_true", help="TSLib's augmentation preset: not done here")
+    g.add_argument("--extra_tag", default="", help="TSLib's augmentation tag")
 
     g = p.add_argument_group("devices and DDP")
     g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
@@ -323,11 +362,17 @@ def _unused_here(args):
     if args.is_training:  # OpenLTM's scripts pass them to training runs too, which test what they trained
         unused += [token for name in ("test_dir", "test_file_name") if getattr(args, name) is not None
                    for token in (f"--{name}", getattr(args, name))]
+    # TSLib's extras that would change its results, accepted as TSLib's but not done here
+    if args.use_dtw:
+        unused += ["--use_dtw"]
+    if args.augmentation_ratio:
+        unused += ["--augmentation_ratio", str(args.augmentation_ratio)]
+        unused += [f"--{name}" for name in TSLIB_AUGMENTATIONS if getattr(args, name)]
     return unused
 
 
 # TSLib/OpenLTM arguments that look like a misspelling of one of ours: no "did you mean" for them.
-FOREIGN_LOOKALIKES = ("--seg_len", "--top_p", "--scaling", "--checkpoints_dir", "--patch_size")
+FOREIGN_LOOKALIKES = ("--checkpoints_dir", "--patch_size")
 # Foreign flags whose absence of effect wants a reason in the warning line.
 WHY_IGNORED = {
     "--flash_attention": "attention here always runs through PyTorch's fused scaled_dot_product_attention",
@@ -335,6 +380,8 @@ WHY_IGNORED = {
     "--devices": "it is read with --use_multi_gpu or --dp only, as in TSLib and OpenLTM",
     "--test_dir": "read with --is_training 0 only; a training run tests what it trained, as in OpenLTM",
     "--test_file_name": "read with --is_training 0 only",
+    "--use_dtw": "TSLib's DTW metric is not computed here",
+    "--augmentation_ratio": "TSLib's training-data augmentation is not done here: training sees the data as it is",
 }
 
 
@@ -346,7 +393,7 @@ def describe_ignored(tokens):
         name = token.split("=")[0]
         if name in WHY_IGNORED:
             hints.append(f"{name}: {WHY_IGNORED[name]}")
-        if not name.startswith("--") or name in FOREIGN_LOOKALIKES or name in WHY_IGNORED:
+        if not name.startswith("--") or name in ours or name in FOREIGN_LOOKALIKES or name in WHY_IGNORED:
             continue
         close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
         if close:
