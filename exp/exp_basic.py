@@ -5,6 +5,7 @@ import logging
 import torch
 
 from exp.settings import build_model
+from layers.dropout import DropoutReport, KeyedDropout
 from utils import distributed
 from utils.tools import seed_everything, set_precision
 
@@ -41,9 +42,13 @@ class Exp_Basic:
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
         built = []  # a model that cannot be built stops every rank together, rank 0 saying why
         distributed.raise_on_every_rank(lambda: built.append(build_model(args)), on="all")
-        self.raw_model, model = distributed.wrap_ddp(built[0].to(device), device, args.sync_bn)
+        # every nn.Dropout keyed by the sample (layers.dropout); metrics.json records which were exact
+        args.dropout_keyed = {}
+        report = DropoutReport(args.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
+        keyed = KeyedDropout.convert(built[0], report)
+        self.raw_model, model = distributed.wrap_ddp(keyed.to(device), device, args.sync_bn)
         self.model = torch.compile(model) if args.compile else model  # what training steps run
-        # dropout masks keyed by the sample (layers.dropout), unless the model says they cannot be
+        # masks keyed by the sample inside training steps, unless the model says they cannot be
         self.masks_follow_samples = getattr(self.raw_model, "randomness_follows_sample", True) and not args.compile
         self._amp_dtype = AMP_DTYPES[args.amp_dtype] if args.use_amp else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.

@@ -110,6 +110,7 @@ def save_results(args, setting, metrics, training=None):
                       history=training["history"],
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
+        record["dropout_keyed"] = getattr(args, "dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
     record = _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
     atomic_write(output_path(args, setting, "metrics.json"),

@@ -114,7 +114,7 @@ class TimeAttention(nn.Module):
             raise ValueError(f"kind must be one of {ATTENTION_KINDS}, got {kind!r}")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on the attention weights
         self.covariate = covariate
         self.kind = kind
         self.query_projection = nn.Linear(d_model, d_model)
@@ -153,7 +153,7 @@ class TimeAttention(nn.Module):
 
         mask = self.attention_mask(n_vars, n_tokens, x.device, query.dtype)
         out = attention(
-            query, key, value, self.dropout, self.training, attn_mask=mask,
+            query, key, value, self.dropout, attn_mask=mask,
             scale=1.0 / math.sqrt(self.head_dim),
         )
         return self.out_projection(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -8,12 +8,15 @@ gets the same masks whichever process trains it and however its global batch is 
 1 x 32, 2 x 16 and 1 x 16 with 2 accumulation steps draw the same numbers. Outside the context
 (evaluation, a model used on its own, `--compile`) masks come from the global generator as usual.
 
-Every dropout goes through this module: `Dropout` (a drop-in for nn.Dropout), `dropout` and
-`add_dropout` for functional code, `dropout_noise(s)` for code that applies the mask itself, and
-`attention` for scaled dot-product attention with dropout on its weights. A model whose masks cannot
-follow the sample (its dropout inputs do not hold each sample's rows together along the first
-dimension) sets `randomness_follows_sample = False`; tests/test_model_contract.py checks every model's
-claim by training it as 1 x 8 and 2 x 4.
+A model file uses plain nn.Dropout: when the experiment builds the model, KeyedDropout.convert turns every
+nn.Dropout into a KeyedDropout (as torch.nn.SyncBatchNorm.convert_sync_batchnorm converts BatchNorm),
+keyed whenever its input's first dimension holds the micro-batch's samples, k rows each, sample-major
+([B, ...] or a channel-independent [B * C, ...]); any other input gets ordinary dropout, and the run
+says so once, naming the module (DropoutReport). Attention in layers/ takes its dropout module:
+`attention(q, k, v, dropout)` runs PyTorch's fused scaled_dot_product_attention, once per sample under a
+generator seeded with the sample's key when keyed (KeyedDropout.attend). Zoo models with a measured
+faster path draw masks themselves with `dropout`, `add_dropout`, `dropout_noise(s)` (their docstrings
+name the gain). tests/test_model_contract.py trains every model as 1 x 8 and 2 x 4.
 
 On the CPU the masks also cost less than F.dropout's: it draws a double per element from a serial
 generator, the dearest part of a small training step after the matrix products; dropout_noise draws
@@ -81,8 +84,7 @@ def _keyed_noise(like, p, keys, hashed=None):
         raise RuntimeError(f"a dropout input of shape {tuple(like.shape)} does not hold the micro-batch's "
                            f"{keys.samples} samples along its first dimension, so its masks cannot follow "
                            "them: give the model `randomness_follows_sample = False` (layers/dropout.py)")
-    call, keys.calls = keys.calls, keys.calls + 1
-    call_key = _mix64(keys.key ^ _mix64(call))
+    call_key = _next_call_key(keys)
     if like.device.type != "cpu" if hashed is None else hashed:
         return _hashed_noise(like, p, call_key, keys.first, keys.samples)
     generator = _generator(like.device)
@@ -97,6 +99,13 @@ def _keyed_noise(like, p, keys, hashed=None):
         part.random_(generator=generator)
     keep = 1.0 - p
     return noise.copy_(bits).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
+
+
+def _next_call_key(keys=None):
+    """The key of the forward's next mask (its call number mixed into the run's key); counts the call."""
+    keys = keys or _keys
+    call, keys.calls = keys.calls, keys.calls + 1
+    return _mix64(keys.key ^ _mix64(call))
 
 
 def _sample_keys(call_key, first, samples, device=None):
@@ -288,24 +297,107 @@ def add_dropout(x: torch.Tensor, y: torch.Tensor, p: float, training: bool,
     return torch.addcmul(x, y, dropout_noise(y, p, batch_dim) if noise is None else noise)
 
 
-class Dropout(nn.Dropout):
-    """nn.Dropout with this module's masks (the same module, state_dict and repr)."""
+class DropoutReport:
+    """Which converted dropouts drew keyed masks: `exact` maps a module's qualified name to True while every
+    call was keyed, False from its first unkeyed call on, when `warn` hears of it (once per module)."""
+
+    def __init__(self, exact=None, warn=None):
+        self.exact = {} if exact is None else exact
+        self.warn = warn
+
+    def heard(self, name, exact, why=""):
+        if self.exact.get(name, True) is False or self.exact.get(name) == exact:
+            return
+        self.exact[name] = exact
+        if not exact and self.warn is not None:
+            self.warn(f"dropout {name} is not keyed by the sample ({why}): its masks come from each process's "
+                      "generator, so training depends on the number of processes; hold the samples along the "
+                      "first dimension of its input ([B, ...] or [B * k, ...], k rows per sample in order)")
+
+
+def _unkeyable_input(x, samples):
+    """Why x's first dimension does not hold `samples` samples, k >= 1 rows each, or None when it does (a first
+    dimension that is a multiple by chance, such as [features, B] with B dividing features, is not told apart)."""
+    rows = x.shape[0] if x.dim() else 0
+    if rows >= samples and rows % samples == 0:
+        return None
+    return f"an input of shape {tuple(x.shape)}, whose first dimension is no multiple of the micro-batch's {samples} samples"
+
+
+_GENERATORS = {"cpu": lambda device: torch.default_generator,
+               "cuda": lambda device: torch.cuda.default_generators[device.index if device.index is not None
+                                                                    else torch.cuda.current_device()]}
+
+
+class KeyedDropout(nn.Dropout):
+    """nn.Dropout whose masks follow the sample inside masks_follow_samples (module docstring); the same rate,
+    state_dict and repr. `qualified_name` and `report` (a DropoutReport) are set by convert."""
+
+    def __init__(self, p=0.5, inplace=False, qualified_name="", report=None):
+        super().__init__(p, inplace)
+        self.qualified_name, self.report = qualified_name, report
+
+    @classmethod
+    def convert(cls, module, report=None, prefix=""):
+        """`module` with every nn.Dropout replaced by a KeyedDropout of its rate (itself, if it is one), named by
+        its qualified name; other dropout kinds (Dropout2d, AlphaDropout, ...) stay, and `report` hears of them."""
+        converted = module
+        if type(module) in (nn.Dropout, cls):
+            converted = cls(module.p, module.inplace, prefix, report).train(module.training)
+        elif isinstance(module, (nn.modules.dropout._DropoutNd)) and module.p > 0 and report is not None:
+            report.heard(prefix, False, f"{type(module).__name__} is not converted")
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert(child, report, f"{prefix}.{name}" if prefix else name))
+        return converted
+
+    def keyable(self, x, device_generator=False):
+        """Whether x's masks can follow the samples here (inside masks_follow_samples), telling the report;
+        an input that cannot still takes its call number, so the modules after it keep theirs."""
+        why = _unkeyable_input(x, _keys.samples)
+        if why is None and device_generator and x.device.type not in _GENERATORS:
+            why = f"no per-sample generator for attention on {x.device.type}"
+        if self.report is not None:
+            self.report.heard(self.qualified_name, why is None, why)
+        if why is not None:
+            _keys.calls += 1
+        return why is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.p > 0.0 and _keys is not None and not self.keyable(x):
+            return F.dropout(x, self.p, True, self.inplace)
         return dropout(x, self.p, self.training)
 
+    def attend(self, query, key, value, attn_mask=None, is_causal=False, scale=None):
+        """F.scaled_dot_product_attention with dropout self.p on the attention weights in training. Keyed, the
+        kernel runs once per sample (its k rows), under the device's default generator seeded with the sample's
+        key and restored after: the very kernel an unkeyed call takes (on a GPU flash or memory-efficient
+        attention, O(sequence) memory; the CPU has no fused kernel with dropout), B calls instead of one."""
+        p = self.p if self.training else 0.0
+        if p == 0.0 or _keys is None or not self.keyable(query, device_generator=True):
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=p,
+                                                  is_causal=is_causal, scale=scale)
+        samples = _keys.samples
+        seeds = _sample_seeds(_next_call_key(), _keys.first, samples)
+        rows = query.shape[0] // samples
+        per_row_mask = attn_mask is not None and attn_mask.dim() == query.dim() and attn_mask.shape[0] == query.shape[0]
+        generator = _GENERATORS[query.device.type](query.device)
+        state, outs = generator.get_state(), []
+        try:
+            for s, seed in enumerate(seeds):
+                generator.manual_seed(seed)
+                part = slice(s * rows, (s + 1) * rows)
+                outs.append(F.scaled_dot_product_attention(
+                    query[part], key[part], value[part], attn_mask=attn_mask[part] if per_row_mask else attn_mask,
+                    dropout_p=p, is_causal=is_causal, scale=scale))
+        finally:
+            generator.set_state(state)  # the global stream goes on as if untouched
+        return torch.cat(outs)
 
-def attention(query, key, value, p, training, attn_mask=None, is_causal=False, scale=None):
-    """F.scaled_dot_product_attention with dropout p on the attention weights when training. Its fused
-    kernels draw their own masks; when masks follow the samples, the weights are formed here instead."""
-    if not training or p == 0.0 or _keys is None:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                              dropout_p=p if training else 0.0, is_causal=is_causal, scale=scale)
-    scores = query @ key.transpose(-2, -1) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-    if is_causal:
-        queries, keys_ = scores.shape[-2:]
-        causal = torch.ones(queries, keys_, dtype=torch.bool, device=scores.device).tril()  # as SDPA's
-        scores = scores.masked_fill(~causal, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return dropout(scores.softmax(-1), p, True) @ value
+
+def attention(query, key, value, dropout: nn.Dropout, attn_mask=None, is_causal=False, scale=None):
+    """F.scaled_dot_product_attention with `dropout` (its rate, in training) on the attention weights: PyTorch's
+    fused kernels; keyed by the sample when `dropout` is a KeyedDropout inside masks_follow_samples."""
+    if isinstance(dropout, KeyedDropout):
+        return dropout.attend(query, key, value, attn_mask, is_causal, scale)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          dropout_p=dropout.p if dropout.training else 0.0)

@@ -8,8 +8,6 @@ import math
 import torch
 from torch import nn
 
-from layers.dropout import Dropout
-
 
 class PositionalEmbedding(nn.Module):
     """Fixed sinusoidal positions, [1, L, d_model] for an input of length L."""
@@ -58,7 +56,7 @@ class DataEmbedding(nn.Module):
         self.value = TokenEmbedding(c_in, d_model)
         self.position = PositionalEmbedding(d_model) if position else None
         self.temporal = TimeFeatureEmbedding(mark_dim, d_model) if mark_dim else None
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, x_mark: torch.Tensor | None = None) -> torch.Tensor:
         out = self.value(x)
@@ -78,7 +76,7 @@ class DataEmbeddingInverted(nn.Module):
     def __init__(self, seq_len: int, d_model: int, dropout: float = 0.1):
         super().__init__()
         self.linear = nn.Linear(seq_len, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, x_mark: torch.Tensor | None = None) -> torch.Tensor:
         x = x.transpose(1, 2)
@@ -97,7 +95,7 @@ class PatchEmbedding(nn.Module):
         self.pad = nn.ReplicationPad1d((0, stride))
         self.value = nn.Linear(patch_len, d_model, bias=False)
         self.position = PositionalEmbedding(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     @staticmethod
     def n_patches(seq_len: int, patch_len: int, stride: int) -> int:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import Dropout, attention
+from layers.dropout import attention
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -24,7 +24,8 @@ class AttentionLayer(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        self.n_heads, self.causal, self.dropout = n_heads, causal, dropout
+        self.n_heads, self.causal = n_heads, causal
+        self.dropout = nn.Dropout(dropout)  # on the attention weights
         self.query = nn.Linear(d_model, d_model)
         self.key = nn.Linear(d_model, d_model)
         self.value = nn.Linear(d_model, d_model)
@@ -35,7 +36,7 @@ class AttentionLayer(nn.Module):
 
     def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         attended = attention(self._heads(self.query(queries)), self._heads(self.key(keys)),
-                             self._heads(self.value(values)), self.dropout, self.training, is_causal=self.causal)
+                             self._heads(self.value(values)), self.dropout, is_causal=self.causal)
         return self.out(attended.transpose(1, 2).flatten(-2))
 
 
@@ -46,7 +47,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.activation = activation_fn(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +63,7 @@ class EncoderLayer(nn.Module):
         self.attention = AttentionLayer(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2 = _norm(norm, d_model), _norm(norm, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.attention(x, x, x)))
@@ -93,7 +94,7 @@ class DecoderLayer(nn.Module):
         self.cross_attention = AttentionLayer(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.self_attention(x, x, x)))

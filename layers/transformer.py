@@ -4,7 +4,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.attention import TimeAttention
-from layers.dropout import Dropout
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -24,7 +23,7 @@ class TimerLayer(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.activation = _ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor, n_vars: int, n_tokens: int) -> torch.Tensor:

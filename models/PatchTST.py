@@ -4,7 +4,6 @@ all patch representations of a channel linearly to the horizon. Nie et al., "A T
 Words: Long-term Forecasting with Transformers", ICLR 2023; supervised version, as in TSLib."""
 from torch import nn
 
-from layers.dropout import Dropout
 from layers.embed import PatchEmbedding
 from layers.encoder import Encoder, EncoderLayer
 from layers.normalization import InstanceNorm
@@ -21,7 +20,7 @@ class FlattenHead(nn.Module):
     def __init__(self, n_features: int, pred_len: int, dropout: float):
         super().__init__()
         self.linear = nn.Linear(n_features, pred_len)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens):
         # d_model-major flattening ([d_model, N] per series), the layout of TSLib's head weights.

@@ -5,7 +5,7 @@ Time Series Forecasting", TMLR 2023; follows the TSLib implementation, with opti
 normalisation (the paper's RevIN) under configs.use_norm."""
 from torch import nn
 
-from layers.dropout import Dropout, add_dropout, dropout_noises, shared_rate
+from layers.dropout import add_dropout, dropout_noises, shared_rate
 from layers.mlp import mlp_over_columns, relu_mlp
 from layers.normalization import InstanceNorm
 
@@ -25,9 +25,9 @@ class MixerBlock(nn.Module):
     def __init__(self, seq_len: int, channels: int, d_model: int, dropout: float):
         super().__init__()
         self.temporal = nn.Sequential(
-            nn.Linear(seq_len, d_model), nn.ReLU(), nn.Linear(d_model, seq_len), Dropout(dropout))
+            nn.Linear(seq_len, d_model), nn.ReLU(), nn.Linear(d_model, seq_len), nn.Dropout(dropout))
         self.channel = nn.Sequential(
-            nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), Dropout(dropout))
+            nn.Linear(channels, d_model), nn.ReLU(), nn.Linear(d_model, channels), nn.Dropout(dropout))
 
     def forward(self, x, noises=(None, None)):
         """x [L, B, C], contiguous; returns the same layout. `noises`: the two dropout masks, if drawn

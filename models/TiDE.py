@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.dropout import Dropout, dropout, dropout_noises, shared_rate
+from layers.dropout import dropout, dropout_noises, shared_rate
 from layers.normalization import InstanceNorm
 
 # Width each step's time features are projected to before they join the encoder input and the
@@ -138,7 +138,7 @@ class ResBlock(nn.Module):
         self.fc1 = nn.Linear(input_dim, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, output_dim)
         self.fc3 = nn.Linear(input_dim, output_dim)  # linear skip connection
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.ln = nn.LayerNorm(output_dim) if output_dim > 1 or NORMALIZE_ONE_WIDE_OUTPUT else None
         # the feature encoder and the temporal decoder: narrow ends around a wide hidden layer
         self.wide_hidden = 8 * max(input_dim, output_dim) <= hidden_dim

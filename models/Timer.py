@@ -6,7 +6,6 @@ Generative Pre-trained Transformers Are Large Time Series Models", ICML 2024; fo
 from torch import nn
 
 from layers.causal_attention import CausalSelfAttention
-from layers.dropout import Dropout
 from layers.embed import PositionalEmbedding
 from layers.normalization import InstanceNorm
 from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
@@ -25,7 +24,7 @@ class Model(nn.Module):
         # No bias and absolute sinusoidal positions (not RoPE), as OpenLTM's Timer.
         self.embedding = nn.Linear(self.input_token_len, configs.d_model, bias=False)
         self.position = PositionalEmbedding(configs.d_model)
-        self.dropout = Dropout(configs.dropout)
+        self.dropout = nn.Dropout(configs.dropout)
         self.blocks = TimerBlock(
             [
                 TimerLayer(

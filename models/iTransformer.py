@@ -70,7 +70,7 @@ class Model(nn.Module):
         dropout runs F.dropout (layers.dropout.fused_dropout). iTransformer builds every dropout with one rate."""
         layers, n_tokens, batch = self.encoder.layers, len(tokens), tokens.shape[1]
         rates = [self.embedding.dropout.p] + [rate for layer in layers for rate in (
-            layer.attention.dropout, layer.dropout.p, layer.feed_forward.dropout.p)]
+            layer.attention.dropout.p, layer.dropout.p, layer.feed_forward.dropout.p)]
         p = shared_rate(tokens, rates, self.training)
         if p is None:
             return [None] + [(None, None, None, None)] * len(layers)
@@ -106,7 +106,7 @@ def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.T
     n_heads = attention.n_heads
     d_head = d_model // n_heads
     q, k, v = attention.query(queries), attention.key(x), attention.value(x)
-    p = attention.dropout if attention.training else 0.0
+    p = attention.dropout.p if attention.training else 0.0
     if noise is None and (p == 0.0 or fused_dropout(x)):
         q, k, v = (t.view(len(t), batch, n_heads, d_head).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, N, E]
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)

@@ -7,7 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from layers.dropout import Dropout, attention, dropout_noise, keyed, mask_key, masks_follow_samples
+from torch import nn
+
+from layers.dropout import (DropoutReport, KeyedDropout, attention, dropout_noise, keyed, mask_key,
+                           masks_follow_samples)
 
 
 def _masks(shape, first, samples, calls=2, key=mask_key(2021, 0), batch_dim=0):
@@ -55,7 +58,7 @@ def test_a_layout_without_the_samples_in_front_is_refused():
 
 def test_outside_the_context_dropout_is_plain_and_eval_is_the_identity():
     assert not keyed()
-    layer = Dropout(0.5)
+    layer = KeyedDropout(0.5)
     x = torch.ones(4, 100)
     assert torch.equal(layer.eval()(x), x)
     torch.manual_seed(3)
@@ -80,7 +83,7 @@ def test_keyed_attention_is_sdpa(causal, mask_kind):  # (SDPA takes a mask or is
         mask = torch.randn(6, 6)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     with masks_follow_samples(7, 0, 4):  # a rate so small that nothing is dropped
-        got = attention(q, k, v, 1e-12, True, attn_mask=mask, is_causal=causal)
+        got = attention(q, k, v, KeyedDropout(1e-12), attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -162,3 +165,89 @@ def test_sample_seeds_are_the_mixed_positions():
 
     call_key = _mix64(2021 ^ _mix64(3))
     assert _sample_seeds(call_key, 1000, 70) == [_mix64(call_key ^ (1000 + s)) >> 1 for s in range(70)]
+
+
+# ---------------------------------------------------------------- converted nn.Dropout (KeyedDropout.convert)
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.3))
+        self.head = nn.Dropout(0.2)
+        self.channels = nn.Dropout2d(0.1)
+
+
+def test_convert_keys_every_nn_dropout_by_its_qualified_name():
+    """As SyncBatchNorm.convert_sync_batchnorm: nn.Dropout modules become KeyedDropout of their rate, named;
+    other dropout kinds stay and are reported as not keyed; no parameter or state_dict key changes."""
+    net = _Net()
+    keys_before = list(net.state_dict())
+    report = DropoutReport()
+    net = KeyedDropout.convert(net, report)
+    assert isinstance(net.body[1], KeyedDropout) and (net.body[1].p, net.body[1].qualified_name) == (0.3, "body.1")
+    assert isinstance(net.head, KeyedDropout) and net.head.qualified_name == "head"
+    assert type(net.channels) is nn.Dropout2d and report.exact == {"channels": False}
+    assert list(net.state_dict()) == keys_before and repr(net.head) == "KeyedDropout(p=0.2, inplace=False)"
+    x = torch.ones(8, 3, 6)
+    with masks_follow_samples(7, 0, 8):  # [B, ...] and a sample-major [B * k, ...] are keyed
+        net.head(x), net.body[1](x.reshape(24, 6))
+    assert report.exact == {"channels": False, "head": True, "body.1": True}
+
+
+def test_a_converted_dropout_keys_each_sample_however_the_batch_is_cut():
+    layer = KeyedDropout(0.5).train()
+    x = torch.ones(8 * 3, 50)  # 3 rows per sample, sample-major
+
+    def run(first, samples):
+        with masks_follow_samples(11, first, samples):
+            return layer(x[first * 3:(first + samples) * 3])
+
+    assert torch.equal(run(0, 8), torch.cat([run(0, 4), run(4, 4)]))
+
+
+def test_an_input_without_the_samples_in_front_falls_back_once_named():
+    """A [features, B] input (12 rows for 8 samples) gets ordinary dropout; the report warns once, names the
+    module, and records it as not exact; the next module keeps its call number (its masks stay keyed)."""
+    lines = []
+    report = DropoutReport(warn=lines.append)
+    odd, after = (KeyedDropout(0.5, qualified_name=name, report=report) for name in ("mixer.drop", "head"))
+    x = torch.ones(8, 40)
+
+    def step(features):
+        with masks_follow_samples(3, 0, 8):
+            out = odd(torch.ones(features, 8))
+            return out, after(x)
+
+    out, keyed_after = step(12)
+    _, keyed_after_again = step(12)
+    assert out.shape == (12, 8) and set(out.unique().tolist()) == {0.0, 2.0}
+    assert torch.equal(keyed_after, keyed_after_again)  # keyed, the same call number both times
+    assert report.exact == {"mixer.drop": False, "head": True}
+    assert len(lines) == 1 and "dropout mixer.drop is not keyed by the sample" in lines[0]
+    assert "(12, 8)" in lines[0] and "8 samples" in lines[0]
+
+
+@pytest.mark.parametrize("causal, rows", [(True, 1), (False, 3)])
+def test_keyed_attention_follows_the_sample_through_the_fused_kernel(causal, rows):
+    """KeyedDropout.attend runs scaled_dot_product_attention once per sample (its `rows` rows) under the
+    sample's seed: a sample's dropped weights are the same whichever micro-batch holds it; two calls in a
+    forward differ; the global generator's stream is as if attention had not drawn."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 8 * rows, 2, 16, 4).unbind(0)
+    layer = KeyedDropout(0.5).train()
+
+    def attend(first, samples):
+        part = slice(first * rows, (first + samples) * rows)
+        with masks_follow_samples(5, first, samples):
+            return layer.attend(q[part], k[part], v[part], is_causal=causal), layer.attend(q[part], k[part], v[part], is_causal=causal)
+
+    (whole, second), halves = attend(0, 8), (attend(0, 4), attend(4, 4))
+    assert torch.equal(whole, torch.cat([halves[0][0], halves[1][0]]))
+    assert torch.equal(second, torch.cat([halves[0][1], halves[1][1]])) and not torch.equal(whole, second)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert not torch.allclose(whole, plain)  # the weights were dropped
+    torch.manual_seed(1)
+    before = torch.rand(3)
+    torch.manual_seed(1)
+    attend(0, 8)
+    assert torch.equal(torch.rand(3), before)
+    assert torch.equal(layer.eval().attend(q, k, v, is_causal=causal), plain)

@@ -103,6 +103,89 @@ def test_batchnorm_with_sync_bn_trains_the_same_on_any_number_of_processes(tmp_p
     _assert_same_training(_train(tmp_path, "PatchTST", runs, *common, windows=832), train_rel=1e-6, eval_rel=1e-4)
 
 
+# A user's model file with plain nn.Dropout: the experiment converts its modules to sample-keyed ones
+# (layers.dropout.KeyedDropout.convert). UNKEYABLE adds one whose input holds the channels first ([C, L, B]).
+PLAIN_DROPOUT_MODEL = '''"""A user's MLP over time with plain nn.Dropout."""
+from torch import nn
+
+UNKEYABLE = {unkeyable}
+
+
+class Model(nn.Module):
+    autoregressive = False
+    inputs_used = ("x_enc",)
+
+    def __init__(self, configs):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(configs.seq_len, configs.d_model), nn.GELU(), nn.Dropout(configs.dropout),
+                                 nn.Linear(configs.d_model, configs.pred_len))
+        self.channel_drop = nn.Dropout(configs.dropout) if UNKEYABLE else None
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        out = self.mlp(x_enc.transpose(1, 2)).transpose(1, 2)  # dropout on [B, C, d_model]
+        if self.channel_drop is not None:  # on [C, pred_len, B]: no sample's rows in front
+            out = self.channel_drop(out.permute(2, 1, 0)).permute(2, 1, 0)
+        return out
+'''
+PLAIN_RUN = ["--model", "PlainDropout", "--synthetic_rows", 600, "--synthetic_channels", 3, "--seq_len", 48,
+             "--label_len", 24, "--pred_len", 24, "--d_model", 32, "--dropout", 0.3, "--train_epochs", 3, "--patience", 10,
+             "--learning_rate", 0.005, "--num_threads", 1, "--no_plots"]
+
+
+def run_user_model(rank, world_size, model_file, argv):
+    """On each rank of run_on_ranks: run.py's main with `--model PlainDropout` being the file's Model; rank 0's
+    stdout (its log lines) and the exit code."""
+    import contextlib
+    import importlib.util
+    import io
+    from unittest import mock
+
+    import run
+
+    loader = importlib.util.spec_from_file_location("user_plain_dropout", model_file)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    out = io.StringIO()
+    with (mock.patch("exp.settings.get_model_class", return_value=module.Model), contextlib.redirect_stdout(out),
+          mock.patch("utils.distributed.cleanup")):  # run_on_ranks ends the process group itself
+        code = run.main(list(map(str, argv)))
+    return code, out.getvalue()
+
+
+def _train_user_model(tmp_path, name, world_size, batch_size, unkeyable=False):
+    from helpers import output_args, run_on_ranks
+
+    model_file = tmp_path / "PlainDropout.py"
+    model_file.write_text(PLAIN_DROPOUT_MODEL.format(unkeyable=unkeyable))
+    folder = tmp_path / name
+    argv = [*PLAIN_RUN, "--batch_size", batch_size, *output_args(folder)]
+    results = run_on_ranks(run_user_model, world_size, str(model_file), argv, timeout=200)
+    assert [code for code, _ in results] == [0] * world_size, results
+    return records(folder)[-1], [log for _, log in results]
+
+
+def test_a_plain_nn_dropout_model_trains_the_same_on_1_and_2_processes(tmp_path):
+    """Its nn.Dropout is converted when the experiment builds it, so 1 x 16 and 2 x 8 draw the same masks and
+    train alike (1e-6 relative, as the zoo's models; before the conversion 2 processes trained otherwise);
+    metrics.json says the module was keyed."""
+    runs = {"1 x 16": _train_user_model(tmp_path, "one", 1, 16), "2 x 8": _train_user_model(tmp_path, "two", 2, 8)}
+    _assert_same_training({name: record for name, (record, _) in runs.items()})
+    for record, logs in runs.values():
+        assert record["dropout_keyed"] == {"mlp.2": True}
+        assert not any("warning" in log for log in logs)
+
+
+def test_a_dropout_that_cannot_be_keyed_is_named_once_and_the_run_goes_on(tmp_path):
+    """A dropout on [C, pred_len, B] (3 rows, micro-batches of 8) cannot follow the samples: it falls back to
+    ordinary dropout, rank 0 warns once naming it, the run finishes and metrics.json records which were exact."""
+    record, (log, other) = _train_user_model(tmp_path, "two", 2, 8, unkeyable=True)
+    warnings = [line for line in log.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: dropout channel_drop is not keyed by the sample")
+    assert "(3, 24, 8)" in warnings[0] and not other.strip()
+    assert record["dropout_keyed"] == {"mlp.2": True, "channel_drop": False}
+    assert record["history"][-1]["step"] > 0 and record["mse"] > 0
+
+
 def test_three_processes_with_uneven_parts_train_the_single_process_model(tmp_path):
     _assert_same_training(_train(tmp_path, "DLinear", GLOBAL_24))
 
