@@ -9,11 +9,13 @@ from layers.causal_attention import CausalSelfAttention
 from layers.embed import PositionalEmbedding
 from layers.normalization import InstanceNorm
 from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
+from utils import openltm
 
 
 class Model(nn.Module):
     autoregressive = True
     inputs_used = ("x_enc",)
+    checkpoint_adapters = (openltm.TIMER,)  # OpenLTM's files load converted
 
     def __init__(self, configs):
         super().__init__()

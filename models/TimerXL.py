@@ -8,11 +8,13 @@ from torch import nn
 from layers.attention import TimeAttention
 from layers.normalization import InstanceNorm
 from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
+from utils import openltm
 
 
 class Model(nn.Module):
     autoregressive = True
     inputs_used = ("x_enc",)
+    checkpoint_adapters = (openltm.TIMER_XL,)  # OpenLTM's files load converted
 
     def __init__(self, configs):
         super().__init__()

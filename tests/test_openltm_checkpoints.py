@@ -1,5 +1,6 @@
 """OpenLTM's Timer-XL and Timer checkpoints in and out (utils/openltm.py, utils/checkpoint.py): the key
-table both ways, loading through --pretrain_model_path and --checkpoint, export, and one-line refusals.
+table both ways, loading through --pretrain_model_path and --checkpoint, export, and one-line refusals; a
+model reads its own files and the foreign layouts it declares (checkpoint_adapters), no other.
 
 Nothing of OpenLTM is imported: its layout is written out below as fake modules with the names and
 shapes of its model code (models/timer_xl.py, models/timer.py, layers/Transformer_EncDec.py,
@@ -13,14 +14,15 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, records, run_cli
+from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, output_args, records, run_cli
 from models.Timer import Model as Timer
 from models.TimerXL import Model as TimerXL
 from utils import openltm
-from utils.checkpoint import load_weights, main as checkpoint_main, read_weights, save_atomic
+from utils.checkpoint import KNOWN_LAYOUTS, load_weights, main as checkpoint_main, save_atomic, weights_for
 from utils.errors import UserError
 
 OURS = {"TimerXL": TimerXL, "Timer": Timer}
+ADAPTER = {"TimerXL": openltm.TIMER_XL, "Timer": openltm.TIMER}
 SHAPES = [dict(e_layers=1, n_heads=1, d_model=16, d_ff=32, input_token_len=8, output_token_len=8),
           dict(e_layers=3, n_heads=4, d_model=32, d_ff=48, input_token_len=4, output_token_len=12)]
 
@@ -115,11 +117,12 @@ def shapes_of(state):
 @pytest.mark.parametrize("model", ["TimerXL", "Timer"])
 def test_round_trip_through_openltms_layout_is_exact(model, shape):
     state = ours(model, **shape).state_dict()
-    there = openltm.ours_to_openltm(state)
+    there = openltm.ours_to_openltm(state, model)
     back = openltm.openltm_to_ours(there, model)
     assert list(back) == list(state) or sorted(back) == sorted(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
-    assert openltm.recognise(there).model == model and openltm.recognise(state) is None
+    recognised = [layout for layout in KNOWN_LAYOUTS if layout.recognise(there, {})]
+    assert recognised == [ADAPTER[model]] and not any(layout.recognise(state, {}) for layout in KNOWN_LAYOUTS)
 
 
 @pytest.mark.parametrize("model", ["TimerXL", "Timer"])
@@ -127,7 +130,7 @@ def test_the_table_maps_every_key_onto_openltms_model_and_back(model):
     shape = SHAPES[1]
     mine, theirs = ours(model, **shape).state_dict(), fake_openltm(model, **shape)
     # every key of ours lands on a key OpenLTM's model has, with its shape; nothing of OpenLTM's is left out
-    assert shapes_of(openltm.ours_to_openltm(mine)) == shapes_of(theirs)
+    assert shapes_of(openltm.ours_to_openltm(mine, model)) == shapes_of(theirs)
     # and OpenLTM's file becomes exactly our keys and shapes, values moved unchanged (conv weights squeezed)
     converted = openltm.openltm_to_ours(theirs, model)
     assert shapes_of(converted) == shapes_of(mine)
@@ -159,8 +162,9 @@ def test_an_openltm_file_loads_strictly_and_forecasts_as_our_own_file(tmp_path, 
     x = torch.randn(2, 32, 3)
     with torch.no_grad():
         assert torch.equal(loaded(x), again(x))
-    _, source = read_weights(tmp_path / "openltm.pth")
-    assert source.model == model and read_weights(tmp_path / "ours.pth")[1] is None
+    fresh = OURS[model](configs(**SHAPES[0]))
+    assert weights_for(fresh, tmp_path / "openltm.pth")[1] is ADAPTER[model]
+    assert weights_for(fresh, tmp_path / "ours.pth")[1] is None
 
 
 def test_none_of_our_models_is_taken_for_a_foreign_layout():
@@ -173,7 +177,7 @@ def test_none_of_our_models_is_taken_for_a_foreign_layout():
     args.mark_dim = 4  # derived from the data in a run
     for name in available_models():
         state = get_model_class(name)(args).state_dict()
-        assert openltm.recognise(state) is None, name
+        assert not [layout.what for layout in KNOWN_LAYOUTS if layout.recognise(state, {})], name
         assert openltm.our_model_of(state) == (name if name in OURS else None), name
 
 
@@ -236,7 +240,7 @@ RUN = [*SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--seq
 def _same_weights_two_layouts(tmp_path):
     model = TimerXL(configs(e_layers=1, n_heads=2, d_model=32, d_ff=64))
     save_atomic(model.state_dict(), tmp_path / "ours.pth")
-    save_atomic(openltm.ours_to_openltm(model.state_dict()), tmp_path / "openltm.pth")
+    save_atomic(openltm.ours_to_openltm(model.state_dict(), "TimerXL"), tmp_path / "openltm.pth")
     return tmp_path / "ours.pth", tmp_path / "openltm.pth"
 
 
@@ -368,7 +372,7 @@ def test_export_writes_openltms_layout_and_back(tmp_path, capsys):
     model = ours("Timer", **SHAPES[1])
     save_atomic({"module." + k: v for k, v in model.state_dict().items()}, tmp_path / "ours.pth")  # a DDP save
     assert checkpoint_main(["export", "--to", "openltm", str(tmp_path / "ours.pth"), str(tmp_path / "o.pth")]) == 0
-    assert "our Timer weights in the layout of OpenLTM's models/timer.py" in capsys.readouterr().out
+    assert "our Timer weights in the layout of OpenLTM's Timer (models/timer.py)" in capsys.readouterr().out
     written = torch.load(tmp_path / "o.pth", weights_only=True)
     assert shapes_of(written) == shapes_of(fake_openltm("Timer", **SHAPES[1]))
     checkpoint_main(["export", "--to", "ours", str(tmp_path / "o.pth"), str(tmp_path / "back.pth")])
@@ -402,3 +406,105 @@ def test_export_to_a_path_it_cannot_write_says_so_in_one_line(tmp_path, capsys, 
     assert err.startswith(expected) and err.count("\n") == 1, err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["kept.txt"]
     assert (tmp_path / "out" / "kept.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------ the layouts a model reads are its own declaration
+class InformerLike(nn.Module):
+    """A user's model named as TSLib's Transformer, Informer, Autoformer, FEDformer and Non-stationary
+    Transformer name their encoders: `encoder.attn_layers.N.attention.query_projection`, which is also
+    OpenLTM's Timer before 2024-11-04. It declares no foreign layout."""
+    inputs_used = ("x_enc",)
+
+    def __init__(self, configs):
+        super().__init__()
+        d_model = configs.d_model
+        self.value_embedding = nn.Linear(configs.seq_len, d_model)
+        self.encoder = nn.Module()
+        self.encoder.attn_layers = nn.ModuleList()
+        for _ in range(configs.e_layers):
+            layer = nn.Module()
+            layer.attention = nn.Module()
+            for name in ("query", "key", "value", "out"):
+                setattr(layer.attention, f"{name}_projection", nn.Linear(d_model, d_model))
+            self.encoder.attn_layers.append(layer)
+        self.encoder.norm = nn.LayerNorm(d_model)
+        self.projection = nn.Linear(d_model, configs.pred_len)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        tokens = self.value_embedding(x_enc.transpose(1, 2))  # [B, C, D]: one token per channel
+        for layer in self.encoder.attn_layers:
+            a = layer.attention
+            weights = torch.softmax(a.query_projection(tokens) @ a.key_projection(tokens).transpose(1, 2)
+                                    / math.sqrt(tokens.shape[-1]), dim=-1)
+            tokens = tokens + a.out_projection(weights @ a.value_projection(tokens))
+        return self.projection(self.encoder.norm(tokens)).transpose(1, 2)  # [B, pred_len, C]
+
+
+def run_main(monkeypatch, *argv, model=InformerLike):
+    """run.py's main in this process; `--model InformerLike` is `model`, as the contract builds a file's model
+    (model None: the registry's)."""
+    import run
+
+    monkeypatch.setattr(run, "configure_logging", lambda quiet=False: None)  # keep the tsl logger as tests find it
+    if model is not None:
+        monkeypatch.setattr("exp.settings.get_model_class", lambda name: model)
+    return run.main(list(map(str, argv)))
+
+
+USER_RUN = ["--model", "InformerLike", "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--d_model", 16,
+            "--e_layers", 2, "--synthetic_rows", 800, "--synthetic_channels", 3, "--num_threads", 1, "--no_plots",
+            "--quiet"]
+
+
+def test_a_user_model_named_like_openltms_old_timer_reloads_its_own_checkpoint(tmp_path, monkeypatch, capsys):
+    """Its own checkpoint.pth was refused as "OpenLTM's Timer from before 2024-11-04": every file was
+    matched against OpenLTM's layouts whatever the model. Now a file with the model's keys is the model's."""
+    assert run_main(monkeypatch, *USER_RUN, "--train_epochs", 1, *output_args(tmp_path)) == 0
+    trained = records(tmp_path)[-1]
+    weights = tmp_path / "checkpoints" / trained["setting"] / "checkpoint.pth"
+    assert "encoder.attn_layers.1.attention.query_projection.weight" in torch.load(weights, weights_only=True)
+    capsys.readouterr()
+    assert run_main(monkeypatch, *USER_RUN, "--is_training", 0, "--checkpoint", weights, *output_args(tmp_path)) == 0, \
+        capsys.readouterr().err
+    evaluated = records(tmp_path)[-1]
+    assert evaluated["mse"] == trained["mse"] and evaluated["mae"] == trained["mae"]
+    # its own file under another depth is named key by key, not taken for OpenLTM's old Timer
+    deeper = argparse.Namespace(seq_len=48, pred_len=24, d_model=16, e_layers=3)
+    with pytest.raises(UserError) as refused:
+        load_weights(InformerLike(deeper), weights)
+    assert "does not fit model test_openltm_checkpoints: missing: encoder.attn_layers.2." in str(refused.value)
+    assert "OpenLTM" not in str(refused.value)
+
+
+class DeclaresTimerXL(TimerXL):
+    """A user's model in our TimerXL's layout that declares OpenLTM's Timer-XL adapter."""
+    checkpoint_adapters = (openltm.TIMER_XL,)
+
+
+class DeclaresNothing(TimerXL):
+    checkpoint_adapters = ()
+
+
+def test_a_model_reads_the_foreign_layouts_it_declares_and_no_other(tmp_path):
+    theirs = fake_openltm("TimerXL", **SHAPES[0])
+    save_atomic(theirs, tmp_path / "openltm.pth")
+    loaded = load_weights(DeclaresTimerXL(configs(**SHAPES[0])), tmp_path / "openltm.pth").state_dict()
+    assert all(torch.equal(v, openltm.openltm_to_ours(theirs, "TimerXL")[k]) for k, v in loaded.items())
+    with pytest.raises(UserError, match=r"holds OpenLTM's Timer-XL \(models/timer_xl.py\) weights: load it with "
+                                        r"--model TimerXL, not test_openltm_checkpoints$"):
+        load_weights(DeclaresNothing(configs(**SHAPES[0])), tmp_path / "openltm.pth")
+    assert TimerXL.checkpoint_adapters == (openltm.TIMER_XL,) and Timer.checkpoint_adapters == (openltm.TIMER,)
+    # every adapter that export writes with is declared by the model it names
+    from models import get_model_class
+    assert all(adapter in get_model_class(adapter.model).checkpoint_adapters for adapter in openltm.ADAPTERS)
+
+
+def test_an_openltm_timer_xl_file_given_to_dlinear_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    save_atomic(fake_openltm("TimerXL", **SHAPES[0]), tmp_path / "openltm.pth")
+    argv = [*USER_RUN[2:], "--model", "DLinear", "--is_training", 0, "--checkpoint", tmp_path / "openltm.pth",
+            *output_args(tmp_path)]
+    assert run_main(monkeypatch, *argv, model=None) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: checkpoint "), err
+    assert ("holds OpenLTM's Timer-XL (models/timer_xl.py) weights: load it with --model TimerXL, not DLinear"
+            in err), err

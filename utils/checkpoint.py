@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import distributed, openltm
+from utils import adapters, distributed, openltm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names
 from utils.errors import UserError
 from utils.files import atomic_write, same_file, take_file_lock
@@ -42,15 +42,14 @@ def strip_wrapper_prefixes(state_dict):
 
 
 def read_weights(path, map_location="cpu"):
-    """(a plain state_dict in our layout, its Source) from a file, whatever wrapper saved it: our own
-    (.pth, a training state's weights; Source None), or OpenLTM's Timer-XL / Timer converted in memory
-    (utils/openltm.py). A .safetensors file or a Hugging Face folder (model.safetensors + config.json)
-    is read alike. A model we do not have is refused in one line."""
+    """(the state_dict a file holds, as saved, wrapper prefixes stripped; the config.json beside it, or {}),
+    whatever wrote it: ours (.pth, a training state's weights) or another codebase's (.pth, .safetensors, a
+    Hugging Face folder of model.safetensors + config.json). load_weights converts it for a model."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
-    tensors_file = openltm.safetensors_path(path)
+    tensors_file = adapters.safetensors_path(path)
     if tensors_file is not None:
-        state = openltm.read_safetensors(tensors_file, map_location)
+        state = adapters.read_safetensors(tensors_file, map_location)
     else:
         try:
             state = torch.load(path, map_location=map_location, weights_only=True)
@@ -63,33 +62,62 @@ def read_weights(path, map_location="cpu"):
         state = state["model"]  # a full training-state file: take its weights
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"checkpoint {path} does not hold a model state_dict")
-    state = strip_wrapper_prefixes(state)
-    source = openltm.recognise(state)
-    if source is None:
+    return strip_wrapper_prefixes(state), adapters.hf_config(tensors_file) if tensors_file else {}
+
+
+# The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
+EXPORT_FORMATS = {"openltm": openltm.ADAPTERS}
+# Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
+# (a model loads its own layout and those it declares: utils/adapters.py).
+KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)
+
+
+def _tells_apart(layout, state, config, expected):
+    """Whether `layout` recognises `state` and not the model's own keys `expected` (a model whose own names
+    look like a foreign layout's, TSLib's Informer and OpenLTM's old Timer, say, is never taken for it)."""
+    return layout.recognise(state, config) and not layout.recognise(expected, {})
+
+
+def weights_for(model, path, map_location="cpu"):
+    """(the state_dict of `path` in `model`'s layout, the adapter that converted it or None). The model's own
+    layout comes first: a file with the model's keys is never converted. Else the first adapter the model
+    declares (checkpoint_adapters) that recognises the file converts it. A file that fits neither is left as
+    it is for the strict load to name key by key, unless some other known layout (another model's adapter, a
+    model we lack) names what it is: then it is refused in one line that says so."""
+    state, config = read_weights(path, map_location)
+    expected = model.state_dict()
+    if set(state) == set(expected):
         return state, None
-    if not source.openltm:
-        config = openltm.describe_config(openltm.hf_config(tensors_file)) if tensors_file else ""
-        raise UserError(f"checkpoint {path} holds {source.what}{config}, which this codebase cannot load: "
-                        f"{source.why_not}. OpenLTM's Timer-XL and Timer load as --model TimerXL / Timer")
-    try:
-        return openltm.openltm_to_ours(state, source.model), source
-    except UserError as exc:
-        raise UserError(f"checkpoint {path} ({source.what}): {exc}") from None
+    for adapter in adapters.declared_adapters(model):
+        if _tells_apart(adapter, state, config, expected):
+            try:
+                return adapter.to_ours(state, config), adapter
+            except UserError as exc:
+                raise UserError(f"checkpoint {path} ({adapter.what}): {exc}") from None
+    name = model_name(model)
+    for layout in KNOWN_LAYOUTS:
+        if not _tells_apart(layout, state, config, expected):
+            continue
+        if isinstance(layout, adapters.CheckpointAdapter):
+            raise UserError(f"checkpoint {path} holds {layout.what} weights: load it with --model {layout.model}, "
+                            f"not {name}")
+        readable = ", ".join(f"{a.what} as --model {a.model}" for a in KNOWN_LAYOUTS
+                             if isinstance(a, adapters.CheckpointAdapter))
+        raise UserError(f"checkpoint {path} holds {layout.what}{adapters.describe_config(config)}, which this "
+                        f"codebase cannot load: {layout.why_not}. Foreign files load here as: {readable}")
+    return state, None
 
 
-def read_state_dict(path, map_location="cpu"):
-    """A plain state_dict in our layout from a file (see read_weights)."""
-    return read_weights(path, map_location)[0]
+def model_name(model):
+    return type(model).__module__.split('.')[-1]
 
 
 def load_weights(model, path, map_location="cpu"):
-    """Strictly load `path` into `model`; on a mismatch name every offending key (and, for TimerXL /
-    Timer, the shape arguments that differ). OpenLTM's Timer-XL / Timer files load converted."""
-    state, source = read_weights(path, map_location)
-    name = type(model).__module__.split('.')[-1]
-    if source is not None and source.model != name:
-        raise UserError(f"checkpoint {path} holds {source.what} weights: load it with --model {source.model}, "
-                        f"not {name}")
+    """Strictly load `path` into `model` (its own layout, or one the model declares, converted: weights_for);
+    on a mismatch name every offending key (and the shape arguments that differ, where the model's adapter
+    can tell them)."""
+    state, adapter = weights_for(model, path, map_location)
+    name = model_name(model)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -104,28 +132,28 @@ def load_weights(model, path, map_location="cpu"):
             if keys:
                 shown = ", ".join(keys[:6]) + (f", ... ({len(keys)} in all)" if len(keys) > 6 else "")
                 parts.append(f"{label}: {shown}")
-        origin = f" ({source.what}, converted)" if source is not None else ""
+        origin = f" ({adapter.what}, converted)" if adapter is not None else ""
         raise UserError(
             f"checkpoint {path}{origin} does not fit model {name}: "
-            + "; ".join(parts) + _shape_difference(state, expected, name)
+            + "; ".join(parts) + _shape_difference(model, state, expected)
             + ". Use the same --model and shape arguments (seq_len, pred_len, d_model, ...) it was trained with."
         )
     model.load_state_dict(state, strict=True)
-    if source is not None and getattr(model, "attention_kind", None) == "paper":
-        logger.warning(f"{path}: OpenLTM's Timer-XL code attends differently from the paper's (rotary positions "
-                       "over the flattened token index, the variable bias scaled with the scores, and with "
-                       "--covariate the target reading every covariate token): the same on one variable, another "
-                       "function on several; --timerxl_attention openltm computes OpenLTM's (docs/openltm.md)")
+    note = adapter.loaded_note(model) if adapter is not None else None
+    if note:
+        logger.warning(f"{path}: {note}")
     return model
 
 
-def _shape_difference(state, expected, name):
-    """'; the file has e_layers 2, d_ff 64 where the model has e_layers 3, d_ff 128' for a TimerXL / Timer
-    pair, else ''."""
-    if name not in openltm.KEY_TABLE or openltm.our_model_of(state) != name:
+def _shape_difference(model, state, expected):
+    """'; the file has e_layers 2, d_ff 64 where the model has e_layers 3, d_ff 128' where an adapter the
+    model declares holds both (TimerXL / Timer), else ''."""
+    holder = next((a for a in adapters.declared_adapters(model) if a.holds_ours(state) and a.holds_ours(expected)),
+                  None)
+    if holder is None:
         return ""
-    ours, file = openltm.shape_args(expected, name), openltm.shape_args(state, name)
-    differing = [k for k in file if file[k] is not None and ours[k] is not None and file[k] != ours[k]]
+    ours, file = holder.shape_args(expected), holder.shape_args(state)
+    differing = [k for k in file if file[k] is not None and ours.get(k) is not None and file[k] != ours[k]]
     if not differing:
         return ""
     return ("; the file has " + ", ".join(f"{k} {file[k]}" for k in differing)
@@ -510,43 +538,54 @@ def setting_lock(args, setting):
 
 # ------------------------------------------------------------ python -m utils.checkpoint export
 def export(src, dst, to="openltm"):
-    """Write `src` (any file read_weights reads) to `dst` in OpenLTM's layout (`to="openltm"`, for
-    OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`). Returns the model name."""
+    """Write `src` (any file read_weights reads) to `dst` in a foreign layout (`to`: a key of EXPORT_FORMATS,
+    "openltm" for OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`), through the
+    adapter of the model the file holds. Returns (that adapter, the adapter `src` was converted from or None)."""
     if os.path.isdir(dst):
         raise UserError(f"{dst} is a folder: name the file to write, e.g. {os.path.join(dst, 'checkpoint.pth')}")
-    state, source = read_weights(src)
-    model = openltm.our_model_of(state)
-    if model is None:
-        raise UserError(f"{src} is not a TimerXL or Timer checkpoint: OpenLTM's layout exists for those two only")
-    out = openltm.ours_to_openltm(state, model) if to == "openltm" else state
+    state, config = read_weights(src)
+    candidates = EXPORT_FORMATS.get(to, [a for formats in EXPORT_FORMATS.values() for a in formats])
+    source = None
+    if not any(a.holds_ours(state) for a in candidates):  # not ours: one of the foreign files we read?
+        source = next((a for a in candidates if a.recognise(state, config)), None)
+        if source is not None:
+            try:
+                state = source.to_ours(state, config)
+            except UserError as exc:
+                raise UserError(f"checkpoint {src} ({source.what}): {exc}") from None
+    holder = next((a for a in candidates if a.holds_ours(state)), None)
+    if holder is None:
+        models = " or ".join(dict.fromkeys(a.model for a in candidates))
+        raise UserError(f"{src} is not a {models} checkpoint: export converts only those models' files")
+    out = holder.from_ours(state) if to != "ours" else state
     try:
         save_atomic(out, dst)
     except OSError as exc:
         raise UserError(f"cannot write {dst} ({exc.strerror or exc}); choose another path or fix its folder's "
                         "permissions") from None
-    return model, source
+    return holder, source
 
 
 def main(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m utils.checkpoint",
-                                     description="Convert TimerXL / Timer checkpoints between our layout and OpenLTM's "
-                                                 "(the key table: utils/openltm.py, docs/openltm.md).")
+                                     description="Convert checkpoints between our layout and another codebase's, "
+                                                 "through the adapters our models declare (utils/adapters.py; "
+                                                 "OpenLTM's Timer-XL and Timer: utils/openltm.py, docs/openltm.md).")
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser("export", help="write SRC in OpenLTM's layout (--to openltm) or ours (--to ours)")
-    convert.add_argument("--to", choices=("openltm", "ours"), default="openltm")
+    convert.add_argument("--to", choices=(*EXPORT_FORMATS, "ours"), default="openltm")
     convert.add_argument("src", help="a checkpoint.pth / last.pth of ours, or an OpenLTM checkpoint (.pth, "
                                      ".safetensors, a model.safetensors folder)")
     convert.add_argument("dst", help="the file to write (not a folder)")
     args = parser.parse_args(argv)
-    model, source = export(args.src, args.dst, args.to)
-    origin = source.what if source is not None else f"our {model}"
-    target = f"OpenLTM's {openltm.OPENLTM_FILES[model]}" if args.to == "openltm" else f"our models/{model}.py"
+    holder, source = export(args.src, args.dst, args.to)
+    origin = source.what if source is not None else f"our {holder.model}"
+    target = holder.what if args.to != "ours" else f"our models/{holder.model}.py"
     print(f"wrote {args.dst}: {origin} weights in the layout of {target}")
-    if model == "TimerXL":
-        print("note: on more than one variable OpenLTM's Timer-XL computes what --timerxl_attention openltm computes "
-              "here, not the paper's attention (docs/openltm.md)")
+    if holder.export_note:
+        print(f"note: {holder.export_note}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """OpenLTM's checkpoints in and out: the key table between thuml/OpenLTM's Timer-XL and Timer
-(models/timer_xl.py, models/timer.py and its layers/) and ours (models/TimerXL.py, models/Timer.py),
-the recogniser that tells a foreign state_dict by its keys, and the conversions both ways.
+(models/timer_xl.py, models/timer.py and its layers/) and ours (models/TimerXL.py, models/Timer.py), the
+conversions both ways, and the two adapters (utils/adapters.py) that our models declare to read OpenLTM's
+files: `checkpoint_adapters = (openltm.TIMER_XL,)` in models/TimerXL.py, `(openltm.TIMER,)` in
+models/Timer.py. LACKING names thuml's other models, for refusals.
 
 Written from OpenLTM's public model code (commit 0b30050, 2026-03-22; the layout has been the same
 since 2024-11-04, when `encoder` became `blocks`). Nothing here imports OpenLTM.
@@ -25,13 +27,12 @@ RotaryProjection) holds only non-persistent buffers (theta, cos, sin), so it has
 RotaryEmbedding recomputes the same rotation. With more than one variable OpenLTM's Timer-XL
 computes another function than the paper (see layers/attention.TimeAttention, kind="openltm").
 """
-import json
-import os
 import re
 from dataclasses import dataclass
 
 import torch
 
+from utils.adapters import CheckpointAdapter, Lacking, any_key
 from utils.errors import UserError
 
 
@@ -104,24 +105,6 @@ def _translate(key, model, to_openltm):
 
 
 # ------------------------------------------------------------ recognising a state_dict
-@dataclass(frozen=True)
-class Source:
-    """Where a state_dict came from: `model` is ours to load it into (None: a model we lack);
-    `what` names it for messages."""
-    what: str
-    model: str | None = None
-    why_not: str = ""
-
-    @property
-    def openltm(self):
-        return self.model is not None
-
-
-def _any(keys, pattern):
-    regex = re.compile(pattern)
-    return any(regex.search(k) for k in keys)
-
-
 HF_TIMER_DIFFERENCES = (
     "its decoder layers have a gated SiLU feed-forward (ffn_layer.gate_proj / up_proj / down_proj, no biases), "
     "rotary positions over the whole head (rotate-half) and no bias in o_proj, the embedding or lm_heads, "
@@ -129,8 +112,8 @@ HF_TIMER_DIFFERENCES = (
     "half-head rotary positions and a variable bias; loading it needs a model of that architecture, which "
     "this codebase does not have")
 
-# (pattern any key matches, what it is, why it is not loaded): checked after OpenLTM's Timer-XL and Timer
-UNSUPPORTED = (
+# thuml's models we have none of (OpenLTM's, and the Hugging Face releases): named when a file fits no model
+LACKING = tuple(Lacking(pattern, what, why_not) for pattern, what, why_not in (
     (r"^flow_loss\.|^model\.embed_layer\.hidden_layer\.", "Sundial (Hugging Face thuml/sundial-*: "
      "model.embed_layer.hidden_layer, flow_loss)", "a flow-matching head and patch MLP embedding we have no model for"),
     (r"\.ffn_layer\.experts\.|^model\.embed_layer\.emb_layer\.", "Time-MoE (Hugging Face Maple728/TimeMoE-*: "
@@ -150,31 +133,59 @@ UNSUPPORTED = (
      "a language-model backbone we have no model for"),
     (r"^model\.(h|model|transformer)\.", "OpenLTM's AutoTimes (models/autotimes.py: an LLM under model.*)",
      "a language-model backbone we have no model for"),
-)
+))
 
-
-def recognise(state):
-    """The Source of a state_dict (wrapper prefixes already stripped) in a foreign layout, or None
-    when it is not one (ours, or something the strict load will name key by key)."""
-    keys = list(state)
-    if _any(keys, r"^blocks\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.emb\.weight$"):
-        return Source("OpenLTM's Timer-XL (models/timer_xl.py)", "TimerXL")
-    if _any(keys, r"^blocks\.attn_layers\.\d+\.attention\.query_projection\.weight$"):
-        return Source("OpenLTM's Timer (models/timer.py)", "Timer")
-    for pattern, what, why_not in UNSUPPORTED:
-        if _any(keys, pattern):
-            return Source(what, None, why_not)
-    return None
+# A key only each layout has: OpenLTM's files, and ours (Timer-XL's variable bias; Timer's causal attention).
+OPENLTM_VARIABLE_BIAS = r"^blocks\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.emb\.weight$"
+OPENLTM_PROJECTION = r"^blocks\.attn_layers\.\d+\.attention\.query_projection\.weight$"
+OURS_SIGNATURE = {"TimerXL": r"^blocks\.layers\.\d+\.attention\.variable_bias\.emb\.weight$",
+                  "Timer": r"^blocks\.layers\.\d+\.attention\.causal\.query\.weight$"}
 
 
 def our_model_of(state):
     """"TimerXL" or "Timer" for one of our state_dicts of those models, else None."""
-    keys = list(state)
-    if _any(keys, r"^blocks\.layers\.\d+\.attention\.variable_bias\.emb\.weight$"):
-        return "TimerXL"
-    if _any(keys, r"^blocks\.layers\.\d+\.attention\.causal\.query\.weight$"):
-        return "Timer"
-    return None
+    return next((model for model, signature in OURS_SIGNATURE.items() if any_key(state, signature)), None)
+
+
+class OpenLTMAdapter(CheckpointAdapter):
+    """OpenLTM's checkpoint of its `model` ("TimerXL" / "Timer"), read into ours and written back."""
+    export_format = "openltm"
+
+    def __init__(self, model):
+        self.model = model
+        self.what = f"OpenLTM's {MODEL_NAMES[model]} ({OPENLTM_FILES[model]})"
+        if model == "TimerXL":
+            self.export_note = ("on more than one variable OpenLTM's Timer-XL computes what --timerxl_attention "
+                                "openltm computes here, not the paper's attention (docs/openltm.md)")
+
+    def recognise(self, state, config):
+        # both have the query projections; only Timer-XL has the variable bias
+        has_bias = any_key(state, OPENLTM_VARIABLE_BIAS)
+        return has_bias if self.model == "TimerXL" else any_key(state, OPENLTM_PROJECTION) and not has_bias
+
+    def to_ours(self, state, config):
+        return openltm_to_ours(state, self.model)
+
+    def holds_ours(self, state):
+        return our_model_of(state) == self.model
+
+    def from_ours(self, state):
+        return ours_to_openltm(state, self.model)
+
+    def shape_args(self, state):
+        return shape_args(state, self.model)
+
+    def loaded_note(self, model):
+        if self.model == "TimerXL" and getattr(model, "attention_kind", None) == "paper":
+            return ("OpenLTM's Timer-XL code attends differently from the paper's (rotary positions over the "
+                    "flattened token index, the variable bias scaled with the scores, and with --covariate the "
+                    "target reading every covariate token): the same on one variable, another function on "
+                    "several; --timerxl_attention openltm computes OpenLTM's (docs/openltm.md)")
+        return None
+
+
+TIMER_XL, TIMER = OpenLTMAdapter("TimerXL"), OpenLTMAdapter("Timer")
+ADAPTERS = (TIMER_XL, TIMER)  # `python -m utils.checkpoint export --to openltm` picks the one holding the file
 
 
 # ------------------------------------------------------------ conversions
@@ -201,12 +212,8 @@ def openltm_to_ours(state, model):
     return out
 
 
-def ours_to_openltm(state, model=None):
-    """Our TimerXL / Timer state_dict in OpenLTM's layout, with the buffers OpenLTM saves."""
-    model = model or our_model_of(state)
-    if model not in KEY_TABLE:
-        raise UserError("not a TimerXL or Timer checkpoint of this codebase: OpenLTM has only those two of our "
-                        "models (--model TimerXL / Timer)")
+def ours_to_openltm(state, model):
+    """Our TimerXL / Timer (`model`) state_dict in OpenLTM's layout, with the buffers OpenLTM saves."""
     out, unmapped = {}, []
     for key, value in state.items():
         hit = _translate(key, model, to_openltm=True)
@@ -253,50 +260,3 @@ def shape_args(state, model):
         value = state.get(key)
         found[name] = int(value.shape[dim]) if value is not None and value.dim() > dim else None
     return found
-
-
-# ------------------------------------------------------------ files: .pth, .safetensors, Hugging Face folders
-SAFETENSORS_NAME = "model.safetensors"
-
-
-def safetensors_path(path):
-    """The .safetensors file `path` names (itself, or a folder's model.safetensors), else None."""
-    if os.path.isdir(path):
-        inside = os.path.join(path, SAFETENSORS_NAME)
-        if not os.path.isfile(inside):
-            raise UserError(f"{path} is a folder without {SAFETENSORS_NAME}: pass a checkpoint file, or a "
-                            f"Hugging Face model folder ({SAFETENSORS_NAME} and config.json)")
-        return inside
-    return path if str(path).endswith(".safetensors") else None
-
-
-def read_safetensors(path, map_location="cpu"):
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise UserError(f"{path} is a safetensors file: pip install safetensors (or pip install -e \".[hf]\") "
-                        "to read it") from None
-    try:
-        state = load_file(path, device="cpu")
-    except Exception as exc:  # the library raises its own error types for a bad header
-        raise UserError(f"cannot read {path}: not a valid safetensors file ({type(exc).__name__})") from None
-    return {k: v.to(map_location) for k, v in state.items()}
-
-
-def hf_config(path):
-    """config.json beside a .safetensors file (a Hugging Face model folder), or {}."""
-    config = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-    try:
-        with open(config) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def describe_config(config):
-    """A few fields of a Hugging Face config.json, for messages."""
-    shown = [f"{k} {config[k]}" for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                           "num_attention_heads", "input_token_len", "output_token_lens",
-                                           "hidden_act") if k in config]
-    return f" (config.json: {', '.join(shown)})" if shown else ""
