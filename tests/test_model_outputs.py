@@ -3,8 +3,10 @@ tests/golden/model_outputs.pt, gives the saved forecast and the saved parameter 
 loss on the saved batch (the contract configuration, trained a few steps first so nothing sits at its
 initial value), to float tolerance.
 
-A deliberate change of a model's function (not of its speed) rewrites the file, and says so in its commit:
-    python tests/test_model_outputs.py --write
+The zoo's models (models.ZOO) must have them; a user's model outside the zoo is skipped, the reason saying
+what joining the zoo takes. A deliberate change of a model's function (not of its speed) rewrites its
+entry, and says so in its commit; a model joining the zoo writes its first:
+    python tests/test_model_outputs.py --write [NAME ...]      # default: every model of the zoo
 """
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ if __name__ == "__main__":  # the repository and tests/ on the path, as tests/co
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from helpers import make_args, make_experiment  # noqa: E402
-from models import available_models  # noqa: E402
+from models import ZOO, available_models  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "model_outputs.pt"
 WARM_STEPS = 3
@@ -69,7 +71,11 @@ def golden():
 
 @pytest.mark.parametrize("name", available_models())
 def test_a_model_computes_what_it_computed_before(golden, name):
-    assert name in golden, f"no golden outputs for {name}: python tests/test_model_outputs.py --write"
+    write = f"python tests/test_model_outputs.py --write {name}"
+    if name not in golden and name not in ZOO:
+        pytest.skip(f"{name} is not in the zoo (models.ZOO), so it needs no golden outputs; to join the zoo: "
+                    f"{write} (models/README.md#joining-the-zoo)")
+    assert name in golden, f"no golden outputs for {name}, a model of the zoo: {write}"
     saved = golden[name]
     exp = _experiment(name)
     exp.raw_model.load_state_dict(saved["state_dict"], strict=True)
@@ -88,9 +94,26 @@ def test_a_model_computes_what_it_computed_before(golden, name):
                                    msg=lambda m, key=key: f"{name}'s gradient of {key} changed: {m}")
 
 
+def test_a_users_model_is_skipped_naming_what_joining_the_zoo_takes(monkeypatch):
+    """A user's file dropped into models/ (here by the registry's discovery) is collected, and skipped with
+    the command that writes its golden outputs; a model of the zoo without them fails."""
+    import models
+
+    monkeypatch.setattr(models, "available_models", lambda: sorted([*ZOO, "MyModel"]))
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        test_a_model_computes_what_it_computed_before({}, "MyModel")  # no golden outputs of its own
+    assert str(skipped.value) == ("MyModel is not in the zoo (models.ZOO), so it needs no golden outputs; to join "
+                                  "the zoo: python tests/test_model_outputs.py --write MyModel "
+                                  "(models/README.md#joining-the-zoo)")
+    with pytest.raises(AssertionError, match="no golden outputs for DLinear, a model of the zoo: "):
+        test_a_model_computes_what_it_computed_before({}, "DLinear")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/test_model_outputs.py --write")
+    if sys.argv[1:2] != ["--write"] or not set(sys.argv[2:]) <= set(available_models()):
+        sys.exit(f"usage: python tests/test_model_outputs.py --write [NAME ...] (names from {', '.join(available_models())})")
     GOLDEN.parent.mkdir(exist_ok=True)
-    torch.save({name: record(name) for name in available_models()}, GOLDEN)
+    saved = torch.load(GOLDEN, weights_only=True) if GOLDEN.exists() else {}
+    saved.update({name: record(name) for name in sys.argv[2:] or ZOO})  # the other models' entries stay
+    torch.save(saved, GOLDEN)
     print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1e6:.2f} MB)")
