@@ -163,6 +163,7 @@ def measure(kind, argv, epochs, max_batches=0):
     from exp.settings import resolve_args
     from utils.arguments import parse_args
     from utils import distributed
+    from utils.checkpoint import TrainingState
 
     args = parse_args(argv + (["--ddp"] if distributed.launched_by_torchrun() else []))
     resolve_args(args, distributed.env_world_size())
@@ -230,7 +231,7 @@ def measure(kind, argv, epochs, max_batches=0):
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             started = time.perf_counter()
-            exp.train_epoch(loader, optimizer)
+            exp.train_epoch(loader, TrainingState(exp.raw_model, optimizer, stopper=None))  # no schedule, no evaluation
             _sync(device)
             times.append((time.perf_counter() - started) * scale)
 

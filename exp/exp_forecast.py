@@ -8,7 +8,9 @@ Distributed semantics, all owned here and in utils.distributed:
   with no collective inside the loop; one all_reduce of error sums then gives the
   exact global metrics, identical on every rank and equal to a single-process run;
 - early stopping follows that global loss, agreed by a collective; rank 0 saves the
-  best weights atomically, everyone waits at a barrier, then loads them.
+  best weights atomically, everyone waits at a barrier, then loads them;
+- the run's state is one utils.checkpoint.TrainingState, saved whole to last.pth (a collective,
+  rank 0 writing) and loaded back whole on resume; exp.steps.TrainingRun holds what steps consult.
 """
 import contextlib
 import logging
@@ -18,19 +20,17 @@ import time
 
 import torch
 
-from data_provider.data_factory import data_provider, prepared_data, split_numbering
+from data_provider.data_factory import data_provider
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
-from exp.steps import RunningLoss, StepLog, StepPlan, tensorboard_problem
-from exp.outputs import (OriginalScale, draw_forecasts, draw_training, output_path, require_one_scale,
-                         require_outputs_writable, save_window_errors, tensorboard_dir)
+from exp.outputs import (draw_forecasts, draw_training, original_scale_sums, output_path, prepare_training_outputs,
+                         require_outputs_writable, result_line, tensorboard_dir, test_metrics)
+from exp.steps import RunningLoss, StepLog, StepPlan, TrainingRun, evaluation_line, training_summary, with_last
 from layers.dropout import mask_key, masks_follow_samples
 from utils import distributed
-from utils.checkpoint import (checkpoint_path, load_weights, require_writable, resume, save_best,
-                              save_training_state)
+from utils.checkpoint import TrainingState, checkpoint_path, load_weights, resume, save_best, save_training_state
 from utils.errors import require
-from utils.files import remove_stale_temporaries
 from utils.metrics import ErrorSums, batch_loss
 from utils.progress import RESULT, EpochProgress, EvaluationProgress, progress_mode
 from utils.tools import EarlyStopping, LearningRateSchedule, eval_mode
@@ -45,109 +45,106 @@ class Exp_Forecast(Exp_Basic):
         --resume (mid-epoch included), keep the best validation weights in checkpoint.pth and end with
         them loaded."""
         args = self.args
-        require_writable(args, "checkpoints", "results_dir")
-        self._remove_stale_temporaries(setting)
-        require_outputs_writable(args, setting)  # results.jsonl and the setting's files, before training
-        if args.tensorboard:
-            distributed.raise_on_every_rank(tensorboard_problem, on="main")
+        prepare_training_outputs(args, setting)
         if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
-        train_loader, vali_loader, test_loader = (data_provider(args, flag, self.device)[1]
-                                                  for flag in ("train", "val", "test"))
-        best_path, last_path = checkpoint_path(args, setting), checkpoint_path(args, setting, "last.pth")
-        optimizer = self.make_optimizer()
-        stopper = EarlyStopping(args.patience)
-        since_eval, since_log = RunningLoss(self.device), RunningLoss(self.device)
-        self.running = (since_eval, since_log)  # train_epoch adds every step to both
-        run = resume(args, setting, self.raw_model, optimizer, stopper, self.grad_scaler,
-                     running={"since_eval": since_eval, "since_log": since_log})
+        train_loader, *eval_loaders = (data_provider(args, flag, self.device)[1] for flag in ("train", "val", "test"))
+        state = TrainingState(self.raw_model, self.make_optimizer(), EarlyStopping(args.patience), self.grad_scaler,
+                              running={"since_eval": RunningLoss(self.device), "since_log": RunningLoss(self.device)})
+        resume(args, setting, state)
         plan = StepPlan(args, steps_per_epoch=train_loader.steps_per_epoch)
-        schedule = LearningRateSchedule(args, plan.steps_per_epoch)
-        step_log = StepLog(args, output_path(args, setting, "steps.csv"), tensorboard_dir(args, setting), run.step)
+        step_log = StepLog(args, output_path(args, setting, "steps.csv"), tensorboard_dir(args, setting), state.step)
+        run = TrainingRun(plan, LearningRateSchedule(args, plan.steps_per_epoch), step_log, tuple(eval_loaders),
+                          checkpoint_path(args, setting), checkpoint_path(args, setting, "last.pth"))
         logger.info(training_summary(args, setting, len(train_loader.dataset), plan))
-        history, stopper.stopped = run.history, run.stopped
-        state_bytes = None  # optimizer state per rank, measured once it exists (after the first step)
-        eval_loaders = (vali_loader, test_loader)
-
-        def after_step(step, epoch, windows, end_of_epoch):
-            """Logging, evaluation and saving due after optimizer step `step`; True ends training."""
-            nonlocal state_bytes
-            if state_bytes is None:
-                state_bytes = self._log_optimizer_state_bytes(optimizer)
-            if plan.logs(step):
-                self._log_step(step_log, since_log, step, epoch, optimizer)
-            evaluates = plan.evaluates(step, end_of_epoch)
-            if evaluates:
-                self._evaluate(eval_loaders, history, stopper, since_eval, step_log, best_path, optimizer, plan,
-                               epoch, step, end_of_epoch)
-            if evaluates or plan.saves(step):
-                save_training_state(last_path, self.raw_model, optimizer, stopper, args, epoch, step, history,
-                                    stopper.stopped, self.grad_scaler, windows=windows, end_of_epoch=end_of_epoch,
-                                    running={"since_eval": since_eval, "since_log": since_log})
-            return stopper.stopped or plan.finished(step)
-
-        step, epoch = run.step, run.epoch
-        while not stopper.stopped and not plan.finished(step) and epoch <= plan.last_epoch:
-            train_loader.set_epoch(epoch)
-            start = run.windows if epoch == run.epoch else 0  # the epoch's windows done before a resume
-            step = self.train_epoch(train_loader, optimizer, schedule, epoch, step, start, after_step)
-            epoch += 1
-        step_log.close()
-        if stopper.stopped:
-            logger.info(f"early stopping after {'step ' + str(step) if plan.step_based else 'epoch ' + str(epoch - 1)}")
-        if state_bytes is None:  # resumed after the last step: the loaded state
-            state_bytes = self._log_optimizer_state_bytes(optimizer)
+        while not state.stopper.stopped and not plan.finished(state.step) and state.epoch <= plan.last_epoch:
+            train_loader.set_epoch(state.epoch)
+            self.train_epoch(train_loader, state, run)
+            state.next_epoch()
+        run.step_log.close()
+        if state.stopper.stopped:  # state.epoch is past the last one trained
+            where = f"step {state.step}" if plan.step_based else f"epoch {state.epoch - 1}"
+            logger.info(f"early stopping after {where}")
+        if run.state_bytes is None:  # resumed after the last step: the loaded state
+            run.state_bytes = self._log_optimizer_state_bytes(state.optimizer)
         # rank 0 reads, everyone gets its weights: other nodes need not see its disk
-        distributed.load_on_main(self.raw_model, load_weights, best_path, map_location=self.device)
-        draw_training(args, setting, history)
-        return {"history": history, "stopped_epoch": history[-1]["epoch"] if history else 0,
-                "stopped_step": step, "best_vali_loss": stopper.best_loss,
-                "checkpoint": best_path, "train_windows": len(train_loader.dataset),
-                "optimizer_state_bytes": state_bytes}
+        distributed.load_on_main(self.raw_model, load_weights, run.best_path, map_location=self.device)
+        draw_training(args, setting, state.history)
+        return {"history": state.history, "stopped_epoch": state.history[-1]["epoch"] if state.history else 0,
+                "stopped_step": state.step, "best_vali_loss": state.stopper.best_loss,
+                "checkpoint": run.best_path, "train_windows": len(train_loader.dataset),
+                "optimizer_state_bytes": run.state_bytes}
 
-    def _evaluate(self, loaders, history, stopper, since_eval, step_log, best_path, optimizer, plan, epoch, step,
-                  end_of_epoch):
+    def train_epoch(self, loader, state, run=None):
+        """Train through this epoch's global batches (a TrainLoader's steps) from position state.windows of
+        the epoch's order on (the windows every rank together took before a resume), adding to `state`
+        (a TrainingState) each step. With a TrainingRun, each step takes the schedule's rate and is
+        followed by what the plan says is due (_after_step), which may end the epoch early; without one,
+        the optimizer's own rate and nothing else."""
+        progress = EpochProgress(state.epoch, loader.steps_per_epoch, progress_mode(self.args.quiet),
+                                 done=-(-state.windows // loader.sampler.global_batch))
+        self.model.train()
+        for micro_batches, end_of_epoch in with_last(loader.steps(state.windows)):  # the last may be short
+            if run is not None:
+                run.schedule.apply(state.optimizer, state.epoch, state.step)
+            loss_sum, n_scored = self.train_step(micro_batches, state.optimizer)
+            samples = sum(batch[0].shape[0] for batch in micro_batches)  # this rank's
+            state.step, state.windows = state.step + 1, state.windows + micro_batches.windows
+            state.end_of_epoch = end_of_epoch
+            progress.update(loss_sum, n_scored, samples)
+            for running in state.running.values():
+                running.add(loss_sum, n_scored, samples, self.last_grad_norm)
+            if run is not None and self._after_step(state, run):
+                break
+        progress.close()
+
+    def _after_step(self, state, run):
+        """Logging, evaluation and saving due after the step just taken; True ends training."""
+        if run.state_bytes is None:
+            run.state_bytes = self._log_optimizer_state_bytes(state.optimizer)
+        if run.plan.logs(state.step):
+            self._log_step(state, run.step_log)
+        evaluates = run.plan.evaluates(state.step, state.end_of_epoch)
+        if evaluates:
+            self._evaluate(state, run)
+        if evaluates or run.plan.saves(state.step):
+            save_training_state(run.last_path, state, self.args)
+        return state.stopper.stopped or run.plan.finished(state.step)
+
+    def _evaluate(self, state, run):
         """Validate the current weights, keep them if best, append the history record and log it;
-        stopper.stopped says whether training ends (decided on every rank together)."""
+        state.stopper.stopped says whether training ends (decided on every rank together)."""
+        since_eval = state.running["since_eval"]
         train_loss, grad_norm, samples_per_s = since_eval.global_record()
         seconds = time.perf_counter() - since_eval.started
         since_eval.reset()
-        vali_loss, test_loss = self._epoch_losses(f"step {step}" if plan.step_based else f"epoch {epoch}", *loaders)
-        improved, stopper.stopped = self._early_stopping(stopper, vali_loss, best_path)
+        when = f"step {state.step}" if run.plan.step_based else f"epoch {state.epoch}"
+        vali_loss, test_loss = self._epoch_losses(when, *run.eval_loaders)
+        improved, state.stopper.stopped = self._early_stopping(state.stopper, vali_loss, run.best_path)
         self.model.train()
-        record = {"epoch": epoch, "step": step, "train_loss": train_loss, "vali_loss": vali_loss,
-                  "test_loss": test_loss, "lr": optimizer.param_groups[0]["lr"], "seconds": seconds}
-        if not end_of_epoch:
+        record = {"epoch": state.epoch, "step": state.step, "train_loss": train_loss, "vali_loss": vali_loss,
+                  "test_loss": test_loss, "lr": state.optimizer.param_groups[0]["lr"], "seconds": seconds}
+        if not state.end_of_epoch:
             record["partial_epoch"] = True
         if grad_norm is not None:
             record["grad_norm"] = grad_norm  # the mean norm before clipping
         peak = distributed.peak_gpu_mib(self.device)
         if peak is not None:
             record["peak_gpu_mib"] = peak  # per rank, so far
-        history.append(record)
-        step_log.scalars(step, {"val/loss": vali_loss} if test_loss is None else
-                         {"val/loss": vali_loss, "test/loss": test_loss})
-        logger.info(evaluation_line(self.args, record, samples_per_s, stopper, improved, plan))
+        state.history.append(record)
+        run.step_log.scalars(state.step, {"val/loss": vali_loss} if test_loss is None else
+                             {"val/loss": vali_loss, "test/loss": test_loss})
+        logger.info(evaluation_line(self.args, record, samples_per_s, state.stopper, improved, run.plan))
 
-    def _log_step(self, step_log, since_log, step, epoch, optimizer):
+    def _log_step(self, state, step_log):
         """The global train loss since the last record: a log line, a steps.csv row, TensorBoard (rank 0)."""
+        since_log = state.running["since_log"]
         loss, grad_norm, samples_per_s = since_log.global_record()
         since_log.reset()
-        lr = optimizer.param_groups[0]["lr"]
-        step_log.record(step, epoch, loss, lr, grad_norm, samples_per_s)
-        logger.info(f"step {step} (epoch {epoch}): train {loss:.6f} lr {lr:.3g} {samples_per_s:.0f} samples/s"
-                    + (f" grad norm {grad_norm:.4g}" if grad_norm is not None else ""))
-
-    def _remove_stale_temporaries(self, setting):
-        """Rank 0 removes the temp files a run killed mid-save left in this setting's folders (this
-        run holds the setting's lock, so they are nobody's live writes)."""
-        if distributed.is_main():
-            started = time.time()
-            for folder in (os.path.dirname(checkpoint_path(self.args, setting)), output_path(self.args, setting, "")):
-                removed = remove_stale_temporaries(folder, started)
-                if removed:
-                    logger.info(f"removed {len(removed)} unfinished temp file(s) a killed run left in {folder}: "
-                                + ", ".join(sorted(removed)))
+        lr = state.optimizer.param_groups[0]["lr"]
+        step_log.record(state.step, state.epoch, loss, lr, grad_norm, samples_per_s)
+        logger.info(f"step {state.step} (epoch {state.epoch}): train {loss:.6f} lr {lr:.3g} {samples_per_s:.0f} "
+                    "samples/s" + (f" grad norm {grad_norm:.4g}" if grad_norm is not None else ""))
 
     def _epoch_losses(self, when, vali_loader, test_loader):
         # evaluate (and save) one model: rank 0's running statistics on every rank
@@ -169,30 +166,6 @@ class Exp_Forecast(Exp_Basic):
         if improved:
             save_best(self.raw_model, best_path)
         return improved, distributed.any_rank(stopper.should_stop)
-
-    def train_epoch(self, loader, optimizer, schedule=None, epoch=0, step=0, start=0, after_step=None):
-        """Train through this epoch's global batches (a TrainLoader's steps) from position `start` of
-        the epoch's order on (the windows every rank together took before a resume), each optimizer
-        step at `schedule`'s rate (None: the optimizer's own); `step` counts the run's steps before.
-        after_step(step, epoch, windows done, end_of_epoch) runs after each step; True from it ends
-        the epoch early. Returns the run's step count after the epoch."""
-        global_batch = loader.sampler.global_batch
-        progress = EpochProgress(epoch, loader.steps_per_epoch, progress_mode(self.args.quiet),
-                                 done=-(-start // global_batch))
-        self.model.train()
-        for micro_batches, end_of_epoch in _ending(loader.steps(start)):  # the last may be short
-            if schedule is not None:
-                schedule.apply(optimizer, epoch, step)
-            loss_sum, n_scored = self.train_step(micro_batches, optimizer)
-            samples = sum(batch[0].shape[0] for batch in micro_batches)  # this rank's
-            step, start = step + 1, start + micro_batches.windows
-            progress.update(loss_sum, n_scored, samples)
-            for running in self.running:
-                running.add(loss_sum, n_scored, samples, self.last_grad_norm)
-            if after_step is not None and after_step(step, epoch, start, end_of_epoch):
-                break
-        progress.close()
-        return step
 
     def train_step(self, micro_batches, optimizer):
         """One optimizer step over this rank's micro-batches of a global batch, equal to one
@@ -295,25 +268,11 @@ class Exp_Forecast(Exp_Basic):
             if pretrained:
                 logger.info(f"zero-shot: evaluating pre-trained weights {checkpoint} on --data {args.data}, untrained")
             distributed.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
-        _, vali_loader = data_provider(args, "val", self.device)
-        _, test_loader = data_provider(args, "test", self.device)
+        vali_loader, test_loader = (data_provider(args, flag, self.device)[1] for flag in ("val", "test"))
         vali_loss = self.vali(vali_loader, "val")
-        original = None
-        if args.inverse:  # data without one scaler fails here, on every rank alike (before any collective)
-            data = prepared_data(args)
-            require_one_scale(data, args)
-            original = ErrorSums(transform=OriginalScale(data.scaler, self.device))
+        original = original_scale_sums(args, self.device)  # --inverse on data of no one scale: refused on every rank
         sums = self.evaluate(test_loader, "test", original, keep_windows=True)
-        numbers, split_windows = split_numbering(test_loader.dataset)
-        save_window_errors(args, setting, sums.window_errors(), numbers)
-        metrics = sums.metrics()
-        if original is not None:
-            metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
-        metrics["vali_loss"] = vali_loss
-        metrics["test_windows"] = len(test_loader.dataset)  # scored: all of the split's, or --test_windows of them
-        metrics["test_split_windows"] = split_windows
-        if args.test_windows and args.test_windows >= split_windows:
-            logger.info(f"--test_windows {args.test_windows}: the test split holds {split_windows} windows, all scored")
+        metrics = test_metrics(args, setting, sums, original, vali_loss, test_loader.dataset)
         peak = distributed.peak_gpu_mib(self.device)
         if peak is not None:
             metrics["peak_gpu_mib"] = peak  # per rank, over the whole run
@@ -328,57 +287,3 @@ def _load_evaluated(model, path, pretrained, device):
             f"--pretrain_model_path {path} not found; pass the checkpoint of a pre-training run (its "
             "<checkpoints>/<setting>/checkpoint.pth, or OpenLTM's)")
     load_weights(model, path, map_location=device)
-
-
-def training_summary(args, setting, train_windows, plan=None):
-    """The line that opens training: windows, global batch, learning rate and the run's length."""
-    few_shot = f" (--subset_rand_ratio {args.subset_rand_ratio})" if args.subset_rand_ratio < 1 else ""
-    accumulation = f" x {args.accumulation_steps} accumulation steps" if args.accumulation_steps > 1 else ""
-    scaling = (f" (--lr_scaling {args.lr_scaling}: {args.learning_rate:g} at batch {args.base_batch_size})"
-               if args.lr_scaling != "none" else "")
-    length = (f", {plan.total_steps} steps ({plan.steps_per_epoch} per epoch)" if plan and plan.step_based else "")
-    return (f"training {setting}: {train_windows} train windows{few_shot}, global batch {args.global_batch_size} "
-            f"({'up to ' if getattr(args, 'global_batch', None) else ''}{args.batch_size} x {distributed.world_size()} "
-            f"processes{accumulation}), "
-            f"learning rate {args.scaled_learning_rate:g}{scaling}{length}")
-
-
-def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
-    """The line of an evaluation (an epoch's end, or every --eval_steps): losses, rate, time, patience."""
-    where = (f"step {record['step']}/{plan.total_steps} (epoch {record['epoch']})" if plan.step_based
-             else f"epoch {record['epoch']}/{args.train_epochs}")
-    return (f"{where}: train {record['train_loss']:.6f} "
-            f"vali {record['vali_loss']:.6f} "
-            + ("" if record["test_loss"] is None else f"test {record['test_loss']:.6f} ")
-            + f"lr {record['lr']:.3g} "
-            f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
-            + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
-            + (f", grad norm {record['grad_norm']:.4g}" if "grad_norm" in record else "")
-            + (f", peak GPU memory {max(record['peak_gpu_mib']):.0f} MiB" if "peak_gpu_mib" in record else ""))
-
-
-def result_line(setting, metrics):
-    """The result line of a test: every metric, on the original scale too with --inverse."""
-    orig = ""
-    if "mse_orig" in metrics:
-        orig = f"; original scale: mse {metrics['mse_orig']:.6g} mae {metrics['mae_orig']:.6g}"
-    scored = metrics["test_windows"]
-    if scored < metrics["test_split_windows"]:
-        scored = f"{scored} of the split's {metrics['test_split_windows']}"  # a --test_windows subset
-    return (f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
-            f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig} (vali {metrics['vali_loss']:.6f}, "
-            f"{scored} windows, {distributed.world_size()} processes)")
-
-
-def _ending(items):
-    """(item, is_last) for each item: the last step of an epoch is known when it is taken."""
-    items = iter(items)
-    current = next(items, _NOTHING)
-    while current is not _NOTHING:
-        following = next(items, _NOTHING)
-        yield current, following is _NOTHING
-        current = following
-
-
-_NOTHING = object()
-

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -12,10 +13,12 @@ import torch
 
 from data_provider.data_factory import data_provider, prepared_data, split_numbering, window_for
 from exp.forward import forward, on_device
+from exp.steps import tensorboard_problem
 from utils import distributed, plots
-from utils.checkpoint import writable_dir_problem
+from utils.checkpoint import checkpoint_path, require_writable, writable_dir_problem
 from utils.errors import require
-from utils.files import atomic_write
+from utils.files import atomic_write, remove_stale_temporaries
+from utils.metrics import ErrorSums
 from utils.tools import eval_mode
 
 logger = logging.getLogger("tsl")
@@ -97,6 +100,22 @@ def require_outputs_writable(args, setting):
     """Before any training, on every rank: rank 0 must be able to write results.jsonl and every file
     of <results_dir>/<setting>/ (a results.jsonl that is a folder would otherwise fail after training)."""
     distributed.raise_on_every_rank(lambda: outputs_problem(args, setting), on="main")
+
+
+def prepare_training_outputs(args, setting):
+    """Before training, on every rank: the folders must be writable, a killed save's temp files go, and
+    --tensorboard must import (exp.steps.tensorboard_problem)."""
+    require_writable(args, "checkpoints", "results_dir")
+    if distributed.is_main():  # this run holds the setting's lock: they are nobody's live writes
+        started = time.time()
+        for folder in (os.path.dirname(checkpoint_path(args, setting)), output_path(args, setting, "")):
+            removed = remove_stale_temporaries(folder, started)
+            if removed:
+                logger.info(f"removed {len(removed)} unfinished temp file(s) a killed run left in {folder}: "
+                            + ", ".join(sorted(removed)))
+    require_outputs_writable(args, setting)  # results.jsonl and the setting's files, before training
+    if args.tensorboard:
+        distributed.raise_on_every_rank(tensorboard_problem, on="main")
 
 
 def save_results(args, setting, metrics, training=None):
@@ -181,6 +200,45 @@ def save_window_errors(args, setting, errors, numbers):
     rows = np.column_stack([numbers, errors.numpy()])
     atomic_write(output_path(args, setting, "window_errors.csv"), lambda f: np.savetxt(
         f, rows, fmt=["%d", "%.9g", "%.9g"], delimiter=",", header="window,mse,mae", comments=""), binary=False)
+
+
+def original_scale_sums(args, device):
+    """With --inverse, ErrorSums on the data's original scale (data without one scaler is refused here, on
+    every rank alike, before any collective); else None."""
+    if not args.inverse:
+        return None
+    data = prepared_data(args)
+    require_one_scale(data, args)
+    return ErrorSums(transform=OriginalScale(data.scaler, device))
+
+
+def test_metrics(args, setting, sums, original, vali_loss, dataset):
+    """The test's record from its global ErrorSums (and `original`'s, with --inverse): every metric, the
+    validation loss and the windows scored; window_errors.csv written beside it."""
+    numbers, split_windows = split_numbering(dataset)
+    save_window_errors(args, setting, sums.window_errors(), numbers)
+    metrics = sums.metrics()
+    if original is not None:
+        metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
+    metrics["vali_loss"] = vali_loss
+    metrics["test_windows"] = len(dataset)  # scored: all of the split's, or --test_windows of them
+    metrics["test_split_windows"] = split_windows
+    if args.test_windows and args.test_windows >= split_windows:
+        logger.info(f"--test_windows {args.test_windows}: the test split holds {split_windows} windows, all scored")
+    return metrics
+
+
+def result_line(setting, metrics):
+    """The result line of a test: every metric, on the original scale too with --inverse."""
+    orig = ""
+    if "mse_orig" in metrics:
+        orig = f"; original scale: mse {metrics['mse_orig']:.6g} mae {metrics['mae_orig']:.6g}"
+    scored = metrics["test_windows"]
+    if scored < metrics["test_split_windows"]:
+        scored = f"{scored} of the split's {metrics['test_split_windows']}"  # a --test_windows subset
+    return (f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
+            f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig} (vali {metrics['vali_loss']:.6f}, "
+            f"{scored} windows, {distributed.world_size()} processes)")
 
 
 def draw_training(args, setting, history):

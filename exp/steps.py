@@ -1,5 +1,6 @@
-"""Step-level bookkeeping of a training run: when to evaluate, save and log, and the running sums
-that a mid-epoch save must carry for the resumed run to end bit for bit where an uninterrupted one does.
+"""Step-level bookkeeping of a training run: when to evaluate, save and log, the running sums
+that a mid-epoch save must carry for the resumed run to end bit for bit where an uninterrupted one does,
+the per-step records (steps.csv, TensorBoard) and log lines, and TrainingRun, what every step consults.
 
 An epoch-based run (no --train_steps / --eval_steps) evaluates and saves at each epoch's end, as it
 always has; a step-based one counts optimizer steps over the whole run:
@@ -15,6 +16,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -54,6 +56,19 @@ class StepPlan:
 
     def finished(self, step):
         return step >= self.total_steps
+
+
+def with_last(items):
+    """(item, is_last) for each item: the last step of an epoch is known when it is taken."""
+    items = iter(items)
+    current = next(items, _NOTHING)
+    while current is not _NOTHING:
+        following = next(items, _NOTHING)
+        yield current, following is _NOTHING
+        current = following
+
+
+_NOTHING = object()
 
 
 class RunningLoss:
@@ -145,6 +160,46 @@ class StepLog:
     def close(self):
         if self.writer is not None:
             self.writer.close()
+
+
+@dataclass
+class TrainingRun:
+    """What each step of a training run consults and last.pth does not hold: when to log, evaluate and
+    save (plan), the learning-rate schedule, the step records, the evaluation loaders and the two files."""
+    plan: StepPlan
+    schedule: object  # utils.tools.LearningRateSchedule
+    step_log: StepLog
+    eval_loaders: tuple  # validation, test
+    best_path: str
+    last_path: str
+    state_bytes: list = None  # optimizer state per rank, measured once it exists (after the first step)
+
+
+def training_summary(args, setting, train_windows, plan=None):
+    """The line that opens training: windows, global batch, learning rate and the run's length."""
+    few_shot = f" (--subset_rand_ratio {args.subset_rand_ratio})" if args.subset_rand_ratio < 1 else ""
+    accumulation = f" x {args.accumulation_steps} accumulation steps" if args.accumulation_steps > 1 else ""
+    scaling = (f" (--lr_scaling {args.lr_scaling}: {args.learning_rate:g} at batch {args.base_batch_size})"
+               if args.lr_scaling != "none" else "")
+    length = (f", {plan.total_steps} steps ({plan.steps_per_epoch} per epoch)" if plan and plan.step_based else "")
+    return (f"training {setting}: {train_windows} train windows{few_shot}, global batch {args.global_batch_size} "
+            f"({'up to ' if getattr(args, 'global_batch', None) else ''}{args.batch_size} x {distributed.world_size()} "
+            f"processes{accumulation}), "
+            f"learning rate {args.scaled_learning_rate:g}{scaling}{length}")
+
+
+def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
+    """The line of an evaluation (an epoch's end, or every --eval_steps): losses, rate, time, patience."""
+    where = (f"step {record['step']}/{plan.total_steps} (epoch {record['epoch']})" if plan.step_based
+             else f"epoch {record['epoch']}/{args.train_epochs}")
+    return (f"{where}: train {record['train_loss']:.6f} "
+            f"vali {record['vali_loss']:.6f} "
+            + ("" if record["test_loss"] is None else f"test {record['test_loss']:.6f} ")
+            + f"lr {record['lr']:.3g} "
+            f"{record['seconds']:.2f}s {samples_per_s:.0f} samples/s, best vali {stopper.best_loss:.6f}"
+            + (" *best*" if improved else f" (no improvement {stopper.counter}/{args.patience})")
+            + (f", grad norm {record['grad_norm']:.4g}" if "grad_norm" in record else "")
+            + (f", peak GPU memory {max(record['peak_gpu_mib']):.0f} MiB" if "peak_gpu_mib" in record else ""))
 
 
 def tensorboard_problem():

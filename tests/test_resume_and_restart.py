@@ -147,8 +147,9 @@ def test_resume_reads_the_training_state_onto_the_cpu(tmp_path, monkeypatch):
         return state if map_location in (None, "cpu") or torch.device(map_location).type == "cpu" else _on_meta(state)
 
     monkeypatch.setattr(torch, "load", load_as_a_gpu_host_would)
-    optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
-    start = checkpoint.resume(args, setting_name(args, 0), exp.raw_model, optimizer, stopper)
+    optimizer = exp.make_optimizer()
+    start = checkpoint.TrainingState(exp.raw_model, optimizer, EarlyStopping(args.patience))
+    checkpoint.resume(args, setting_name(args, 0), start)
     assert (start.epoch, start.windows, start.step, len(start.history)) == (2, 0, saved["global_step"], 1)
     for name, value in exp.raw_model.state_dict().items():
         assert torch.equal(value, saved["model"][name]), name
@@ -197,14 +198,18 @@ def test_resume_keeps_the_fp16_loss_scale(tmp_path):
     scaler = torch.amp.GradScaler("cpu")
     scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0, "_growth_tracker": 7})  # as after some backoffs
     optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
-    checkpoint.save_training_state(path, exp.raw_model, optimizer, stopper, args, 1, 10, [], False, scaler)
+
+    def state(grad_scaler):  # a training state after step 10 of epoch 1
+        return checkpoint.TrainingState(exp.raw_model, optimizer, stopper, grad_scaler, epoch=1, step=10)
+
+    checkpoint.save_training_state(path, state(scaler), args)
     resumed = torch.amp.GradScaler("cpu")
-    checkpoint.load_training_state(path, exp.raw_model, optimizer, stopper, args, grad_scaler=resumed)
+    checkpoint.load_training_state(path, state(resumed), args)
     assert (resumed.get_scale(), resumed.state_dict()["_growth_tracker"]) == (1024.0, 7)
     without_amp = torch.amp.GradScaler("cpu", enabled=False)  # a bf16 or fp32 run saves and loads none
-    checkpoint.save_training_state(path, exp.raw_model, optimizer, stopper, args, 1, 10, [], False, without_amp)
+    checkpoint.save_training_state(path, state(without_amp), args)
     assert torch.load(path, weights_only=True)["grad_scaler"] is None
-    checkpoint.load_training_state(path, exp.raw_model, optimizer, stopper, args, grad_scaler=without_amp)
+    checkpoint.load_training_state(path, state(without_amp), args)
     assert without_amp.get_scale() == 1.0  # a disabled scaler's scale, untouched
 
 

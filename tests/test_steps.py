@@ -136,13 +136,13 @@ def test_a_training_state_records_the_last_whole_epoch(tmp_path, epoch, end_of_e
     import torch
 
     from helpers import make_args, make_experiment
-    from utils.checkpoint import save_training_state
+    from utils.checkpoint import TrainingState, save_training_state
     from utils.tools import EarlyStopping
 
     exp = make_experiment(make_args("--synthetic_rows", 1500))
     path = tmp_path / "last.pth"
-    save_training_state(path, exp.raw_model, exp.make_optimizer(), EarlyStopping(3), exp.args, epoch, 40, [], False,
-                        windows=64, end_of_epoch=end_of_epoch)
+    save_training_state(path, TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3), epoch=epoch, step=40,
+                                            windows=64, end_of_epoch=end_of_epoch), exp.args)
     state = torch.load(path, weights_only=False)
     assert state["epoch"] == whole and state["position"]["epoch"] == epoch
 
@@ -165,12 +165,13 @@ def test_a_resume_on_as_many_processes_restores_each_ranks_running_sums(tmp_path
     exp = make_experiment(make_args("--synthetic_rows", 1500, "--resume", str(path)))
     saved = RunningLoss("cpu")
     saved.add(torch.tensor(12.5, dtype=torch.float64), 50, 5, grad_norm=torch.tensor(3.0, dtype=torch.float64))
-    checkpoint.save_training_state(path, exp.raw_model, exp.make_optimizer(), EarlyStopping(3), exp.args, 2, 40, [],
-                                   False, windows=600, end_of_epoch=False, running={"train": saved})
+    checkpoint.save_training_state(path, checkpoint.TrainingState(
+        exp.raw_model, exp.make_optimizer(), EarlyStopping(3), running={"train": saved}, epoch=2, step=40, windows=600,
+        end_of_epoch=False), exp.args)
     assert torch.load(path, weights_only=True)["world_size"] == 300
     restored = RunningLoss("cpu")
-    start = checkpoint.resume(exp.args, setting_name(exp.args, 0), exp.raw_model, exp.make_optimizer(),
-                              EarlyStopping(3), running={"train": restored})
+    start = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3), running={"train": restored})
+    checkpoint.resume(exp.args, setting_name(exp.args, 0), start)
     assert (start.epoch, start.windows) == (2, 600)
     assert restored.state_dict() == saved.state_dict()
 

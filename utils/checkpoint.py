@@ -276,39 +276,59 @@ def restart_count():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
-def save_training_state(path, model, optimizer, stopper, args, epoch, step, history, stopped, grad_scaler=None,
-                        windows=0, end_of_epoch=True, running=None):
-    """last.pth: everything needed to continue exactly after optimizer step `step`, taken in `epoch`
-    with the first `windows` positions of the epoch's order done by all ranks together (the whole
-    epoch when `end_of_epoch`): a count that does not depend on the world size.
-    A collective: every rank calls it (its generators, its `running` sums (name -> RunningLoss) and,
-    under --zero, its optimizer shard go in); rank 0 writes, and if it cannot, every rank stops with
-    its one line (save_or_stop). `grad_scaler`: fp16's loss scale (the same on every rank: it follows the
-    all-reduced gradients)."""
-    own = {name: r.state_dict() for name, r in (running or {}).items()}
+@dataclass
+class TrainingState:
+    """A training run as it stands, what last.pth holds: the model (the plain module, never a wrapper), its
+    optimizer, early stopping (`stopped` included) and fp16's grad scaler; each rank's running train-loss
+    sums (name -> exp.steps.RunningLoss); the history of evaluations; and where training is: `step`
+    optimizer steps taken, the last in `epoch`, whose first `windows` positions of the epoch's order all
+    ranks together have done (the whole epoch once `end_of_epoch`), a count that does not depend on the
+    world size."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stopper: object  # utils.tools.EarlyStopping
+    grad_scaler: object = None  # torch.amp.GradScaler
+    running: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    epoch: int = 1
+    step: int = 0
+    windows: int = 0
+    end_of_epoch: bool = False
+
+    def next_epoch(self):
+        self.epoch, self.windows = self.epoch + 1, 0
+
+
+def save_training_state(path, state, args):
+    """last.pth: everything needed to continue `state` (a TrainingState) exactly after its step.
+    A collective: every rank calls it (its generators, its running sums and, under --zero, its optimizer
+    shard go in); rank 0 writes, and if it cannot, every rank stops with its one line (save_or_stop).
+    fp16's loss scale is the same on every rank: it follows the all-reduced gradients."""
+    own = {name: r.state_dict() for name, r in state.running.items()}
     rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
-    optimizer_state = distributed.optimizer_state_dict(optimizer)  # consolidated under --zero (a collective)
+    optimizer_state = distributed.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
+    scaler, epoch, end_of_epoch = state.grad_scaler, state.epoch, state.end_of_epoch
 
     def write():
         save_atomic({
-            "model": model.state_dict(),
+            "model": state.model.state_dict(),
             "optimizer": optimizer_state,
-            "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None and grad_scaler.is_enabled() else None,
+            "grad_scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
-            "early_stopping": stopper.state_dict(),
+            "early_stopping": state.stopper.state_dict(),
             "epoch": epoch if end_of_epoch else epoch - 1,  # the last whole epoch
             # where training stands: set_epoch(epoch) reproduces the order (one for any world size), and
             # its first `global_windows` positions are done (data_provider.global_batches)
-            "position": {"epoch": epoch, "global_windows": windows, "end_of_epoch": end_of_epoch},
-            "global_step": step,
-            "stopped": stopped,
+            "position": {"epoch": epoch, "global_windows": state.windows, "end_of_epoch": end_of_epoch},
+            "global_step": state.step,
+            "stopped": state.stopper.stopped,
             "rng": list(rng),
             "running": list(sums),  # each rank's train-loss sums since the last evaluation and log record
             "model_args": {k: getattr(args, k) for k in MODEL_SHAPING_ARGS},
             "identity": run_identity(args),  # a resume or restart continues only the same run
             "world_size": distributed.world_size(),
             "launches": sorted({x for x in launches if x is not None}),  # every node's launch_id()
-            "history": history,
+            "history": state.history,
         }, path)
 
     save_or_stop(write, path, "the training state")
@@ -345,29 +365,46 @@ def identity_problem(path, state, args):
             + ". Use the same arguments, or another --checkpoints folder")
 
 
-def load_training_state(path, model, optimizer, stopper, args, state=None, grad_scaler=None):
-    """Continue from last.pth: model (strictly), optimizer, early stopping and every random
-    generator as the interrupted run left them, once rank 0 has checked that it is this run's
-    (same identity); returns the state read."""
-    if state is None:
-        state = read_training_state(path)
-    distributed.raise_on_every_rank(lambda: identity_problem(path, state, args), on="main")
-    model.load_state_dict(state["model"], strict=True)
-    distributed.load_optimizer_state(optimizer, state["optimizer"])  # full state: with or without --zero
-    if grad_scaler is not None and grad_scaler.is_enabled() and state.get("grad_scaler"):
-        grad_scaler.load_state_dict(state["grad_scaler"])  # else fp16 would start again from 2**16
-    stopper.load_state_dict(state["early_stopping"])
-    if len(state["rng"]) == distributed.world_size():
-        set_rng_state(state["rng"][distributed.rank()])
+def load_training_state(path, state, args, saved=None):
+    """Load last.pth (`saved`: what it holds, if read already) into `state`, a TrainingState, once rank 0
+    has checked that it is this run's (same identity): the model (strictly), optimizer, early stopping,
+    fp16's loss scale, every random generator, the history and where training stands, as the interrupted
+    run left them. Returns what last.pth holds."""
+    if saved is None:
+        saved = read_training_state(path)
+    distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args), on="main")
+    state.model.load_state_dict(saved["model"], strict=True)
+    distributed.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
+    scaler = state.grad_scaler
+    if scaler is not None and scaler.is_enabled() and saved.get("grad_scaler"):
+        scaler.load_state_dict(saved["grad_scaler"])  # else fp16 would start again from 2**16
+    state.stopper.load_state_dict(saved["early_stopping"])
+    if len(saved["rng"]) == distributed.world_size():
+        set_rng_state(saved["rng"][distributed.rank()])
     else:
-        logger.warning(f"resuming on {distributed.world_size()} processes from a run on {len(state['rng'])}: "
+        logger.warning(f"resuming on {distributed.world_size()} processes from a run on {len(saved['rng'])}: "
                        "random streams are re-seeded, so results will differ from an uninterrupted run")
-        seed_everything(args.seed + state["epoch"])
-    position = state.get("position")
-    where = (f"at step {state['global_step']} (in epoch {position['epoch']})"
-             if position and not position["end_of_epoch"] else f"after epoch {state['epoch']}")
-    logger.info(f"resumed from {path} {where} (best vali {stopper.best_loss:.6f})")
-    return state
+        seed_everything(args.seed + saved["epoch"])
+    _restore_position(state, saved)
+    position = saved.get("position")
+    where = (f"at step {saved['global_step']} (in epoch {position['epoch']})"
+             if position and not position["end_of_epoch"] else f"after epoch {saved['epoch']}")
+    logger.info(f"resumed from {path} {where} (best vali {state.stopper.best_loss:.6f})")
+    return saved
+
+
+def _restore_position(state, saved):
+    """The history, the steps taken and where, whether early stopping had ended the run, and, on as many
+    processes as saved it, each rank's running sums (on another number they start again)."""
+    state.history, state.step, state.stopper.stopped = saved["history"], saved["global_step"], saved["stopped"]
+    position = saved.get("position")
+    if position and not position["end_of_epoch"]:
+        state.epoch, state.windows = position["epoch"], _windows_done(position, saved.get("world_size") or 1)
+    else:
+        state.epoch, state.windows = saved["epoch"] + 1, 0
+    if saved.get("world_size") == distributed.world_size() and "running" in saved:
+        for name, sums in state.running.items():
+            sums.load_state_dict(saved["running"][distributed.rank()][name])
 
 
 def resume_path(args, setting):
@@ -392,45 +429,25 @@ def _written_by_another_launch(state):
     return distributed.broadcast_object(not ours & set(state.get("launches", ())))
 
 
-@dataclass
-class RunStart:
-    """Where training (re)starts: the history so far, the optimizer steps taken, whether it had
-    stopped, the epoch to train in and the positions of that epoch's order already done (all ranks
-    together)."""
-    history: list = field(default_factory=list)
-    step: int = 0
-    stopped: bool = False
-    epoch: int = 1
-    windows: int = 0
-
-
-def resume(args, setting, model, optimizer, stopper, grad_scaler=None, running=None):
-    """The RunStart of the run to continue (loaded into model, optimizer, stopper and the `running`
-    sums, name -> RunningLoss), or a fresh start's. Every rank must see the same state."""
+def resume(args, setting, state):
+    """Continue the run that --resume, or an elastic restart, names: its last.pth loaded into `state`, a
+    TrainingState (load_training_state). A fresh start leaves `state` as it is. Every rank must see the
+    same file."""
     path = resume_path(args, setting)
     distributed.require_same(bool(path) and os.path.isfile(path),
                              f"the nodes disagree on the training state to resume (rank 0: {path}): a "
                              "multi-node run resumes and restarts from --checkpoints, so put it on storage every "
                              "node shares, or copy last.pth to every node")
     if not path:
-        return RunStart()
-    state = read_training_state(path)
+        return
+    saved = read_training_state(path)
     # Without --resume only an elastic restart gets here: it continues what its own launch wrote;
     # a last.pth from an earlier launch means the first attempt died before saving an epoch.
-    if args.resume is None and _written_by_another_launch(state):
+    if args.resume is None and _written_by_another_launch(saved):
         logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
                     f"(stopped before it saved an epoch); starting from epoch 1")
-        return RunStart()
-    state = load_training_state(path, model, optimizer, stopper, args, state=state, grad_scaler=grad_scaler)
-    start = RunStart(state["history"], state["global_step"], state["stopped"], state["epoch"] + 1)
-    position = state.get("position")
-    if position and not position["end_of_epoch"]:
-        start.epoch, start.windows = position["epoch"], _windows_done(position, state.get("world_size") or 1)
-    same_ranks = state.get("world_size") == distributed.world_size() and "running" in state
-    for name, sums in (running or {}).items():
-        if same_ranks:
-            sums.load_state_dict(state["running"][distributed.rank()][name])
-    return start
+        return
+    load_training_state(path, state, args, saved)
 
 
 def _windows_done(position, saved_world_size):
