@@ -184,6 +184,44 @@ def test_a_restart_on_a_node_with_fewer_gpus_restores_this_process_generator(mon
     assert len(gpus["restored"]) == 1 and torch.equal(gpus["restored"][0], generator)
 
 
+LAST_PTH_KEYS = {"model", "optimizer", "grad_scaler", "lr_schedule", "early_stopping", "epoch", "position",
+                 "global_step", "stopped", "rng", "running", "model_args", "identity", "world_size", "launches",
+                 "history"}
+
+
+def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tmp_path):
+    """last.pth keeps the keys every earlier file has (so those files resume), and a TrainingState saved
+    mid-epoch after an early stop comes back whole: weights, early stopping, history, where training stood
+    and the running sums."""
+    from exp.steps import RunningLoss
+    from helpers import make_args, make_experiment
+    from utils import checkpoint
+    from utils.tools import EarlyStopping
+
+    args = make_args("--synthetic_rows", 1500, *_outputs(tmp_path))
+    exp = make_experiment(args)
+    stopper, sums = EarlyStopping(3), RunningLoss("cpu")
+    stopper.step(0.5), stopper.step(0.7)
+    stopper.stopped = True
+    sums.add(torch.tensor(2.5, dtype=torch.float64), 10, 4)
+    history = [{"epoch": 2, "step": 30, "vali_loss": 0.7}]
+    saved = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), stopper, running={"since_log": sums},
+                                     history=history, epoch=2, step=30, windows=96, end_of_epoch=False)
+    path = tmp_path / "last.pth"
+    checkpoint.save_training_state(path, saved, args)
+    assert set(torch.load(path, weights_only=True)) == LAST_PTH_KEYS
+    with torch.no_grad():
+        next(exp.raw_model.parameters()).add_(1.0)
+    loaded = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3),
+                                      running={"since_log": RunningLoss("cpu")})
+    checkpoint.load_training_state(path, loaded, args)
+    assert (loaded.epoch, loaded.step, loaded.windows, loaded.history) == (2, 30, 96, history)
+    assert (loaded.stopper.stopped, loaded.stopper.best_loss, loaded.stopper.counter) == (True, 0.5, 1)
+    assert loaded.running["since_log"].state_dict() == sums.state_dict()
+    weights = torch.load(path, weights_only=True)["model"]
+    assert all(torch.equal(value, weights[name]) for name, value in exp.raw_model.state_dict().items())
+
+
 def test_resume_keeps_the_fp16_loss_scale(tmp_path):
     """last.pth had no GradScaler state: a resumed or restarted fp16 run began again at a loss scale of
     2**16 and left the uninterrupted run's trajectory. (fp16 runs only on GPUs; the scaler's state is

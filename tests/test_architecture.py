@@ -1,0 +1,121 @@
+"""The rules of docs/architecture.md that code can break silently: no import cycle among the project's
+modules, nothing imported upward (a model file knows neither the experiment, nor the data, nor
+checkpoints), and a training loop small enough to read top to bottom."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("exp", "utils", "data_provider", "layers", "models")
+
+# package (or module) -> what it must never import, imports inside functions included
+UPWARD = {
+    "utils": ("exp", "run"),
+    "data_provider": ("exp", "run", "models", "layers"),
+    "layers": ("exp", "run", "models", "data_provider"),
+    "models": ("exp", "run", "data_provider", "utils.checkpoint"),
+    "exp": ("run",),
+}
+LOOP, LOOP_LINES, FUNCTION_LINES = "exp/exp_forecast.py", 300, 50
+
+
+def project_modules(root):
+    """{dotted name: path} of run.py and every module of the project's packages under `root`."""
+    modules = {"run": root / "run.py"} if (root / "run.py").exists() else {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph(root):
+    """{module: the project modules it imports, anywhere in its file}."""
+    modules = project_modules(root)
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, up level - 1
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)  # `from utils import distributed`
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def import_cycle(graph):
+    """One cycle of the graph as [a, b, ..., a], or None."""
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for imported in sorted(graph[module]):
+            cycle = visit(imported)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(module)
+        return None
+
+    return next(filter(None, map(visit, sorted(graph))), None)
+
+
+def upward_imports(graph):
+    """'a imports b' for each import that UPWARD forbids."""
+    def within(module, prefix):
+        return module == prefix or module.startswith(prefix + ".")
+
+    return [f"{module} imports {imported}" for module, imports in sorted(graph.items()) for imported in sorted(imports)
+            for package, banned in UPWARD.items() if within(module, package)
+            if any(within(imported, b) for b in banned)]
+
+
+def long_functions(path, limit):
+    """'name (n lines)' for each function or method of the file longer than `limit` lines, decorators included."""
+    tree = ast.parse(path.read_text(), str(path))
+    spans = [(node.name, node.end_lineno - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1)
+             for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [f"{name} ({lines} lines)" for name, lines in spans if lines > limit]
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    cycle = import_cycle(import_graph(REPO))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_nothing_is_imported_upward():
+    assert upward_imports(import_graph(REPO)) == []
+
+
+def test_the_checks_find_a_planted_cycle_and_upward_import(tmp_path):
+    """The checkers on a tiny tree: a model that reads checkpoints, utils that reach into exp, and a
+    relative import that closes a cycle."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "models" / "Net.py").write_text("def load():\n    from utils.checkpoint import load_weights\n")
+    (tmp_path / "utils" / "checkpoint.py").write_text("from exp import steps\n")
+    (tmp_path / "exp" / "steps.py").write_text("from .loop import run\n")
+    (tmp_path / "exp" / "loop.py").write_text("import exp.steps\n")
+    graph = import_graph(tmp_path)
+    assert import_cycle(graph) == ["exp.loop", "exp.steps", "exp.loop"]
+    assert upward_imports(graph) == ["models.Net imports utils.checkpoint", "utils.checkpoint imports exp",
+                                     "utils.checkpoint imports exp.steps"]
+
+
+def test_the_training_loop_stays_small_enough_to_read_top_to_bottom():
+    """exp/exp_forecast.py grew from 232 to 384 lines before issue 37 cut it back: bookkeeping belongs in
+    exp/steps.py, files in exp/outputs.py, the training state in utils/checkpoint.py."""
+    lines = len((REPO / LOOP).read_text().splitlines())
+    assert lines < LOOP_LINES, f"{LOOP} has {lines} lines (under {LOOP_LINES}, please)"
+    assert long_functions(REPO / LOOP, FUNCTION_LINES) == []
