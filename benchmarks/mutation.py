@@ -29,7 +29,7 @@ CONFIG = REPO / "benchmarks" / "mutation.toml"
 # module (or package prefix) -> the test files that pin it, fastest first (pytest -x stops at the first failure)
 TARGETS = {
     "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py"],
-    "exp/outputs.py": ["test_outputs.py", "test_results_files.py"],
+    "exp/outputs.py": ["test_outputs.py", "test_results_files.py", "test_test_windows.py"],
     "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
                         "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
@@ -37,7 +37,8 @@ TARGETS = {
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
                             "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py",
                             "test_steps.py", "test_world_size_invariance.py", "test_zero.py"],
-    "exp/steps.py": ["test_steps.py", "test_training.py", "test_world_size_invariance.py"],
+    "exp/steps.py": ["test_steps.py", "test_training.py", "test_scaling.py", "test_world_size_invariance.py",
+                     "test_resume_and_restart.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py",
@@ -79,7 +80,7 @@ EQUIVALENT = {
         "same positions in the same order (the chunking only bounds the memory of one call)",
     "exp/exp_basic.py:27:core/ReplaceComparisonOperator_Eq_Is":
         "`self._amp_dtype == torch.float16` -> `is`: torch dtypes are singletons, so the two agree",
-    "utils/checkpoint.py:265:core/ReplaceBinaryOperator_Sub_BitXor":
+    "utils/checkpoint.py:428:core/ReplaceBinaryOperator_Sub_BitXor":
         "`- {None}` -> `^ {None}` may add None to this launch's ids, but last.pth's `launches` never holds None "
         "(save_training_state drops it), so the intersection, the only use, is the same",
     "data_provider/data_factory.py:40:core/ReplaceFalseWithTrue":
@@ -92,7 +93,7 @@ EQUIVALENT = {
     "utils/distributed.py:166:core/NumberReplacer":
         "`os.cpu_count() or 1` -> `or 0`: cpu_count() is None only where the count is unknown, and then "
         "max(1, 1 // n) and max(1, 0 // n) both give one thread",
-    "exp/exp_forecast.py:224:core/ReplaceComparisonOperator_Lt_NotEq":
+    "exp/steps.py:180:core/ReplaceComparisonOperator_Lt_NotEq":
         "`subset_rand_ratio < 1` -> `!= 1` in the opening line: the ratio is in (0, 1] (a larger one is refused "
         "before training), where the two agree",
     "utils/checkpoint.py:337:core/NumberReplacer":
