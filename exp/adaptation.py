@@ -23,8 +23,8 @@ def check_adaptation_args(args):
 
 
 def load_pretrained(model, path, device):
-    """Strictly load `path` into `model` as best checkpoints are loaded (ours, or OpenLTM's Timer-XL /
-    Timer converted in memory: utils/checkpoint.read_weights): rank 0 reads the file and
+    """Strictly load `path` into `model` as best checkpoints are loaded (the model's own keys, or a
+    foreign layout its checkpoint_adapters read, converted in memory: utils/checkpoint.weights_for): rank 0 reads the file and
     every rank gets its weights, so the nodes need no shared disk; if it cannot, every rank
     raises the same error and the job ends with exit 2 everywhere."""
     def load(module):
