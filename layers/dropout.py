@@ -13,8 +13,8 @@ nn.Dropout into a KeyedDropout (as torch.nn.SyncBatchNorm.convert_sync_batchnorm
 keyed whenever its input's first dimension holds the micro-batch's samples, k rows each, sample-major
 ([B, ...] or a channel-independent [B * C, ...]); any other input gets ordinary dropout, and the run
 says so once, naming the module (DropoutReport). Attention in layers/ takes its dropout module:
-`attention(q, k, v, dropout)` runs PyTorch's fused scaled_dot_product_attention, once per sample under a
-generator seeded with the sample's key when keyed (KeyedDropout.attend). Zoo models with a measured
+`attention(q, k, v, dropout)` runs PyTorch's fused scaled_dot_product_attention; keyed on a GPU, once per
+sample under a generator seeded with the sample's key (KeyedDropout.attend). Zoo models with a measured
 faster path draw masks themselves with `dropout`, `add_dropout`, `dropout_noise(s)` (their docstrings
 name the gain). tests/test_model_contract.py trains every model as 1 x 8 and 2 x 4.
 
@@ -324,14 +324,11 @@ def _unkeyable_input(x, samples):
     return f"an input of shape {tuple(x.shape)}, whose first dimension is no multiple of the micro-batch's {samples} samples"
 
 
-_GENERATORS = {"cpu": lambda device: torch.default_generator,
-               "cuda": lambda device: torch.cuda.default_generators[device.index if device.index is not None
-                                                                    else torch.cuda.current_device()]}
-
-
 class KeyedDropout(nn.Dropout):
     """nn.Dropout whose masks follow the sample inside masks_follow_samples (module docstring); the same rate,
     state_dict and repr. `qualified_name` and `report` (a DropoutReport) are set by convert."""
+
+    per_sample_attention = None  # attend: one fused call per sample (None: on CUDA), else the weights formed here
 
     def __init__(self, p=0.5, inplace=False, qualified_name="", report=None):
         super().__init__(p, inplace)
@@ -350,12 +347,10 @@ class KeyedDropout(nn.Dropout):
             converted.add_module(name, cls.convert(child, report, f"{prefix}.{name}" if prefix else name))
         return converted
 
-    def keyable(self, x, device_generator=False):
+    def keyable(self, x):
         """Whether x's masks can follow the samples here (inside masks_follow_samples), telling the report;
         an input that cannot still takes its call number, so the modules after it keep theirs."""
         why = _unkeyable_input(x, _keys.samples)
-        if why is None and device_generator and x.device.type not in _GENERATORS:
-            why = f"no per-sample generator for attention on {x.device.type}"
         if self.report is not None:
             self.report.heard(self.qualified_name, why is None, why)
         if why is not None:
@@ -368,30 +363,54 @@ class KeyedDropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
     def attend(self, query, key, value, attn_mask=None, is_causal=False, scale=None):
-        """F.scaled_dot_product_attention with dropout self.p on the attention weights in training. Keyed, the
-        kernel runs once per sample (its k rows), under the device's default generator seeded with the sample's
-        key and restored after: the very kernel an unkeyed call takes (on a GPU flash or memory-efficient
-        attention, O(sequence) memory; the CPU has no fused kernel with dropout), B calls instead of one."""
+        """F.scaled_dot_product_attention with dropout self.p on the attention weights in training. Keyed, on a
+        GPU (or wherever `per_sample_attention` says) the fused kernel runs once per sample, its masks from the
+        sample's key (_per_sample_attention): the very kernel an unkeyed call takes, flash or memory-efficient
+        attention, O(sequence) memory. The CPU has no fused kernel with dropout (SDPA forms the weights there
+        anyway), so there the weights are formed here with this module's cheaper masks, in one call
+        (_weights_attention): benchmarks/results/bench_attention_dropout_cpu.md weighs the two."""
         p = self.p if self.training else 0.0
-        if p == 0.0 or _keys is None or not self.keyable(query, device_generator=True):
+        if p == 0.0 or _keys is None or not self.keyable(query):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=p,
                                                   is_causal=is_causal, scale=scale)
-        samples = _keys.samples
-        seeds = _sample_seeds(_next_call_key(), _keys.first, samples)
-        rows = query.shape[0] // samples
-        per_row_mask = attn_mask is not None and attn_mask.dim() == query.dim() and attn_mask.shape[0] == query.shape[0]
-        generator = _GENERATORS[query.device.type](query.device)
-        state, outs = generator.get_state(), []
-        try:
-            for s, seed in enumerate(seeds):
-                generator.manual_seed(seed)
-                part = slice(s * rows, (s + 1) * rows)
-                outs.append(F.scaled_dot_product_attention(
-                    query[part], key[part], value[part], attn_mask=attn_mask[part] if per_row_mask else attn_mask,
-                    dropout_p=p, is_causal=is_causal, scale=scale))
-        finally:
-            generator.set_state(state)  # the global stream goes on as if untouched
-        return torch.cat(outs)
+        per_sample = self.per_sample_attention
+        if query.device.type == "cuda" if per_sample is None else per_sample:
+            return _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale)
+        return _weights_attention(query, key, value, p, attn_mask, is_causal, scale)
+
+
+def _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale):
+    """scaled_dot_product_attention on each sample's rows (inside masks_follow_samples, their number a multiple
+    of the samples') under the device's default generator seeded with the sample's key, and restored after."""
+    seeds = _sample_seeds(_next_call_key(), _keys.first, _keys.samples)
+    rows = query.shape[0] // len(seeds)
+    per_row_mask = attn_mask is not None and attn_mask.dim() == query.dim() and attn_mask.shape[0] == query.shape[0]
+    device = query.device
+    generator = torch.default_generator if device.type == "cpu" else torch.cuda.default_generators[
+        device.index if device.index is not None else torch.cuda.current_device()]
+    state, outs = generator.get_state(), []
+    try:
+        for s, seed in enumerate(seeds):
+            generator.manual_seed(seed)
+            part = slice(s * rows, (s + 1) * rows)
+            outs.append(F.scaled_dot_product_attention(
+                query[part], key[part], value[part], attn_mask=attn_mask[part] if per_row_mask else attn_mask,
+                dropout_p=p, is_causal=is_causal, scale=scale))
+    finally:
+        generator.set_state(state)  # the global stream goes on as if untouched
+    return torch.cat(outs)
+
+
+def _weights_attention(query, key, value, p, attn_mask, is_causal, scale):
+    """scaled_dot_product_attention's math path written out, dropout on the weights by this module's masks."""
+    scores = query @ key.transpose(-2, -1) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    if is_causal:
+        queries, keys_ = scores.shape[-2:]
+        causal = torch.ones(queries, keys_, dtype=torch.bool, device=scores.device).tril()  # as SDPA's
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return dropout(scores.softmax(-1), p, True) @ value
 
 
 def attention(query, key, value, dropout: nn.Dropout, attn_mask=None, is_causal=False, scale=None):

@@ -12,7 +12,8 @@ are broadcast over the channels instead of being repeated; and the feature encod
 decoder, whose hidden layers ([B * (L + H), d_model] and [B * C * H, d_ff], ~350 MB at the ETTh1
 script's settings) are far wider than their inputs and outputs, compute that hidden layer a cache-sized
 block of rows at a time on the CPU and recompute it in backward rather than storing it (WideHiddenMLP).
-Dropout is layers.dropout's (masks that follow the sample, every block's drawn at once: Model.dropout_masks),
+Dropout draws its masks itself (layers.dropout), a measured faster path: every block's at once
+(Model.dropout_masks), 512 reseeds a step at batch 512 instead of 3 072, 244-245 against 250-252 ms a step;
 and the LayerNorm over the feature encoder's two values is written out in elementwise ops (ATen's kernel
 is slow per row).
 """

@@ -226,14 +226,17 @@ def test_an_input_without_the_samples_in_front_falls_back_once_named():
     assert "(12, 8)" in lines[0] and "8 samples" in lines[0]
 
 
+@pytest.mark.parametrize("per_sample", [True, False])
 @pytest.mark.parametrize("causal, rows", [(True, 1), (False, 3)])
-def test_keyed_attention_follows_the_sample_through_the_fused_kernel(causal, rows):
-    """KeyedDropout.attend runs scaled_dot_product_attention once per sample (its `rows` rows) under the
-    sample's seed: a sample's dropped weights are the same whichever micro-batch holds it; two calls in a
-    forward differ; the global generator's stream is as if attention had not drawn."""
+def test_keyed_attention_follows_the_sample(causal, rows, per_sample):
+    """KeyedDropout.attend, as a GPU runs it (scaled_dot_product_attention once per sample, its `rows` rows,
+    under the sample's seed) and as the CPU does (the weights formed, this module's masks): a sample's dropped
+    weights are the same whichever micro-batch holds it; two calls in a forward differ; the global generator's
+    stream is as if attention had not drawn."""
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 8 * rows, 2, 16, 4).unbind(0)
     layer = KeyedDropout(0.5).train()
+    layer.per_sample_attention = per_sample
 
     def attend(first, samples):
         part = slice(first * rows, (first + samples) * rows)

@@ -351,10 +351,11 @@ def check_world_size_invariance(spec, single, pair):
         difference = sum(float(np.square(grad - two[name]).sum()) for name, grad in one.items())
         worst = max(worst, (difference / max(sum(float(np.square(g).sum()) for g in one.values()), 1e-24)) ** 0.5)
     if follows and worst > 1e-4:
-        raise violation(spec, title, f"gradients differ by {worst:.2g} of their norm; every dropout must go "
-                        "through layers.dropout, with each sample's rows together along the dimension it is told "
-                        "(batch_dim), and no other randomness; if that cannot be, declare "
-                        "`randomness_follows_sample = False`")
+        raise violation(spec, title, f"gradients differ by {worst:.2g} of their norm; use nn.Dropout modules (the "
+                        "experiment keys them by the sample) on inputs that hold each sample's rows together along the "
+                        "first dimension (a run names any that does not), not F.dropout or a fused kernel's dropout_p "
+                        "in forward (layers.dropout.attention keys attention), and no other randomness; if that "
+                        "cannot be, declare `randomness_follows_sample = False`")
     if not follows and worst <= 1e-4:
         raise violation(spec, title, "the model says its randomness cannot follow the sample "
                         "(randomness_follows_sample = False), yet 1 x 8 and 2 x 4 train alike: drop the claim")
@@ -634,6 +635,8 @@ BROKEN_MODELS = {
     "BatchMixing": dict(forward="        out = out - out.mean(0, keepdim=True)  # statistics over the batch\n"),
     "HalfFFT": dict(forward="        out = out + torch.fft.rfft(x_enc, dim=1).abs().mean()  # no fp32 cast\n"),
     "EmptyBatchReason": dict(attributes='    autoregressive = False\n    batch_dependent = ""\n'),
+    "PlainDropout": dict(init="        self.drop = nn.Dropout(0.5)\n", forward="        out = self.drop(out)\n"),
+    "FunctionalDropout": dict(forward="        out = torch.nn.functional.dropout(out, 0.5, self.training)\n"),
     "Undeclared": dict(attributes='    autoregressive = False\n    inputs_used = ("x_enc",)\n',
                        forward="        if x_mark_enc is not None:  # reads time features it does not declare\n"
                                "            out = out + x_mark_enc.mean()\n"),
@@ -685,6 +688,32 @@ def test_contract_catches_the_official_timemixer_calendar_pairing():
     with mock.patch(f"{__name__}.CONTRACT_ARGS", (*CONTRACT_ARGS, "--mark_pairing", "tiled")):
         with pytest.raises(ContractViolation, match="changes with the other windows"):
             check_windows_independent(spec)
+
+
+def test_contract_keys_nn_dropout_and_catches_functional_dropout(broken_models):
+    """A plain nn.Dropout trains alike as 1 x 8 and 2 x 4 (the experiment converts it to a sample-keyed
+    KeyedDropout when it builds the model); F.dropout in forward draws from each process's generator, and the
+    world-size clause says what to use instead."""
+    specs = [tuple(broken_models[name]) for name in ("PlainDropout", "FunctionalDropout")]
+    single, pair = (run_on_ranks(invariance_gradients, ranks, specs, timeout=300) for ranks in (1, 2))
+    check_world_size_invariance(broken_models["PlainDropout"], single, pair)
+    with pytest.raises(ContractViolation, match="use nn.Dropout modules"):
+        check_world_size_invariance(broken_models["FunctionalDropout"], single, pair)
+
+
+def test_zoo_models_import_layers_dropout_only_for_a_measured_faster_path():
+    """Model files use plain nn.Dropout (the experiment keys it); one that draws masks with layers.dropout
+    keeps a measured faster path, and its docstring says so."""
+    import ast
+
+    from models import _HERE
+
+    for name in MODELS:
+        tree = ast.parse((_HERE / f"{name}.py").read_text())
+        imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "layers.dropout"]
+        if imports:
+            assert "measured faster path" in ast.get_docstring(tree), (
+                f"models/{name}.py imports layers.dropout without naming the measured faster path it keeps")
 
 
 def test_contract_accepts_a_declared_unused_parameter(broken_models):
