@@ -123,7 +123,8 @@ def main():
         # glibc's allocator keeps freed blocks of up to 32 MiB for reuse (its mmap threshold grows with them), so a
         # process's resident memory would hold the warm-up's freed tensors: a fixed threshold unmaps every one
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout.splitlines()[-1])
+        done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+        result = json.loads(done.stdout.splitlines()[-1])
         rows.append(f"| {variant} | {result['peak_mib']:.0f} | {result['step_s']:.2f} |")
         print(rows[-1], flush=True)
     torch.set_num_threads(1)
@@ -136,7 +137,8 @@ def main():
         f"# Timer-XL training step with attention dropout, {args.tokens} tokens",
         "",
         f"`python benchmarks/bench_attention_dropout.py --tokens {args.tokens} --batch_size {args.batch_size} "
-        f"--d_model {args.d_model} --n_heads {args.n_heads} --steps {args.steps}`: {platform.processor() or platform.machine()}, "
+        f"--d_model {args.d_model} --n_heads {args.n_heads} --steps {args.steps}`: "
+        f"{platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, 1 thread. One [B, H, S, S] float32 tensor is {weights:.0f} MiB here.",
         "",
         "| variant | step's peak above its start (MiB) | step (s) |",

@@ -306,7 +306,8 @@ class DropoutReport:
         self.warn = warn
 
     def heard(self, name, exact, why=""):
-        if self.exact.get(name, True) is False or self.exact.get(name) == exact:
+        known = self.exact.get(name)
+        if known is False or known == exact:  # a module that fell back once stays so, told once
             return
         self.exact[name] = exact
         if not exact and self.warn is not None:
@@ -321,7 +322,8 @@ def _unkeyable_input(x, samples):
     rows = x.shape[0] if x.dim() else 0
     if rows >= samples and rows % samples == 0:
         return None
-    return f"an input of shape {tuple(x.shape)}, whose first dimension is no multiple of the micro-batch's {samples} samples"
+    return (f"an input of shape {tuple(x.shape)}, whose first dimension is no multiple of the micro-batch's "
+            f"{samples} samples")
 
 
 class KeyedDropout(nn.Dropout):
@@ -341,7 +343,7 @@ class KeyedDropout(nn.Dropout):
         converted = module
         if type(module) in (nn.Dropout, cls):
             converted = cls(module.p, module.inplace, prefix, report).train(module.training)
-        elif isinstance(module, (nn.modules.dropout._DropoutNd)) and module.p > 0 and report is not None:
+        elif isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0 and report is not None:
             report.heard(prefix, False, f"{type(module).__name__} is not converted")
         for name, child in module.named_children():
             converted.add_module(name, cls.convert(child, report, f"{prefix}.{name}" if prefix else name))
@@ -413,10 +415,10 @@ def _weights_attention(query, key, value, p, attn_mask, is_causal, scale):
     return dropout(scores.softmax(-1), p, True) @ value
 
 
-def attention(query, key, value, dropout: nn.Dropout, attn_mask=None, is_causal=False, scale=None):
-    """F.scaled_dot_product_attention with `dropout` (its rate, in training) on the attention weights: PyTorch's
-    fused kernels; keyed by the sample when `dropout` is a KeyedDropout inside masks_follow_samples."""
-    if isinstance(dropout, KeyedDropout):
-        return dropout.attend(query, key, value, attn_mask, is_causal, scale)
+def attention(query, key, value, weights_dropout: nn.Dropout, attn_mask=None, is_causal=False, scale=None):
+    """F.scaled_dot_product_attention with `weights_dropout` (its rate, in training) on the attention weights:
+    PyTorch's fused kernels; keyed by the sample when it is a KeyedDropout inside masks_follow_samples."""
+    if isinstance(weights_dropout, KeyedDropout):
+        return weights_dropout.attend(query, key, value, attn_mask, is_causal, scale)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          dropout_p=dropout.p if dropout.training else 0.0)
+                                          dropout_p=weights_dropout.p if weights_dropout.training else 0.0)

@@ -241,7 +241,7 @@ def test_keyed_attention_follows_the_sample(causal, rows, per_sample):
     def attend(first, samples):
         part = slice(first * rows, (first + samples) * rows)
         with masks_follow_samples(5, first, samples):
-            return layer.attend(q[part], k[part], v[part], is_causal=causal), layer.attend(q[part], k[part], v[part], is_causal=causal)
+            return tuple(layer.attend(q[part], k[part], v[part], is_causal=causal) for _ in range(2))
 
     (whole, second), halves = attend(0, 8), (attend(0, 4), attend(4, 4))
     assert torch.equal(whole, torch.cat([halves[0][0], halves[1][0]]))

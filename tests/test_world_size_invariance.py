@@ -128,8 +128,8 @@ class Model(nn.Module):
         return out
 '''
 PLAIN_RUN = ["--model", "PlainDropout", "--synthetic_rows", 600, "--synthetic_channels", 3, "--seq_len", 48,
-             "--label_len", 24, "--pred_len", 24, "--d_model", 32, "--dropout", 0.3, "--train_epochs", 3, "--patience", 10,
-             "--learning_rate", 0.005, "--num_threads", 1, "--no_plots"]
+             "--label_len", 24, "--pred_len", 24, "--d_model", 32, "--dropout", 0.3, "--train_epochs", 3,
+             "--patience", 10, "--learning_rate", 0.005, "--num_threads", 1, "--no_plots"]
 
 
 def run_user_model(rank, world_size, model_file, argv):
