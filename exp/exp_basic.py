@@ -54,7 +54,6 @@ class Exp_Basic:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)
         self.last_grad_norm = None  # of the last optimizer step, with --clip_grad
-        self.running = ()  # exp.steps.RunningLoss sums that train_epoch adds each step to (set by train)
 
     def autocast(self):
         """Mixed-precision context for forward passes (a no-op without --use_amp)."""
