@@ -60,64 +60,58 @@ EQUIVALENT = {
         "`splitlines()[0]` -> `[-1]` on pandas' message where no single date is to blame: the one case found "
         "(mixed time zones) has a one-line message; the survivor led to that case, which raised a raw "
         "traceback (fixed, tests/test_data.py::test_dates_whose_offset_changes_with_daylight_saving_are_refused_saying_how_to_write_them)",
-    "utils/checkpoint.py:543:core/ReplaceComparisonOperator_Eq_LtE":
-        "`to == \"openltm\"` -> `<=` in export: the command line allows only \"openltm\" and \"ours\", and "
-        "\"ours\" sorts after \"openltm\"",
-    "exp/steps.py:86:core/ReplaceBinaryOperator_Sub_Mod":
+    "exp/steps.py:101:core/ReplaceBinaryOperator_Sub_Mod":
         "`perf_counter() - started` -> `%` in the samples/s of a log line: perf_counter counts from boot, so "
         "the two differ only for a stretch longer than the machine had been up when it began",
     "data_provider/interface.py:63:core/ReplaceTrueWithFalse":
         "the default of `with_marks` in the interface's abstract window_dataset, which only raises "
         "NotImplementedError: every data kind defines its own method with its own default",
-    "exp/outputs.py:214:core/NumberReplacer":
+    "exp/outputs.py:294:core/NumberReplacer":
         "`[0]` -> `[-1]` on the forecast of predict's batch: the batch is the one window of future_input "
-        "(see exp/outputs.py:213 below), so its first and last rows are the same",
-    "utils/metrics.py:96:core/ReplaceComparisonOperator_GtE_NotEq":
+        "(see exp/outputs.py:293 below), so its first and last rows are the same",
+    "utils/metrics.py:102:core/ReplaceComparisonOperator_GtE_NotEq":
         "`pred.dim() >= 2` -> `!= 2` in batch_loss's layout choice: as for the USub mutant of that line, the "
         "layout only decides which contiguous copy the mean runs over; the same elements are averaged",
-    "data_provider/permutation.py:87:core/NumberReplacer":
+    "data_provider/permutation.py:96:core/NumberReplacer":
         "ShuffledShards.__iter__ computes its positions in chunks of 1 << 16; another chunk size yields the "
         "same positions in the same order (the chunking only bounds the memory of one call)",
-    "exp/exp_basic.py:27:core/ReplaceComparisonOperator_Eq_Is":
+    "exp/exp_basic.py:55:core/ReplaceComparisonOperator_Eq_Is":
         "`self._amp_dtype == torch.float16` -> `is`: torch dtypes are singletons, so the two agree",
     "utils/checkpoint.py:428:core/ReplaceBinaryOperator_Sub_BitXor":
         "`- {None}` -> `^ {None}` may add None to this launch's ids, but last.pth's `launches` never holds None "
         "(save_training_state drops it), so the intersection, the only use, is the same",
-    "data_provider/data_factory.py:40:core/ReplaceFalseWithTrue":
+    "data_provider/data_factory.py:51:core/ReplaceFalseWithTrue":
         "the data fingerprint reads only len() of each split's windows; with_marks decides whether batches "
         "carry time features, not how many windows there are",
-    "utils/metrics.py:96:core/ReplaceUnaryOperator_USub_UAdd":
+    "utils/metrics.py:102:core/ReplaceUnaryOperator_USub_UAdd":
         "`pred.transpose(-1, -2)` -> `transpose(-1, +2)` in the layout test of batch_loss: the test only picks "
         "the contiguous layout for speed (a 3-D pred then keeps its strided one; for 4-D the two are the same "
         "swap); the loss is the mean over the same elements in either layout (to float32 rounding of the summation order)",
-    "utils/distributed.py:166:core/NumberReplacer":
+    "utils/distributed.py:388:core/NumberReplacer":
         "`os.cpu_count() or 1` -> `or 0`: cpu_count() is None only where the count is unknown, and then "
         "max(1, 1 // n) and max(1, 0 // n) both give one thread",
     "exp/steps.py:180:core/ReplaceComparisonOperator_Lt_NotEq":
         "`subset_rand_ratio < 1` -> `!= 1` in the opening line: the ratio is in (0, 1] (a larger one is refused "
         "before training), where the two agree",
-    "utils/checkpoint.py:337:core/NumberReplacer":
-        "the setting lock file's mode 0o644 -> 421 (0o645): others' execute bit on a file nobody executes; "
-        "flock ignores modes, and the file is removed when the run ends",
-    "data_provider/data_factory.py:66:core/ReplaceComparisonOperator_Eq_Is":
+    "data_provider/data_factory.py:125:core/ReplaceComparisonOperator_Eq_Is":
         "`flag == \"train\"` -> `flag is \"train\"`: every caller passes the split as a literal from the code "
         "(data_factory.SPLITS, 'train'), and CPython interns such literals, so `is` holds exactly when `==` does",
-    "exp/outputs.py:213:core/NumberReplacer":
+    "exp/outputs.py:293:core/NumberReplacer":
         "`dataset.__getitems__([0])` -> `([-1])` in predict: future_input's dataset is x_len + horizon rows, "
         "exactly one window's span (horizon = pred_len / test_pred_len >= 1), so it holds one window and -1 is 0",
-    "utils/distributed.py:349:core/ReplaceComparisonOperator_Eq_GtE":
+    "utils/distributed.py:426:core/ReplaceComparisonOperator_Eq_GtE":
         "`get_backend() == \"nccl\"` -> `>= \"nccl\"` in _device_for_collectives: setup only ever starts gloo or "
         "nccl groups, and \"gloo\" >= \"nccl\" is False like ==",
-    "data_provider/data_factory.py:123:core/NumberReplacer":
+    "data_provider/data_factory.py:137:core/NumberReplacer":
         "`batch_size > 0` -> `> -1` for evaluation batches: --eval_batch_size is parsed as a positive int and "
         "an unset one is 4 x --batch_size, itself checked > 0 two lines above, so the batch size here is >= 1",
-    "utils/distributed.py:615:core/ReplaceComparisonOperator_IsNot_Is":
+    "utils/distributed.py:681:core/ReplaceComparisonOperator_IsNot_Is":
         "has_running_statistics -> False for BatchNorm models: DDP then stops re-broadcasting rank 0's buffers "
         "before each forward. BatchNorm normalises training batches with their own statistics and only updates "
         "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "
         "with broadcast_buffers (rank 0's on every rank) and only rank 0 saves, so only other ranks' statistics "
         "between evaluations differ, which nothing reads",
-    "data_provider/corpus.py:355:core/ReplaceComparisonOperator_Eq_Is":
+    "data_provider/corpus.py:337:core/ReplaceComparisonOperator_Eq_Is":
         "`index.get(\"version\") == VERSION` -> `is`: VERSION is a small int and json.load gives ints for integer "
         "literals; CPython keeps one object per int in [-5, 256], so `is` holds exactly when `==` does for every "
         "version a build writes",
