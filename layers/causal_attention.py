@@ -3,12 +3,12 @@
 TimerLayer calls its attention as `attention(x, n_vars, n_tokens)`, which suits Timer-XL's
 multivariate TimeAttention. Channel-independent token models (Timer) put every channel in its
 own batch row, so they need nothing but a causal mask over that row's tokens: this module
-adapts layers.encoder.AttentionLayer (fused SDPA, is_causal) to that signature.
+adapts layers.encoder.MultiHeadAttention (fused SDPA, is_causal) to that signature.
 """
 import torch
 from torch import nn
 
-from layers.encoder import AttentionLayer
+from layers.encoder import MultiHeadAttention
 
 
 class CausalSelfAttention(nn.Module):
@@ -16,7 +16,7 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
-        self.causal = AttentionLayer(d_model, n_heads, dropout, causal=True)
+        self.causal = MultiHeadAttention(d_model, n_heads, dropout, causal=True)
 
     def forward(self, x: torch.Tensor, n_vars: int = 1, n_tokens: int | None = None) -> torch.Tensor:
         # One variable per row: anything else means the caller flattened several variables into

@@ -17,7 +17,7 @@ def activation_fn(name: str):
     return ACTIVATIONS[name]
 
 
-class AttentionLayer(nn.Module):
+class MultiHeadAttention(nn.Module):
     """Multi-head attention: project queries/keys/values, attend per head, project back."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.1, causal: bool = False):
@@ -54,13 +54,13 @@ class FeedForward(nn.Module):
         return self.dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
-class EncoderLayer(nn.Module):
+class EncoderBlock(nn.Module):
     """x = norm1(x + attn(x)); out = norm2(x + FFN(x))."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.1,
                  activation: str = "gelu", norm: str = "layer"):
         super().__init__()
-        self.attention = AttentionLayer(d_model, n_heads, dropout)
+        self.attention = MultiHeadAttention(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2 = _norm(norm, d_model), _norm(norm, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -70,8 +70,8 @@ class EncoderLayer(nn.Module):
         return self.norm2(x + self.feed_forward(x))
 
 
-class Encoder(nn.Module):
-    """A stack of EncoderLayers and a final norm."""
+class EncoderStack(nn.Module):
+    """A stack of EncoderBlocks and a final norm."""
 
     def __init__(self, layers: list[nn.Module], d_model: int, norm: str = "layer"):
         super().__init__()
@@ -84,14 +84,14 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
-class DecoderLayer(nn.Module):
+class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention to the encoder output, feed-forward; post-norm."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.1,
                  activation: str = "gelu"):
         super().__init__()
-        self.self_attention = AttentionLayer(d_model, n_heads, dropout, causal=True)
-        self.cross_attention = AttentionLayer(d_model, n_heads, dropout)
+        self.self_attention = MultiHeadAttention(d_model, n_heads, dropout, causal=True)
+        self.cross_attention = MultiHeadAttention(d_model, n_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff or 4 * d_model, dropout, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
@@ -102,10 +102,10 @@ class DecoderLayer(nn.Module):
         return self.norm3(x + self.feed_forward(x))
 
 
-class Decoder(nn.Module):
-    """A stack of DecoderLayers, a final LayerNorm and an optional output projection."""
+class DecoderStack(nn.Module):
+    """A stack of DecoderBlocks, a final LayerNorm and an optional output projection."""
 
-    def __init__(self, layers: list[DecoderLayer], d_model: int, projection: nn.Module | None = None):
+    def __init__(self, layers: list[DecoderBlock], d_model: int, projection: nn.Module | None = None):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = nn.LayerNorm(d_model)

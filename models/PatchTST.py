@@ -4,8 +4,8 @@ all patch representations of a channel linearly to the horizon. Nie et al., "A T
 Words: Long-term Forecasting with Transformers", ICLR 2023; supervised version, as in TSLib."""
 from torch import nn
 
-from layers.embed import PatchEmbedding
-from layers.encoder import Encoder, EncoderLayer
+from layers.embedding import PatchTokenEmbedding
+from layers.encoder import EncoderBlock, EncoderStack
 from layers.normalization import InstanceNorm
 
 # TSLib's PatchTST keeps its generic encoder layers (LayerNorm after attention and feed-forward) and puts
@@ -14,7 +14,7 @@ LAYER_NORM = "layer"
 FINAL_NORM = "batch"
 
 
-class FlattenHead(nn.Module):
+class PatchFlattenHead(nn.Module):
     """[B * C, N, d_model] -> [B * C, pred_len]: one linear map over all of a series' patch features."""
 
     def __init__(self, n_features: int, pred_len: int, dropout: float):
@@ -38,20 +38,20 @@ class Model(nn.Module):
         # Always on: TSLib's PatchTST normalises every window regardless of use_norm.
         self.normalization = InstanceNorm()
         patch_len, stride = getattr(configs, "patch_len", 16), getattr(configs, "stride", 8)  # TSLib's defaults
-        self.patch_embedding = PatchEmbedding(configs.d_model, patch_len, stride, configs.dropout)
-        self.encoder = Encoder(
+        self.patch_embedding = PatchTokenEmbedding(configs.d_model, patch_len, stride, configs.dropout)
+        self.encoder = EncoderStack(
             [
-                EncoderLayer(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout,
+                EncoderBlock(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout,
                              configs.activation, norm=LAYER_NORM)
                 for _ in range(configs.e_layers)
             ],
             configs.d_model,
             norm=FINAL_NORM,
         )
-        n_patches = PatchEmbedding.n_patches(configs.seq_len, patch_len, stride)
+        n_patches = PatchTokenEmbedding.n_patches(configs.seq_len, patch_len, stride)
         if n_patches < 1:
             raise ValueError(f"seq_len {configs.seq_len} is too short for patch_len {patch_len} with stride {stride}")
-        self.head = FlattenHead(configs.d_model * n_patches, configs.pred_len, configs.dropout)
+        self.head = PatchFlattenHead(configs.d_model * n_patches, configs.pred_len, configs.dropout)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
         if x_enc.shape[1] != self.seq_len:

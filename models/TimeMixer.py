@@ -18,7 +18,7 @@ from torch import nn
 
 from layers.decomposition import SeriesDecomposition
 from layers.dropout import dropout_noise, fused_dropout
-from layers.embed import DataEmbedding
+from layers.embedding import StepTokenEmbedding
 from layers.mlp import mlp_over_columns
 from layers.normalization import InstanceNorm
 
@@ -249,7 +249,7 @@ class Model(nn.Module):
         self.normalize_layers = None
         if getattr(configs, "use_norm", 1):
             self.normalize_layers = nn.ModuleList(InstanceNorm(configs.enc_in, affine=True) for _ in range(n_scales))
-        self.enc_embedding = DataEmbedding(1 if self.channel_independence else configs.enc_in, configs.d_model,
+        self.enc_embedding = StepTokenEmbedding(1 if self.channel_independence else configs.enc_in, configs.d_model,
                                            mark_dim, getattr(configs, "dropout", 0.1), position=False)
         # The value embedding's width-3 circular convolution reads steps t-1, t, t+1 of each scale (modulo
         # its length): their indices into the scales laid side by side, [3 * sum T_i] (not in the state_dict).
@@ -303,7 +303,7 @@ class Model(nn.Module):
 
         Without calendar marks the embedding is the value term alone, a width-3 circular convolution
         over each scale's time axis: one gather of the three neighbours of every step from all scales
-        at once, then one product with the weight [d_model, c_in * 3] (dropout as DataEmbedding's).
+        at once, then one product with the weight [d_model, c_in * 3] (dropout as StepTokenEmbedding's).
         """
         embedding = self.enc_embedding
         if embedding.position is None and all(m is None for m in marks):

@@ -6,7 +6,7 @@ Generative Pre-trained Transformers Are Large Time Series Models", ICML 2024; fo
 from torch import nn
 
 from layers.causal_attention import CausalSelfAttention
-from layers.embed import PositionalEmbedding
+from layers.embedding import SinusoidalPositions
 from layers.normalization import InstanceNorm
 from layers.transformer import TimerBlock, TimerLayer, series_to_patches, token_forecasts_to_series
 from utils import openltm
@@ -25,7 +25,7 @@ class Model(nn.Module):
         self.norm = InstanceNorm()
         # No bias and absolute sinusoidal positions (not RoPE), as OpenLTM's Timer.
         self.embedding = nn.Linear(self.input_token_len, configs.d_model, bias=False)
-        self.position = PositionalEmbedding(configs.d_model)
+        self.position = SinusoidalPositions(configs.d_model)
         self.dropout = nn.Dropout(configs.dropout)
         self.blocks = TimerBlock(
             [

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from layers.embed import DataEmbedding
+from layers.embedding import StepTokenEmbedding
 from layers.inception import InceptionBlock
 from layers.normalization import InstanceNorm
 
@@ -107,7 +107,7 @@ class Model(nn.Module):
         self.pred_len = configs.pred_len
         # TSLib always normalises TimesNet's input for forecasting, whatever use_norm says.
         self.normalizer = InstanceNorm()
-        self.enc_embedding = DataEmbedding(configs.enc_in, configs.d_model, getattr(configs, "mark_dim", 0) or 0,
+        self.enc_embedding = StepTokenEmbedding(configs.enc_in, configs.d_model, getattr(configs, "mark_dim", 0) or 0,
                                            configs.dropout)
         self.predict_linear = nn.Linear(self.seq_len, self.seq_len + self.pred_len)
         self.blocks = nn.ModuleList(

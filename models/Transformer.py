@@ -5,8 +5,8 @@ linear layer maps its last pred_len outputs to c_out channels. Vaswani et al., "
 Need", NeurIPS 2017; follows TSLib's forecasting variant (no input normalisation)."""
 from torch import nn
 
-from layers.embed import DataEmbedding
-from layers.encoder import Decoder, DecoderLayer, Encoder, EncoderLayer
+from layers.embedding import StepTokenEmbedding
+from layers.encoder import DecoderBlock, DecoderStack, EncoderBlock, EncoderStack
 
 
 class Model(nn.Module):
@@ -16,18 +16,18 @@ class Model(nn.Module):
         super().__init__()
         self.pred_len = configs.pred_len
         mark_dim = getattr(configs, "mark_dim", 0)
-        self.enc_embedding = DataEmbedding(configs.enc_in, configs.d_model, mark_dim, configs.dropout)
-        self.dec_embedding = DataEmbedding(configs.dec_in, configs.d_model, mark_dim, configs.dropout)
-        self.encoder = Encoder(
+        self.enc_embedding = StepTokenEmbedding(configs.enc_in, configs.d_model, mark_dim, configs.dropout)
+        self.dec_embedding = StepTokenEmbedding(configs.dec_in, configs.d_model, mark_dim, configs.dropout)
+        self.encoder = EncoderStack(
             [
-                EncoderLayer(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
+                EncoderBlock(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
                 for _ in range(configs.e_layers)
             ],
             configs.d_model,
         )
-        self.decoder = Decoder(
+        self.decoder = DecoderStack(
             [
-                DecoderLayer(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
+                DecoderBlock(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
                 for _ in range(configs.d_layers)
             ],
             configs.d_model,

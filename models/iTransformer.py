@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.dropout import add_dropout, dropout, dropout_noises, fused_dropout, shared_rate
-from layers.embed import DataEmbeddingInverted
-from layers.encoder import Encoder, EncoderLayer
+from layers.embedding import VariateTokenEmbedding
+from layers.encoder import EncoderBlock, EncoderStack
 from layers.normalization import InstanceNorm
 
 
 class Model(nn.Module):
     """The modules (and state_dict keys) are TSLib's; forward runs them on token-major tensors
-    [tokens, B, d_model] through _encoder_layer, which computes EncoderLayer.forward's function."""
+    [tokens, B, d_model] through _encoder_layer, which computes EncoderBlock.forward's function."""
 
     autoregressive = False
     inputs_used = ("x_enc", "x_mark_enc")
@@ -29,10 +29,10 @@ class Model(nn.Module):
         self.pred_len = configs.pred_len
         self.use_norm = bool(configs.use_norm)
         self.normalizer = InstanceNorm()
-        self.embedding = DataEmbeddingInverted(configs.seq_len, configs.d_model, configs.dropout)
-        self.encoder = Encoder(
+        self.embedding = VariateTokenEmbedding(configs.seq_len, configs.d_model, configs.dropout)
+        self.encoder = EncoderStack(
             [
-                EncoderLayer(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
+                EncoderBlock(configs.d_model, configs.n_heads, configs.d_ff, configs.dropout, configs.activation)
                 for _ in range(configs.e_layers)
             ],
             configs.d_model,
@@ -89,8 +89,8 @@ class Model(nn.Module):
         return [masks[0]] + [tuple(masks[i:i + 4]) for i in range(1, len(masks), 4)]
 
 
-def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int, masks=(None, None, None, None)) -> torch.Tensor:
-    """EncoderLayer.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
+def _encoder_layer(layer: EncoderBlock, x: torch.Tensor, n_out: int, masks=(None, None, None, None)) -> torch.Tensor:
+    """EncoderBlock.forward on token-major x [N, B, d_model], for its first n_out tokens (all N attend).
     `masks`: the dropout masks of the attention weights, attention output, hidden layer and feed-forward
     output, if drawn already (Model._dropout_masks); each residual addition is fused with its dropout."""
     training = layer.training
@@ -104,7 +104,7 @@ def _encoder_layer(layer: EncoderLayer, x: torch.Tensor, n_out: int, masks=(None
 
 
 def _attention(attention, queries: torch.Tensor, x: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """AttentionLayer.forward(queries, x, x) on token-major tensors [N, B, d_model]; `noise`: the attention
+    """MultiHeadAttention.forward(queries, x, x) on token-major tensors [N, B, d_model]; `noise`: the attention
     weights' dropout mask, if drawn already."""
     n_q, batch, d_model = queries.shape
     n_heads = attention.n_heads

@@ -232,10 +232,10 @@ def ours_to_openltm(state, model):
 
 
 def sinusoid_table(d_model, length):
-    """OpenLTM's (and TSLib's) fixed positions, [1, length, d_model]: our PositionalEmbedding's table."""
-    from layers.embed import PositionalEmbedding
+    """OpenLTM's (and TSLib's) fixed positions, [1, length, d_model]: the table of our SinusoidalPositions."""
+    from layers.embedding import SinusoidalPositions
 
-    return PositionalEmbedding(d_model, max_len=length).table.clone()
+    return SinusoidalPositions(d_model, max_len=length).table.clone()
 
 
 def _check_positions(value, key):

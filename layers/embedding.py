@@ -1,5 +1,7 @@
 """Input embeddings shared by the Transformer-family forecasters (TSLib's Embed.py, written once).
 
+The classes are named for what they do, not with TSLib's names (DataEmbedding, ...), which TSLib's own layers keep.
+
 Time features (`x_mark`) come from the data provider: `configs.mark_dim` columns per step, 0 for
 undated data, in which case the temporal term is left out.
 """
@@ -9,7 +11,7 @@ import torch
 from torch import nn
 
 
-class PositionalEmbedding(nn.Module):
+class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions, [1, L, d_model] for an input of length L."""
 
     def __init__(self, d_model: int, max_len: int = 5000):
@@ -25,7 +27,7 @@ class PositionalEmbedding(nn.Module):
         return self.table[:, : x.shape[1]]
 
 
-class TokenEmbedding(nn.Module):
+class ConvValueEmbedding(nn.Module):
     """Values of all channels at a step -> d_model, by a width-3 circular convolution over time."""
 
     def __init__(self, c_in: int, d_model: int):
@@ -37,7 +39,7 @@ class TokenEmbedding(nn.Module):
         return self.conv(x.transpose(1, 2)).transpose(1, 2)
 
 
-class TimeFeatureEmbedding(nn.Module):
+class CalendarEmbedding(nn.Module):
     """Time features of a step -> d_model (TSLib's `timeF` embedding: one linear map, no bias)."""
 
     def __init__(self, mark_dim: int, d_model: int):
@@ -48,14 +50,14 @@ class TimeFeatureEmbedding(nn.Module):
         return self.linear(x_mark)
 
 
-class DataEmbedding(nn.Module):
+class StepTokenEmbedding(nn.Module):
     """value + temporal (+ position) embedding of every step: [B, L, C] -> [B, L, d_model]."""
 
     def __init__(self, c_in: int, d_model: int, mark_dim: int = 0, dropout: float = 0.1, position: bool = True):
         super().__init__()
-        self.value = TokenEmbedding(c_in, d_model)
-        self.position = PositionalEmbedding(d_model) if position else None
-        self.temporal = TimeFeatureEmbedding(mark_dim, d_model) if mark_dim else None
+        self.value = ConvValueEmbedding(c_in, d_model)
+        self.position = SinusoidalPositions(d_model) if position else None
+        self.temporal = CalendarEmbedding(mark_dim, d_model) if mark_dim else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, x_mark: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,7 +69,7 @@ class DataEmbedding(nn.Module):
         return self.dropout(out)
 
 
-class DataEmbeddingInverted(nn.Module):
+class VariateTokenEmbedding(nn.Module):
     """iTransformer's embedding: each variate's whole series is one token, [B, L, C] -> [B, C (+marks), d_model].
 
     Time features, when given, are appended as extra variates (as in the paper's code).
@@ -85,7 +87,7 @@ class DataEmbeddingInverted(nn.Module):
         return self.dropout(self.linear(x))
 
 
-class PatchEmbedding(nn.Module):
+class PatchTokenEmbedding(nn.Module):
     """PatchTST's patching: pad the end by `stride` repeats, cut patches of `patch_len` every `stride`
     steps, project each to d_model and add positions. [B * C, L] -> [B * C, N, d_model]."""
 
@@ -94,7 +96,7 @@ class PatchEmbedding(nn.Module):
         self.patch_len, self.stride = patch_len, stride
         self.pad = nn.ReplicationPad1d((0, stride))
         self.value = nn.Linear(patch_len, d_model, bias=False)
-        self.position = PositionalEmbedding(d_model)
+        self.position = SinusoidalPositions(d_model)
         self.dropout = nn.Dropout(dropout)
 
     @staticmethod
