@@ -211,3 +211,15 @@ def test_a_run_whose_setting_folder_was_removed_stops_at_its_next_save(tmp_path,
         assert results[0][1] == [(".lock", b"the second run"), ("checkpoint.pth", b"the second run's weights")]
     else:
         assert results[0][1] is None  # not re-made
+
+
+def test_an_argument_added_since_a_state_was_saved_counts_as_its_default():
+    """A last.pth from before an argument existed resumes when the argument is at its default (the
+    behaviour the code had before), and is refused naming it, saved as the default, when it is not."""
+    from utils.checkpoint import identity_differences
+
+    saved = {"model": "DLinear", "moving_avg": 25}  # written before --seg_len existed
+    assert identity_differences(saved, {"model": "DLinear", "moving_avg": 25, "seg_len": 96}) == []
+    assert identity_differences(saved, {"model": "DLinear", "moving_avg": 25, "seg_len": 12}) == [
+        "seg_len (saved 96, now 12)"]
+    assert identity_differences(saved, {"model": "DLinear", "moving_avg": 13}) == ["moving_avg (saved 25, now 13)"]

@@ -2,6 +2,7 @@
 resume from (last.pth), which carries the run's identity; the lock that keeps two runs out
 of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -238,14 +239,23 @@ def run_identity(args):
 
 
 def identity_differences(saved, now):
-    """'name (saved X, now Y)' for each field that differs, in parser order."""
+    """'name (saved X, now Y)' for each field that differs, in parser order. A field the saved identity
+    lacks (an argument added since that file was written) counts as its default: a new argument's
+    default keeps what the code did before it existed."""
+    defaults = _parser_defaults()
     differing = []
     for name, value in now.items():
         if name in ("train_epochs", "train_steps") and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
             continue  # the schedule does not read it: a longer run continues a shorter one exactly
-        if saved.get(name, "(absent)") != value:
-            differing.append(f"{name} (saved {saved.get(name, '(absent)')!r}, now {value!r})")
+        was = saved[name] if name in saved else defaults.get(name, "(absent)")
+        if was != value:
+            differing.append(f"{name} (saved {was!r}, now {value!r})")
     return differing
+
+
+@functools.lru_cache(maxsize=1)
+def _parser_defaults():
+    return vars(build_parser().parse_args([]))
 
 
 def launch_id():
