@@ -54,7 +54,16 @@ def get_model_class(name):
     name = canonical_name(name)
     if name not in available_models():
         raise UserError(f"unknown --model '{name}'; available: {', '.join(available_models())}")
-    module = importlib.import_module(f"models.{name}")
+    try:
+        module = importlib.import_module(f"models.{name}")
+    except ModuleNotFoundError as missing:  # a file written for another codebase (TSLib's layers) or package
+        if missing.name is None or missing.name == f"models.{name}":
+            raise
+        top = missing.name.split(".")[0]
+        fix = (f"a module this codebase does not have (TSLib's layers/ files are not part of it); add {top}/"
+               f"{missing.name.split('.', 1)[-1].replace('.', '/')}.py or change the import" if top == "layers"
+               else "which is not installed; install the package that provides it")
+        raise UserError(f"models/{name}.py imports {missing.name}, {fix}") from None
     return module.Model
 
 

@@ -459,3 +459,24 @@ def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
     with layers_dropout.masks_follow_samples(3, 11, 1):  # sample 1 alone, at its global position 11
         alone = model(x[1:2])
     torch.testing.assert_close(alone[0], together[1])
+
+
+@pytest.mark.parametrize("imports, message", [
+    ("from layers.Autoformer_EncDec import series_decomp",
+     "models/Borrowed.py imports layers.Autoformer_EncDec, a module this codebase does not have (TSLib's layers/ "
+     "files are not part of it); add layers/Autoformer_EncDec.py or change the import"),
+    ("import reformer_pytorch_not_here",
+     "models/Borrowed.py imports reformer_pytorch_not_here, which is not installed; install the package that provides it"),
+])
+def test_a_model_file_importing_what_is_not_here_is_named_in_one_line(tmp_path, monkeypatch, imports, message):
+    """A TSLib model file dropped in unchanged (SegRNN imports TSLib's layers.Autoformer_EncDec) ends in one
+    line naming the missing module, not an import traceback."""
+    import models
+    from utils.errors import UserError
+
+    (tmp_path / "Borrowed.py").write_text(f"{imports}\n\n\nclass Model(object):\n    pass\n")
+    monkeypatch.setattr(models, "_HERE", tmp_path)
+    monkeypatch.setattr(models, "__path__", [str(tmp_path), *models.__path__])
+    with pytest.raises(UserError) as refused:
+        models.get_model_class("Borrowed")
+    assert str(refused.value) == message
