@@ -171,3 +171,21 @@ def test_data_on_device_always_without_loader_workers_is_accepted():
     resolve_args(make_args("--data_on_device", "always", "--num_workers", 0, "--synthetic_rows", 1500), 1)
     for where in ("auto", "never"):
         resolve_args(make_args("--data_on_device", where, "--num_workers", 2, "--synthetic_rows", 1500), 1)
+
+
+def test_a_batch_size_that_a_global_batch_replaces_is_named(caplog):
+    """--batch_size 8 beside --global_batch_size 32 on 2 processes runs micro-batches of 16: said in one warning
+    (was silent); the default --batch_size, or one the global batch gives anyway, says nothing."""
+    from exp.settings import resolve_args
+
+    def warnings_of(*argv):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tsl"):
+            args = resolve_args(make_args("--synthetic_rows", 1500, *argv), 2)
+        return args.batch_size, [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+
+    assert warnings_of("--batch_size", 8, "--global_batch_size", 32) == (16, [
+        "--batch_size 8 is replaced by --global_batch_size 32: micro-batches of up to 16 windows on each of 2 "
+        "process(es); to hold them smaller, add --accumulation_steps"])
+    assert warnings_of("--global_batch_size", 32) == (16, [])
+    assert warnings_of("--batch_size", 16, "--global_batch_size", 32) == (16, [])
