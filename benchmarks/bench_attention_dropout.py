@@ -22,7 +22,6 @@ memory: the step's own peak. Time: the median of --steps steps.
 """
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -32,7 +31,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

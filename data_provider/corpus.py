@@ -56,7 +56,7 @@ from data_provider.interface import ForecastData
 from data_provider.splits import SPLITS
 from data_provider.univariate import SUFFIXES, scaled_series
 from utils.errors import UserError, require
-from utils.files import atomic_write, take_file_lock
+from utils.files import atomic_write, release_file_lock, take_file_lock
 
 CORPUS = "corpus"
 INDEX, STATE, JOURNAL, LOCK = "index.json", ".build_state.json", ".build_series.jsonl", ".build.lock"
@@ -240,9 +240,7 @@ def build_lock(out_dir):
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while still held, so an opener that waits on this file sees it replaced
-        os.close(fd)
+        release_file_lock(path, fd)
 
 
 def _take_lock(path):

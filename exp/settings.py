@@ -16,7 +16,7 @@ from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
 from models import FORWARD_INPUTS, get_model_class, inputs_used
 from utils import distributed
-from utils.arguments import FORECAST_TASKS, build_parser, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT
+from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights
 from utils.errors import UserError, require
 from utils.metrics import LOSSES
@@ -258,7 +258,7 @@ def _split_global_batch(args, world_size):
             f"{args.accumulation_steps} accumulation steps, so some micro-batch would hold no window; use at least "
             f"{micro_batches}")
     largest = -(-args.global_batch // micro_batches)
-    if args.batch_size not in (largest, build_parser().get_default("batch_size")) and distributed.env_rank() == 0:
+    if args.batch_size not in (largest, parser_defaults()["batch_size"]) and distributed.env_rank() == 0:
         logger.warning(f"--batch_size {args.batch_size} is replaced by --global_batch_size {args.global_batch}: "
                        f"micro-batches of up to {largest} windows on each of {world_size} process(es); to hold them "
                        "smaller, add --accumulation_steps")

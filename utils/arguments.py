@@ -7,6 +7,7 @@ must match) are read from them, never kept by hand.
 """
 import argparse
 import difflib
+import functools
 import math
 import re
 import sys
@@ -340,6 +341,12 @@ def build_parser():
                    help="TensorBoard scalars (needs the tensorboard package) in <results_dir>/<setting>/tensorboard, "
                         "or in DIR/<setting> when a DIR is given")
     return p
+
+
+@functools.lru_cache(maxsize=1)
+def parser_defaults():
+    """Every argument's default (name -> value), as build_parser gives it to a command line without it."""
+    return vars(build_parser().parse_args([]))
 
 
 def parse_args(argv=None):

@@ -2,7 +2,6 @@
 resume from (last.pth), which carries the run's identity; the lock that keeps two runs out
 of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -12,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 from utils import adapters, distributed, openltm
-from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names
+from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
-from utils.files import atomic_write, same_file, take_file_lock
+from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
 from utils.tools import rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
@@ -242,7 +241,7 @@ def identity_differences(saved, now):
     """'name (saved X, now Y)' for each field that differs, in parser order. A field the saved identity
     lacks (an argument added since that file was written) counts as its default: a new argument's
     default keeps what the code did before it existed."""
-    defaults = _parser_defaults()
+    defaults = parser_defaults()
     differing = []
     for name, value in now.items():
         if name in ("train_epochs", "train_steps") and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
@@ -251,11 +250,6 @@ def identity_differences(saved, now):
         if was != value:
             differing.append(f"{name} (saved {was!r}, now {value!r})")
     return differing
-
-
-@functools.lru_cache(maxsize=1)
-def _parser_defaults():
-    return vars(build_parser().parse_args([]))
 
 
 def launch_id():
@@ -551,13 +545,7 @@ def setting_lock(args, setting):
     finally:
         if "fd" in held:
             _held_locks.pop(os.path.abspath(folder), None)
-            # remove the file while still holding it (a waiting opener sees the inode change), so a
-            # run leaves no lock file, and no folder if it wrote nothing else there; never another
-            # run's, made after this run's folder was removed
-            if same_file(path, held["fd"]):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            os.close(held["fd"])
+            release_file_lock(path, held["fd"])  # a run leaves no lock file, and no folder if it wrote nothing else
             if held["new_folder"]:
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)

@@ -2,6 +2,7 @@
 
 A crash or a kill mid-write leaves the previous file (or none), never half of one.
 """
+import contextlib
 import fcntl
 import functools
 import os
@@ -101,3 +102,13 @@ def take_file_lock(path):
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
     return fd, None
+
+
+def release_file_lock(path, fd):
+    """Remove the lock file of take_file_lock while still holding it (an opener waiting on it sees it
+    replaced), unless it is no longer this one (its folder removed and a new taker's file in its place),
+    then let go of it."""
+    if same_file(path, fd):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    os.close(fd)
