@@ -362,4 +362,4 @@ def test_every_file_a_run_or_a_corpus_build_writes_has_the_umasks_mode(tmp_path,
     names = {p.name for p in written}
     assert {"checkpoint.pth", "last.pth", "metrics.json", "window_errors.csv", "steps.csv", "forecast.csv",
             "results.jsonl", "index.json"} <= names, names
-    assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in written} == {str(p): oct(mode) for p in written}
