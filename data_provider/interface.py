@@ -27,7 +27,7 @@ class ForecastData(ABC):
     # permutation (data_provider.permutation) instead of DistributedSampler's randperm of every window
     constant_memory_shuffle = False
 
-    MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates",
+    MEMBERS = ("columns", "mark_dim", "scaler", "per_series_scaling", "dates", "series_histories",
                "window_dataset", "forecast_date", "future_input", "content_hash", "nbytes",
                "constant_memory_shuffle")
 
@@ -63,6 +63,13 @@ class ForecastData(ABC):
     def window_dataset(self, flag, window, with_marks=True):
         """Every window of split `flag` as a Dataset with `__getitems__` (one gather per batch);
         raises UserError when the split holds no window."""
+
+    def series_histories(self, flag, window, original=False):
+        """(histories, series): each series' values before the first forecast step of split `flag`, float64
+        [T_i, C] arrays (the file's own values of the scored columns with `original`), and the series each
+        window of window_dataset(flag, window) belongs to. MASE's scale comes from them, once per series.
+        None where a data kind keeps no history at hand (a corpus larger than memory)."""
+        return None
 
     @abstractmethod
     def forecast_date(self, flag, window, i):

@@ -87,6 +87,21 @@ class UnivariateData(ForecastData):
                                        with_marks=with_marks)
         return WindowSelection(every_position, np.concatenate(starts))
 
+    def series_histories(self, flag, window, original=False):
+        """Each series with a window in the split: its rows before the split's first forecast step (scaled:
+        a corpus has no one original scale)."""
+        if original:
+            return None
+        i = SPLITS.index(flag)
+        histories, series = [], []
+        for values, ends in zip(self.series, self.ends):
+            start = split_start(ends, flag, window.x_len)
+            n = ends[i] - start - window.span + 1
+            if n > 0:  # as window_dataset: a series too short for the split has no window
+                series.append(np.full(n, len(histories), dtype=np.int64))
+                histories.append(np.asarray(values[:start + window.x_len], dtype=np.float64)[:, None])
+        return histories, np.concatenate(series) if series else np.zeros(0, dtype=np.int64)
+
     def forecast_date(self, flag, window, i):
         return None  # undated: files differ in frequency
 

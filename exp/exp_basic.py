@@ -7,6 +7,8 @@ import torch
 from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import distributed
+from utils.metrics import batch_loss
+from utils.probabilistic import objective_for
 from utils.tools import seed_everything, set_precision
 
 logger = logging.getLogger("tsl")
@@ -54,6 +56,13 @@ class Exp_Basic:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)
         self.last_grad_norm = None  # of the last optimizer step, with --clip_grad
+        self.objective = objective_for(args)  # a probabilistic --loss (utils.probabilistic), or None
+
+    def loss(self, pred, true):
+        """Mean training loss of a batch: --loss MSE / MAE, or the probabilistic objective's."""
+        if self.objective is None:
+            return batch_loss(pred.float(), true, self.args.loss)
+        return self.objective.loss(pred.float(), true)
 
     def autocast(self):
         """Mixed-precision context for forward passes (a no-op without --use_amp)."""

@@ -24,14 +24,17 @@ from data_provider.data_factory import data_provider
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward
+from exp.scoring import ProbabilisticScoring
 from exp.outputs import (draw_forecasts, draw_training, original_scale_sums, output_path, prepare_training_outputs,
                          require_outputs_writable, result_line, tensorboard_dir, test_metrics)
-from exp.steps import RunningLoss, StepLog, StepPlan, TrainingRun, evaluation_line, training_summary, with_last
+from exp.steps import (RunningLoss, StepLog, StepPlan, TrainingRun, evaluation_line, log_optimizer_state_bytes,
+                       training_summary, with_last)
 from layers.dropout import mask_key, masks_follow_samples
 from utils import distributed
 from utils.checkpoint import TrainingState, checkpoint_path, load_weights, resume, save_best, save_training_state
 from utils.errors import require
-from utils.metrics import ErrorSums, batch_loss
+from utils.metrics import ErrorSums
+from utils.probabilistic import ObjectiveSums
 from utils.progress import RESULT, EpochProgress, EvaluationProgress, progress_mode
 from utils.tools import EarlyStopping, LearningRateSchedule, eval_mode
 
@@ -66,7 +69,7 @@ class Exp_Forecast(Exp_Basic):
             where = f"step {state.step}" if plan.step_based else f"epoch {state.epoch - 1}"
             logger.info(f"early stopping after {where}")
         if run.state_bytes is None:  # resumed after the last step: the loaded state
-            run.state_bytes = self._log_optimizer_state_bytes(state.optimizer)
+            run.state_bytes = log_optimizer_state_bytes(state.optimizer, self.args.zero)
         # rank 0 reads, everyone gets its weights: other nodes need not see its disk
         distributed.load_on_main(self.raw_model, load_weights, run.best_path, map_location=self.device)
         draw_training(args, setting, state.history)
@@ -101,7 +104,7 @@ class Exp_Forecast(Exp_Basic):
     def _after_step(self, state, run):
         """Logging, evaluation and saving due after the step just taken; True ends training."""
         if run.state_bytes is None:
-            run.state_bytes = self._log_optimizer_state_bytes(state.optimizer)
+            run.state_bytes = log_optimizer_state_bytes(state.optimizer, self.args.zero)
         if run.plan.logs(state.step):
             self._log_step(state, run.step_log)
         evaluates = run.plan.evaluates(state.step, state.end_of_epoch)
@@ -191,11 +194,11 @@ class Exp_Forecast(Exp_Basic):
                 with distributed.no_sync(self.model, skip=i < last):
                     with self.autocast(), self.sample_masks(micro_batches, i, batch[0].shape[0]):
                         pred, true = forward(self.model, batch, self.args, "train", self.device)
-                        loss = batch_loss(pred.float(), true, self.args.loss)  # the mean over pred's elements
+                        loss = self.loss(pred, true)  # the mean over the scored elements
                     weight = world * pred.shape[0] / windows  # pred's windows x W / the global batch's
                     self.backward(loss if weight == 1 else loss * weight)
-                loss_sum.add_(loss.detach(), alpha=pred.numel())
-                n_scored += pred.numel()
+                loss_sum.add_(loss.detach(), alpha=true.numel())
+                n_scored += true.numel()
             if not micro_batches:
                 self._stand_in_pass(micro_batches.stand_in)
         self.last_grad_norm = self.optimizer_step(optimizer)
@@ -218,42 +221,46 @@ class Exp_Forecast(Exp_Basic):
         stay as they were."""
         with eval_mode(self.model), self.autocast():
             pred, true = forward(self.model, batch, self.args, "train", self.device)
-            loss = batch_loss(pred.float(), true, self.args.loss)
+            loss = self.loss(pred, true)
         self.backward(loss * 0.0)
-
-    def _log_optimizer_state_bytes(self, optimizer):
-        """Every rank's optimizer-state bytes (halved per rank by --zero on 2 ranks), logged."""
-        per_rank = distributed.gather_objects(distributed.optimizer_state_bytes(optimizer))
-        logger.info("optimizer state per rank: " + ", ".join(f"{b / 2**20:.2f} MiB" for b in per_rank)
-                    + (" (sharded, --zero)" if self.args.zero and len(per_rank) > 1 else ""))
-        return per_rank
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, loader, stage, original=None, keep_windows=False):
-        """Global ErrorSums over every window of the loader's split, on every rank; `original`
-        (an ErrorSums with an OriginalScale transform), if given, also sums the errors on the
-        data's original scale, against the data file's own float64 values; `keep_windows` keeps each
-        window's errors too. A long evaluation shows its progress on rank 0 (utils.progress.EvaluationProgress)."""
+    def evaluate(self, loader, stage, original=None, keep_windows=False, scoring=None):
+        """Global ErrorSums over every window of the loader's split, on every rank; `original` (an ErrorSums with
+        an OriginalScale transform) also sums the errors on the original scale, against the data file's own float64
+        values; `keep_windows` keeps each window's errors. A probabilistic run scores its median, sets the sums'
+        `objective_loss` (the global mean of its training objective), and `scoring` (exp.scoring) its quantiles."""
         model = self.raw_model  # no DDP wrapper: no collective can run inside this loop
         sums = ErrorSums(keep_windows)
+        losses = ObjectiveSums(self.objective) if self.objective is not None else None
         progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
         truths = loader.original_targets() if original is not None else None  # batch by batch, as the loader's
+        positions = loader.batch_indices() if scoring is not None else None
         with eval_mode(model):
             for batch in loader:
                 with self.autocast():
                     pred, true = forward(model, batch, self.args, stage, self.device)
+                # the scored part of the file's own values: the horizon's last steps, the last channels
+                truth = None if original is None else next(truths)[:, -true.shape[1]:, -true.shape[-1]:].to(true.device)
+                if losses is not None:  # a probabilistic forecast: its loss, quantiles and median
+                    losses.update(pred, true)
+                    pred = (scoring.update(pred, true, next(positions), truth) if scoring is not None
+                            else self.objective.point(pred))
                 sums.update(pred, true)
-                if original is not None:  # the scored part: the horizon's last steps, the last channels
-                    original.update(pred, next(truths)[:, -pred.shape[1]:, -pred.shape[-1]:].to(pred.device))
+                if original is not None:
+                    original.update(pred, truth)
                 progress.update()
         progress.close()
-        if original is not None:
-            original.all_reduce()
+        for reduced in (original, scoring):
+            if reduced is not None:
+                reduced.all_reduce()
+        sums.objective_loss = None if losses is None else losses.all_reduce().loss()
         return sums.all_reduce()
 
     def _loss_of(self, sums):
-        return sums.metrics()["mse" if self.args.loss == "MSE" else "mae"]
+        """The validation loss early stopping follows: the training objective's."""
+        return sums.objective_loss if sums.objective_loss is not None else sums.metrics()[self.args.loss.lower()]
 
     def vali(self, vali_loader, stage="val"):
         """Exact global validation loss (same value on every rank, for any world size)."""
@@ -271,8 +278,10 @@ class Exp_Forecast(Exp_Basic):
         vali_loader, test_loader = (data_provider(args, flag, self.device)[1] for flag in ("val", "test"))
         vali_loss = self.vali(vali_loader, "val")
         original = original_scale_sums(args, self.device)  # --inverse on data of no one scale: refused on every rank
-        sums = self.evaluate(test_loader, "test", original, keep_windows=True)
-        metrics = test_metrics(args, setting, sums, original, vali_loss, test_loader.dataset)
+        scoring = (ProbabilisticScoring(args, test_loader.dataset, self.device, original and original.transform)
+                   if self.objective is not None else None)
+        sums = self.evaluate(test_loader, "test", original, keep_windows=True, scoring=scoring)
+        metrics = test_metrics(args, setting, sums, original, vali_loss, test_loader.dataset, scoring)
         peak = distributed.peak_gpu_mib(self.device)
         if peak is not None:
             metrics["peak_gpu_mib"] = peak  # per rank, over the whole run

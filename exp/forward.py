@@ -4,12 +4,17 @@ Direct models (TSLib) forecast the horizon in one pass. Token models (OpenLTM) p
 next output_token_len steps of every input token while training and validating, and roll
 out test_pred_len steps at test time. Each function returns (prediction, truth) of the
 elements that are scored.
+
+A probabilistic --loss widens the model's horizon `width` times (exp.settings.widened); its output is read
+back as `width` blocks of the horizon, and the prediction holds them last: [..., C, width], the objective's
+parameters of each scored element (utils.probabilistic). A rollout feeds back their median.
 """
 import math
 
 import torch
 
 from utils.distributed import AgreedError
+from utils.probabilistic import objective_for
 
 
 def forward(model, batch, args, stage, device):
@@ -23,34 +28,56 @@ def forward(model, batch, args, stage, device):
 
 def direct_forward(model, batch, args, device):
     x, y, x_mark, y_mark = on_device(batch, device)
-    pred_len, label_len = args.pred_len, args.label_len
-    dec_inp = None
-    if "x_dec" in args.model_inputs:  # TSLib decoder input: the last label_len known steps, then zeros
-        dec_inp = torch.cat([y[:, :label_len], torch.zeros_like(y[:, -pred_len:])], dim=1)
-    out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), dec_inp, _used("x_mark_dec", y_mark, args)), args)
-    if out.shape[1] != pred_len:  # even a no-op slice costs a zero-fill and copy in backward
-        out = out[:, -pred_len:]
-    return target_channels(out, args), target_channels(y[:, -pred_len:], args)
+    width = _width(args)
+    dec_inp, dec_mark = decoder_inputs(y, y_mark, args, width)
+    out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), dec_inp, dec_mark), args)
+    steps = args.pred_len * width
+    if out.shape[1] != steps:  # even a no-op slice costs a zero-fill and copy in backward
+        out = out[:, -steps:]
+    return target_channels(blocks(out, width), args, width), target_channels(y[:, -args.pred_len:], args)
+
+
+def decoder_inputs(y, y_mark, args, width=1):
+    """(x_dec, x_mark_dec) of TSLib's decoder, each None if the model does not read it: the last label_len
+    known steps, then zeros for the horizon, `width` horizons long (a probabilistic --loss); the horizon's
+    time features repeat for each of them."""
+    label_len, pred_len = args.label_len, args.pred_len
+    dec_inp = dec_mark = None
+    if "x_dec" in args.model_inputs:
+        dec_inp = torch.cat([y[:, :label_len], y.new_zeros(y.shape[0], pred_len * width, y.shape[2])], dim=1)
+    if "x_mark_dec" in args.model_inputs and y_mark is not None:
+        dec_mark = y_mark if width == 1 else torch.cat([y_mark[:, :label_len], y_mark[:, -pred_len:].repeat(1, width, 1)], 1)
+    return dec_inp, dec_mark
+
+
+def blocks(out, width):
+    """[B, width * T, C] -> [B, T, C, width]: block k of the widened horizon is parameter k of every step."""
+    if width == 1:
+        return out
+    batch, steps, channels = out.shape
+    return out.reshape(batch, width, steps // width, channels).permute(0, 2, 3, 1)
 
 
 def token_forward(model, batch, args, stage, device):
     """Every input token predicts the next output_token_len steps; score them all,
     or only the last token with --last_token (always) / --valid_last (validation)."""
     x, y, x_mark, _ = on_device(batch, device)
-    token, out_len = args.input_token_len, args.output_token_len
+    token, out_len, width = args.input_token_len, args.output_token_len, _width(args)
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), None, None), args)
     batch_size, n_tokens = x.shape[0], x.shape[1] // token
-    pred = out.reshape(batch_size, n_tokens, out_len, -1)
+    pred = out.reshape(batch_size, n_tokens, width * out_len, -1)
+    if width > 1:  # each token's widened output: width blocks of out_len steps -> [B, N, out_len, C, width]
+        pred = pred.reshape(batch_size, n_tokens, width, out_len, -1).permute(0, 1, 3, 4, 2)
     true = y.unfold(1, out_len, token).permute(0, 1, 3, 2)  # [B, N, out_len, C]
     if args.last_token or (stage == "val" and args.valid_last):
         pred, true = pred[:, -1:], true[:, -1:]
-    return target_channels(pred, args), target_channels(true, args)
+    return target_channels(pred, args, width), target_channels(true, args)
 
 
 def rollout(model, batch, args, device):
     """Autoregressive test: feed predictions back until test_pred_len steps exist."""
     x, y, x_mark, y_mark = on_device(batch, device)
-    out_len, horizon, history = args.output_token_len, args.test_pred_len, x.shape[1]
+    out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], _width(args)
     steps = math.ceil(horizon / out_len)
     # step s reads the marks of its input rows, s * out_len onwards: the last step's input ends at
     # (steps - 1) * out_len + history < history + horizon, within the window's own marks
@@ -58,11 +85,11 @@ def rollout(model, batch, args, device):
     preds = []
     for step in range(steps):
         window_marks = None if marks is None else marks[:, step * out_len: step * out_len + history]
-        nxt = forecast_of(model(x, window_marks, None, None), args)[:, -out_len:]
+        nxt = blocks(forecast_of(model(x, window_marks, None, None), args)[:, -out_len * width:], width)
         preds.append(nxt)
-        x = torch.cat([x[:, out_len:], nxt], dim=1)
+        x = torch.cat([x[:, out_len:], nxt if width == 1 else objective_for(args).point(nxt).to(x.dtype)], dim=1)
     pred = torch.cat(preds, dim=1)[:, :horizon]
-    return target_channels(pred, args), target_channels(y, args)
+    return target_channels(pred, args, width), target_channels(y, args)
 
 
 def forecast_of(out, args):
@@ -76,11 +103,18 @@ def forecast_of(out, args):
     return out
 
 
-def target_channels(tensor, args):
-    """MS and --covariate score only the target, which the data puts last."""
+def target_channels(tensor, args, width=1):
+    """MS and --covariate score only the target, which the data puts last (channels are the last dimension,
+    or the one before a probabilistic prediction's parameters)."""
     if args.features == "MS" or args.covariate:
-        return tensor[..., -1:]
+        return tensor[..., -1:] if width == 1 else tensor[..., -1:, :]
     return tensor
+
+
+def _width(args):
+    """Values a step the model forecasts: 1, or the probabilistic objective's parameters."""
+    objective = objective_for(args)
+    return 1 if objective is None else objective.width
 
 
 def on_device(batch, device):

@@ -212,14 +212,18 @@ def original_scale_sums(args, device):
     return ErrorSums(transform=OriginalScale(data.scaler, device))
 
 
-def test_metrics(args, setting, sums, original, vali_loss, dataset):
-    """The test's record from its global ErrorSums (and `original`'s, with --inverse): every metric, the
-    validation loss and the windows scored; window_errors.csv written beside it."""
+def test_metrics(args, setting, sums, original, vali_loss, dataset, scoring=None):
+    """The test's record from its global ErrorSums (and `original`'s, with --inverse; a probabilistic run's
+    `scoring`, exp.scoring.ProbabilisticScoring): every metric, the validation loss and the windows scored;
+    window_errors.csv written beside it."""
     numbers, split_windows = split_numbering(dataset)
     save_window_errors(args, setting, sums.window_errors(), numbers)
     metrics = sums.metrics()
     if original is not None:
         metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
+    if scoring is not None:  # the median's MSE and MAE above; WQL, MASE, sMAPE, MSIS, coverage here
+        metrics.update(scoring.metrics())
+        metrics["test_objective_loss"] = sums.objective_loss  # the training objective's mean on the test
     metrics["vali_loss"] = vali_loss
     metrics["test_windows"] = len(dataset)  # scored: all of the split's, or --test_windows of them
     metrics["test_split_windows"] = split_windows

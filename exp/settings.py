@@ -14,12 +14,13 @@ import torch
 
 from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
+from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, get_model_class, inputs_used
 from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights
 from utils.errors import UserError, require
-from utils.metrics import LOSSES
+from utils.probabilistic import LOSSES, POINT_LOSSES, objective_for, output_width
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
 
 logger = logging.getLogger("tsl")
@@ -44,6 +45,7 @@ def resolve_args(args, world_size):
     """Fill args in place (and return them) for a run on `world_size` processes; a UserError
     for anything impossible. Reads the data (cached per process), never a process group."""
     check_task(args)
+    _check_probabilistic(args)
     fill_defaults(args)
     cls = model_class(args)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
@@ -55,7 +57,6 @@ def resolve_args(args, world_size):
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
     require(args.seed + args.itr - 1 < SEED_LIMIT,
             f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
-    require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
     _split_data_parallel_batch(args, world_size)
     _split_global_batch(args, world_size)
     args.global_batch_size = global_batch_size(args, world_size)
@@ -65,7 +66,19 @@ def resolve_args(args, world_size):
     if args.autoregressive:
         _check_tokens(args)
     _check_devices(args)
+    if args.loss not in POINT_LOSSES:
+        check_mase_history(args)  # a series shorter than one season: one line before anything runs
     return args
+
+
+def _check_probabilistic(args):
+    """--loss, --quantiles and --num_samples (utils.probabilistic), before any data or model is touched."""
+    require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+    require(args.num_samples is None or args.loss in ("studentt", "normal"),
+            f"--num_samples draws samples from a distribution forecast; --loss {args.loss} forecasts "
+            + ("quantiles directly" if args.loss == "quantile" else "one point") + ": drop --num_samples, or use "
+            "--loss studentt or normal")
+    objective_for(args)  # --quantiles: levels in (0, 1), increasing, once each, with 0.5
 
 
 def check_task(args):
@@ -205,10 +218,56 @@ def build_model(args):
     their constructor with ValueError (d_model not divisible by n_heads, PatchTST's patch_len or
     TimeMixer's scales past seq_len); that becomes the run's one line. Every rank builds the same
     model from the same arguments, so every rank raises it together."""
+    width = output_width(args)
     try:
-        return model_class(args)(args)
+        model = model_class(args)(widened(args, width))
     except ValueError as exc:
         raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
+    if width > 1:
+        _require_widened_output(model, args, width)
+    return model
+
+
+def widened(args, width):
+    """The configs a model is built from: with a probabilistic --loss, its horizon (pred_len; a token model's
+    output_token_len) `width` times longer, read back as `width` blocks of the true one (exp.forward)."""
+    if width == 1:
+        return args
+    configs = argparse.Namespace(**vars(args))
+    if args.autoregressive:
+        configs.output_token_len = args.output_token_len * width
+    else:
+        configs.pred_len = args.pred_len * width
+    return configs
+
+
+@torch.no_grad()
+def _require_widened_output(model, args, width):
+    """A model whose output does not lengthen with pred_len (output_token_len) cannot forecast `width` values a
+    step: one line, before anything is trained or written. One forward of a zero window, in eval mode."""
+    from exp.forward import decoder_inputs  # exp.forward imports this module's neighbours, not it
+
+    x = torch.zeros(1, args.seq_len, args.enc_in)
+    x_mark = torch.zeros(1, args.seq_len, args.mark_dim)
+    y = torch.zeros(1, args.label_len + args.pred_len, args.dec_in)
+    y_mark = torch.zeros(1, args.label_len + args.pred_len, args.mark_dim)
+    inputs = {"x_enc": x, "x_mark_enc": x_mark}
+    if not args.autoregressive:
+        inputs["x_dec"], inputs["x_mark_dec"] = decoder_inputs(y, y_mark, args, width)
+    used = [inputs.get(name) if name in args.model_inputs else None for name in FORWARD_INPUTS]
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(*used)
+    finally:
+        model.train(was_training)
+    steps = (args.seq_len // args.input_token_len * args.output_token_len if args.autoregressive else args.pred_len)
+    got = None if out is None or out.dim() < 2 else out.shape[1]
+    require(got is not None and got >= steps * width,
+            f"--loss {args.loss} needs {width} values a step, asked of model {args.model} as a {width} times longer "
+            f"{'output_token_len' if args.autoregressive else 'pred_len'}, but it returned {got} steps for "
+            f"{steps * width}: its output does not follow configs.{'output_token_len' if args.autoregressive else 'pred_len'}; "
+            "train it with --loss MSE or MAE, or have its output length follow that argument")
 
 
 def _check_tokens(args):
@@ -292,6 +351,8 @@ def setting_name(args, ii):
              f"el{args.e_layers}", f"dl{args.d_layers}", f"df{args.d_ff}"]
     if args.autoregressive:
         parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
+    if args.loss not in POINT_LOSSES:  # a probabilistic model is another model: its own folder
+        parts.append(args.loss)
     return "_".join(parts + [args.des, f"seed{args.seed}", str(ii)])
 
 

@@ -202,6 +202,14 @@ def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
             + (f", peak GPU memory {max(record['peak_gpu_mib']):.0f} MiB" if "peak_gpu_mib" in record else ""))
 
 
+def log_optimizer_state_bytes(optimizer, zero):
+    """Every rank's optimizer-state bytes (halved per rank by --zero on 2 ranks), logged. A collective."""
+    per_rank = distributed.gather_objects(distributed.optimizer_state_bytes(optimizer))
+    logger.info("optimizer state per rank: " + ", ".join(f"{b / 2**20:.2f} MiB" for b in per_rank)
+                + (" (sharded, --zero)" if zero and len(per_rank) > 1 else ""))
+    return per_rank
+
+
 def tensorboard_problem():
     """None if torch.utils.tensorboard imports, else the line that says how to get it."""
     try:

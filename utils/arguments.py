@@ -254,7 +254,15 @@ def build_parser():
                    help="linear learning-rate warm-up over the first N optimizer steps, on top of --lradj")
     g.add_argument("--clip_grad", type=non_negative_float, default=0.0,
                    help="clip the global gradient norm to this value (0: no clipping); the norm is logged")
-    g.add_argument("--loss", default="MSE", help="MSE or MAE")
+    g.add_argument("--loss", default="MSE",
+                   help="MSE or MAE (point forecasts); quantile (pinball loss at --quantiles), studentt or normal "
+                        "(negative log-likelihood): probabilistic forecasts, scored by WQL, MASE and coverage too")
+    g.add_argument("--quantiles", default="0.05,0.1,0.2,0.25,0.3,0.4,0.5,0.6,0.7,0.75,0.8,0.9,0.95",
+                   help="probabilistic losses: the quantile levels forecast and scored, comma-separated, increasing, "
+                        "with 0.5 (default: GIFT-Eval's 0.1..0.9 and the ends of the 50 / 90 %% intervals)")
+    g.add_argument("--num_samples", type=positive_int, default=None,
+                   help="--loss studentt / normal: score quantiles of N samples a window (keyed by the window, "
+                        "identical on any number of processes) instead of the exact inverse CDF")
     g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
     g.add_argument("--data_on_device", default="auto", choices=("auto", "always", "never"),
                    help="GPU: keep the splits in GPU memory (auto: without --num_workers, when they take at most "
@@ -418,4 +426,6 @@ def group_names(group_title):
 
 DATA_ARGS = group_names(DATA_GROUP)
 # "mark_dim" is derived from the data (time features per step) and changes the embedding's shape.
-MODEL_SHAPING_ARGS = ("model", "features") + group_names(WINDOW_GROUP) + group_names(MODEL_GROUP) + ("mark_dim",)
+# "loss" and "quantiles" decide a probabilistic model's output width (utils.probabilistic).
+MODEL_SHAPING_ARGS = (("model", "features") + group_names(WINDOW_GROUP) + group_names(MODEL_GROUP) + ("mark_dim",)
+                      + ("loss", "quantiles"))

@@ -1,0 +1,227 @@
+"""Probabilistic forecasts: what a widened model output means, how it is trained, and how it is read.
+
+A point forecaster (--loss MSE / MAE) forecasts one value per step. A probabilistic one forecasts
+`width` values per step, asked of the model by widening its horizon: the experiment builds the model
+with pred_len (token models: output_token_len) times `width` and reads the output as `width` blocks of
+the horizon, one per parameter (exp.settings.build_model, exp.forward). Model files are not edited.
+
+    --loss quantile --quantiles 0.1,...,0.9   one block per level, trained by the pinball loss averaged
+                                              over the levels; sorted when read, so quantiles never cross
+    --loss studentt                           blocks (loc, scale, degrees of freedom), trained by the
+                                              negative log-likelihood; quantiles from the inverse CDF
+    --loss normal                             blocks (loc, scale); quantiles from the closed-form inverse CDF
+    --num_samples N                           a distribution forecast is scored from N samples a window,
+                                              drawn from a stream keyed by (seed, window number), sample s
+                                              the s-th draw: the same on any number of processes and at any
+                                              --eval_batch_size (sample_key, SampleStream)
+
+Parameters arrive as [..., C, width] (`params`); quantile forecasts leave as [..., C, L] in the order of
+`levels`, non-decreasing along L.
+"""
+import functools
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from layers.dropout import _mix64
+from utils.errors import require
+
+POINT_LOSSES = ("MSE", "MAE")
+DISTRIBUTIONS = ("studentt", "normal")
+LOSSES = POINT_LOSSES + ("quantile",) + DISTRIBUTIONS
+# what --quantiles defaults to: GIFT-Eval's nine levels, the ends of the 50 / 90 % intervals and MSIS's
+DEFAULT_LEVELS = (0.05, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95)
+SCALE_FLOOR = 1e-6  # a scale of exactly 0 has no density
+
+
+def parse_levels(text):
+    """--quantiles "0.1,0.5,0.9" as a sorted tuple of floats, or a UserError naming what is wrong."""
+    try:
+        levels = tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        levels = None
+    require(levels is not None, f"--quantiles {text!r} is not a comma-separated list of numbers; give levels "
+                                "such as 0.1,0.5,0.9")
+    outside = [q for q in levels if not 0 < q < 1]
+    require(not outside, f"--quantiles {text}: {', '.join(map(str, outside))} outside (0, 1); every level is a "
+                         "probability strictly between 0 and 1")
+    repeated = sorted({q for q in levels if levels.count(q) > 1})
+    require(not repeated, f"--quantiles {text} repeats {', '.join(map(str, repeated))}; give each level once")
+    require(list(levels) == sorted(levels), f"--quantiles {text} is not in increasing order; give it as "
+                                            f"{','.join(map(str, sorted(levels)))}")
+    require(0.5 in levels, f"--quantiles {text} lacks 0.5: the median is the point forecast that MSE, MAE, MASE "
+                           "and sMAPE score; add 0.5")
+    return levels
+
+
+def objective_for(args):
+    """The training objective of --loss, or None for a point loss (MSE / MAE)."""
+    return _objective(args.loss, getattr(args, "quantiles", None), getattr(args, "num_samples", None))
+
+
+@functools.lru_cache(maxsize=16)
+def _objective(loss, quantiles, samples):
+    if loss in POINT_LOSSES:
+        return None
+    if loss == "quantile":
+        return QuantileObjective(parse_levels(quantiles))
+    return DistributionObjective(loss, parse_levels(quantiles), samples or 0)
+
+
+def output_width(args):
+    """How many values a step the model forecasts: 1 for a point loss."""
+    objective = objective_for(args)
+    return 1 if objective is None else objective.width
+
+
+class QuantileObjective:
+    """One block of the horizon per quantile level; pinball loss averaged over levels and elements."""
+
+    def __init__(self, levels):
+        self.levels = levels
+        self.width = len(levels)
+        self.samples = 0
+
+    def loss_elements(self, params, true):
+        """[..., C] pinball loss of each element, averaged over the levels."""
+        levels = params.new_tensor(self.levels)
+        diff = true.unsqueeze(-1) - params
+        return torch.maximum(levels * diff, (levels - 1) * diff).mean(-1)
+
+    def loss(self, params, true):
+        return self.loss_elements(params, true).mean()
+
+    def point(self, params):
+        """The median, what a token model's rollout feeds back."""
+        return self.quantiles(params)[..., self.levels.index(0.5)]
+
+    def quantiles(self, params, keys=None):
+        """Sorted along the levels: a model's raw quantiles may cross; what is scored and written never does."""
+        return params.sort(dim=-1).values
+
+
+class DistributionObjective:
+    """A parametric distribution per element, trained by its negative log-likelihood."""
+
+    def __init__(self, name, levels, samples=0):
+        self.name, self.levels, self.samples = name, levels, samples
+        self.width = 3 if name == "studentt" else 2
+
+    def parameters(self, params):
+        """(loc, scale, df or None): scale and df kept positive by softplus (df above 2: a finite variance)."""
+        params = params.float()
+        loc, scale = params[..., 0], F.softplus(params[..., 1]) + SCALE_FLOOR
+        df = 2.0 + F.softplus(params[..., 2]) if self.name == "studentt" else None
+        return loc, scale, df
+
+    def distribution(self, params):
+        loc, scale, df = self.parameters(params)
+        if df is None:
+            return torch.distributions.Normal(loc, scale, validate_args=False)
+        return torch.distributions.StudentT(df, loc, scale, validate_args=False)
+
+    def loss_elements(self, params, true):
+        return -self.distribution(params).log_prob(true.float())
+
+    def loss(self, params, true):
+        return self.loss_elements(params, true).mean()
+
+    def point(self, params):
+        """The median (the location: both distributions are symmetric), what a rollout feeds back."""
+        return params[..., 0]
+
+    def quantiles(self, params, keys=None):
+        """Quantiles at `levels`: from the inverse CDF (exact), or with --num_samples from that many samples
+        a window drawn from `keys`' streams (one key per window of the batch)."""
+        loc, scale, df = (None if t is None else t.double() for t in self.parameters(params))
+        if self.samples:
+            require(keys is not None, "sampled forecasts need each window's key")
+            uniforms = SampleStream(keys, self.samples, loc.shape[1:], loc.device).uniforms()  # [B, N, ...]
+            draws = loc.unsqueeze(1) + scale.unsqueeze(1) * standard_icdf(uniforms, None if df is None else df.unsqueeze(1))
+            return sample_quantiles(draws, self.levels)
+        standard = torch.stack([standard_icdf(torch.full_like(loc, q), df) for q in self.levels], dim=-1)
+        return loc.unsqueeze(-1) + scale.unsqueeze(-1) * standard  # non-decreasing: the inverse CDF is
+
+
+def sample_quantiles(draws, levels):
+    """[B, N, ...] samples -> [B, ..., L] quantiles at `levels`, interpolated linearly between order statistics
+    (numpy's default, as gluonts' SampleForecast); no size limit, unlike torch.quantile."""
+    ordered = draws.sort(dim=1).values
+    last = ordered.shape[1] - 1
+    out = []
+    for q in levels:
+        position = q * last
+        below = math.floor(position)
+        above = min(below + 1, last)
+        fraction = position - below
+        out.append(ordered[:, below] + fraction * (ordered[:, above] - ordered[:, below]))
+    return torch.stack(out, dim=-1)
+
+
+def standard_icdf(p, df=None):
+    """The inverse CDF of the standard normal (df None: closed form) or Student-t (scipy's stdtrit, the exact
+    inverse of the regularised incomplete beta, in float64 on the host) at probabilities p."""
+    if df is None:
+        return math.sqrt(2.0) * torch.erfinv(2 * p.double() - 1)
+    from scipy.special import stdtrit  # scipy comes with scikit-learn
+
+    p, df = torch.broadcast_tensors(p.double(), df.double())
+    values = stdtrit(df.cpu().numpy(), p.cpu().numpy())
+    return torch.from_numpy(np.asarray(values, dtype=np.float64)).to(p.device)
+
+
+def sample_key(seed, split):
+    """The key of a run's sampled forecasts on one split (distinct from dropout's mask keys)."""
+    return _mix64(_mix64(seed ^ 0x5A4D504C45) ^ sum(map(ord, split)))
+
+
+def window_keys(seed, split, numbers):
+    """One key per window: the window's number in its split, whichever rank and batch it lands in."""
+    base = sample_key(seed, split)
+    return [_mix64(base ^ int(n)) >> 1 for n in numbers]  # below 2**63: a generator seed
+
+
+class SampleStream:
+    """Uniform draws for sampled forecasts: window i's from a generator seeded with keys[i], in sample order,
+    so sample s of a window is the same numbers however many samples, processes or batch sizes there are."""
+
+    def __init__(self, keys, samples, shape, device):
+        self.keys, self.samples, self.shape, self.device = keys, samples, tuple(shape), device
+
+    def uniforms(self):
+        """[windows, samples, *shape] float64 in (0, 1)."""
+        generator = torch.Generator(device=self.device)
+        draws = []
+        for key in self.keys:
+            generator.manual_seed(key)
+            draws.append(torch.rand((self.samples, *self.shape), generator=generator, dtype=torch.float64,
+                                    device=self.device))
+        tiny = torch.finfo(torch.float64).tiny  # rand may return 0, whose inverse CDF is -inf
+        return torch.stack(draws).clamp_(min=tiny) if draws else torch.zeros(0, self.samples, *self.shape,
+                                                                               dtype=torch.float64, device=self.device)
+
+
+class ObjectiveSums:
+    """The objective's loss summed over every scored element in float64 (per-window sums first, so a window's
+    sum does not depend on its batch or rank): the exact global validation loss after one all_reduce."""
+
+    def __init__(self, objective):
+        self.objective, self.total, self.count, self._pending = objective, 0.0, 0, []
+
+    def update(self, params, true):
+        elements = self.objective.loss_elements(params.float(), true.float())
+        self._pending.append(elements.flatten(1).sum(1).sum(dtype=torch.float64))
+        self.count += elements.numel()
+
+    def all_reduce(self):
+        from utils import distributed
+
+        local = torch.stack(self._pending).sum().item() if self._pending else 0.0
+        self._pending = []
+        self.total, self.count = distributed.all_reduce_sum([self.total + local, self.count])
+        return self
+
+    def loss(self):
+        return self.total / self.count if self.count else math.nan
