@@ -409,6 +409,19 @@ PROBES = [
           lambda f: [*_csv(f, "huge.csv", _dated(a=np.arange(400.0), OT=np.arange(400.0) * 1e160)), *SMALL[2:]],
           "huge.csv: column(s) 'OT' (largest |value| 3.99e+162) hold values too large to scale in float64 (their squares "
           "overflow past 1.8e308); rescale the column, e.g. divide it by a power of ten", shows="`OT` 0, 1e160, 2e160, ..., 3.99e162"),
+    # issue 38: probabilistic forecasts
+    Probe("quantile level outside (0, 1)", fixed("--loss", "quantile", "--quantiles", "0.1,0.5,1.2"),
+          "--quantiles 0.1,0.5,1.2: 1.2 outside (0, 1); every level is a probability strictly between 0 and 1"),
+    Probe("quantile levels not increasing", fixed("--loss", "quantile", "--quantiles", "0.5,0.1,0.9"),
+          "--quantiles 0.5,0.1,0.9 is not in increasing order; give it as 0.1,0.5,0.9"),
+    Probe("quantile level repeated", fixed("--loss", "quantile", "--quantiles", "0.1,0.5,0.5"),
+          "--quantiles 0.1,0.5,0.5 repeats 0.5; give each level once"),
+    Probe("no sample drawn", fixed("--loss", "studentt", "--num_samples", 0), "--num_samples must be positive, got 0"),
+    Probe("samples of a quantile forecast", fixed("--loss", "quantile", "--num_samples", 5),
+          "--num_samples draws samples from a distribution forecast; --loss quantile forecasts quantiles directly"),
+    Probe("MASE on a history shorter than a season", fixed("--loss", "quantile", "--freq", "s", *SMALL),
+          "MASE needs at least season+1 history rows per series: --data synthetic (its rows before the test split, "
+          "at --freq s) has 1200 for season 3600", shows="`--loss quantile --freq s` (season 3600) on 1500 rows"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),

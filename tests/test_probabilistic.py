@@ -1,0 +1,228 @@
+"""Probabilistic forecasts (issue 38): the objectives, quantiles that never cross, samples that follow the
+window, every zoo model trained with either objective, a model that cannot widen refused, and end to end:
+quantile and sampled forecasts and every metric the same on 1, 2 and 3 processes and at two evaluation
+batch sizes. The metrics themselves against gluonts: test_probabilistic_metrics.py."""
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import nn
+
+from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
+from models import ZOO
+from utils.probabilistic import (DistributionObjective, QuantileObjective, SampleStream, parse_levels,
+                                 sample_quantiles, window_keys)
+
+LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+SMALL = ["--data", "synthetic", "--synthetic_rows", 1000, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
+
+
+# ------------------------------------------------------------------ objectives
+def test_pinball_loss_is_the_mean_over_levels_and_elements():
+    objective = QuantileObjective((0.1, 0.5, 0.9))
+    params, true = torch.randn(2, 3, 4, 3), torch.randn(2, 3, 4)
+    expected = np.mean([max(q * (y - f), (q - 1) * (y - f))
+                        for (y, row) in zip(true.flatten().tolist(), params.reshape(-1, 3).tolist())
+                        for q, f in zip((0.1, 0.5, 0.9), row)])
+    assert objective.loss(params, true).item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["studentt", "normal"])
+def test_distribution_likelihood_and_quantiles_are_the_distributions(name):
+    objective = DistributionObjective(name, LEVELS)
+    params = torch.randn(4, 5, objective.width, dtype=torch.float64) * 2
+    true = torch.randn(4, 5, dtype=torch.float64)
+    loc, scale, df = objective.parameters(params)
+    law = (stats.t(df.double().numpy(), loc.double().numpy(), scale.double().numpy()) if name == "studentt"
+           else stats.norm(loc.double().numpy(), scale.double().numpy()))
+    np.testing.assert_allclose(objective.loss_elements(params, true).numpy(), -law.logpdf(true.numpy()), rtol=1e-5)
+    quantiles = objective.quantiles(params).numpy()
+    np.testing.assert_allclose(quantiles, np.stack([law.ppf(q) for q in LEVELS], -1), rtol=1e-5, atol=1e-6)
+
+
+def test_quantiles_never_cross():
+    """A quantile head's raw outputs may cross (nothing in training orders them); what is scored is sorted.
+    Planted: quantiles() returning the raw parameters fails here."""
+    objective = QuantileObjective(LEVELS)
+    raw = torch.randn(8, 6, 3, len(LEVELS))
+    raw[..., :] = raw.flip(-1).sort(-1, descending=True).values  # every element's levels crossed
+    quantiles = objective.quantiles(raw)
+    assert (quantiles.diff(dim=-1) >= 0).all()
+    torch.testing.assert_close(quantiles, raw.sort(-1).values)  # the same values, in order
+    assert torch.equal(objective.point(raw), quantiles[..., LEVELS.index(0.5)])
+    for name in ("studentt", "normal"):  # the inverse CDF is monotone, at extreme parameters too
+        extreme = torch.tensor([[-1e4, 30.0, -30.0], [0.0, -30.0, 30.0], [5.0, 0.0, -10.0]])
+        distribution = DistributionObjective(name, LEVELS)
+        assert (distribution.quantiles(extreme[:, :distribution.width]).diff(dim=-1) >= 0).all()
+
+
+# ------------------------------------------------------------------ samples that follow the window
+def test_a_windows_samples_do_not_depend_on_its_batch_or_the_number_of_samples():
+    keys = window_keys(2021, "test", [3, 5, 9])
+    together = SampleStream(keys, 8, (4, 2), torch.device("cpu")).uniforms()
+    alone = SampleStream(window_keys(2021, "test", [5]), 8, (4, 2), torch.device("cpu")).uniforms()
+    fewer = SampleStream(window_keys(2021, "test", [5]), 3, (4, 2), torch.device("cpu")).uniforms()
+    assert torch.equal(together[1], alone[0])
+    assert torch.equal(fewer[0], alone[0, :3])  # sample s is the s-th draw of its window's stream
+    assert not torch.equal(together[0], together[1])
+    assert window_keys(2021, "test", [5]) != window_keys(2022, "test", [5]) != window_keys(2021, "val", [5])
+
+
+def test_sampled_quantiles_are_numpys_and_follow_the_window():
+    draws = torch.randn(3, 50, 4, 2, dtype=torch.float64)
+    np.testing.assert_allclose(sample_quantiles(draws, LEVELS).numpy(),
+                               np.moveaxis(np.quantile(draws.numpy(), LEVELS, axis=1), 0, -1), rtol=1e-12)
+    objective = DistributionObjective("studentt", LEVELS, samples=20)
+    params = torch.randn(3, 4, 2, 3)
+    batch = objective.quantiles(params, window_keys(1, "test", [10, 11, 12]))
+    for i in range(3):
+        one = objective.quantiles(params[i:i + 1], window_keys(1, "test", [10 + i]))
+        assert torch.equal(one[0], batch[i])
+
+
+# ------------------------------------------------------------------ every model, either objective
+@pytest.mark.parametrize("loss", ["quantile", "studentt"])
+@pytest.mark.parametrize("model", ZOO)
+def test_every_zoo_model_trains_with_either_objective(model, loss):
+    from test_model_contract import CONTRACT_ARGS, first_windows
+
+    from exp.forward import forward
+
+    exp = make_experiment(make_args("--model", model, *CONTRACT_ARGS, "--loss", loss, "--quantiles", "0.1,0.5,0.9"))
+    width = exp.objective.width
+    batch = first_windows(exp, "train", 4)
+    exp.raw_model.train()
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
+    assert pred.shape == (*true.shape, width)
+    loss_value = exp.loss(pred, true)
+    loss_value.backward()
+    assert torch.isfinite(loss_value)
+    grads = [p.grad for p in exp.raw_model.parameters() if p.requires_grad]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    with torch.no_grad():
+        exp.raw_model.eval()
+        pred, true = forward(exp.raw_model, first_windows(exp, "test", 4), exp.args, "test", exp.device)
+    assert pred.shape == (*true.shape, width)
+
+
+class FixedHorizon(nn.Module):
+    """A model whose horizon is its own (96 steps), whatever configs.pred_len says."""
+
+    inputs_used = ("x_enc",)
+
+    def __init__(self, configs):
+        super().__init__()
+        self.linear = nn.Linear(configs.seq_len, 24)
+
+    def forward(self, x_enc, *unused):
+        return self.linear(x_enc.transpose(1, 2)).transpose(1, 2)
+
+
+def _build_fixed_horizon(rank, world_size):
+    from utils.errors import UserError
+
+    with mock.patch("exp.settings.get_model_class", return_value=FixedHorizon):
+        try:
+            make_experiment(make_args("--model", "FixedHorizon", *SMALL, "--loss", "studentt"))
+        except UserError as problem:
+            return str(problem)
+    return None
+
+
+def test_a_model_that_cannot_widen_its_output_is_refused_in_one_line_on_every_rank():
+    expected = ("--loss studentt needs 3 values a step, asked of model FixedHorizon as a 3 times longer pred_len, "
+                "but it returned 24 steps for 72: its output does not follow configs.pred_len; train it with --loss "
+                "MSE or MAE, or have its output length follow that argument")
+    assert _build_fixed_horizon(0, 1) == expected
+    assert run_on_ranks(_build_fixed_horizon, 2) == [expected] * 2
+
+
+def test_validation_loss_is_the_objectives():
+    """Early stopping follows the training objective: vali() is the pinball loss over every validation
+    element, not the median's MSE."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+
+    exp = make_experiment(make_args("--model", "DLinear", *SMALL, "--loss", "quantile", "--eval_batch_size", 7))
+    loader = data_provider(exp.args, "val")[1]
+    dataset = loader.dataset
+    with torch.no_grad():
+        pred, true = forward(exp.raw_model, dataset.__getitems__(torch.arange(len(dataset))), exp.args, "val",
+                             exp.device)
+    expected = exp.objective.loss_elements(pred, true).double().mean().item()
+    assert exp.vali(loader) == pytest.approx(expected, rel=1e-6)
+    assert exp.vali(loader) != pytest.approx(((exp.objective.point(pred) - true) ** 2).mean().item(), rel=1e-3)
+
+
+# ------------------------------------------------------------------ end to end, any world size
+METRICS = ("vali_loss", "test_objective_loss", "mse", "mae", "wql", "mase", "smape", "msis",
+           "coverage_50", "coverage_80", "coverage_90")
+CASES = {
+    "quantile": ["--model", "DLinear", *SMALL, "--loss", "quantile"],
+    "studentt-sampled": ["--model", "DLinear", *SMALL, "--loss", "studentt", "--num_samples", 16],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_probabilistic_metrics_are_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(tmp_path, case):
+    """One checkpoint scored on 1, 2 and 3 processes and at --eval_batch_size 5: the same quantiles (sampled
+    ones too) give the same metrics. Planted: window_keys keyed by the rank, or a MASE scale from each window's
+    input instead of its series' history: this test fails."""
+    argv = CASES[case]
+    assert_ok(run_cli(tmp_path, *argv, "--train_epochs", 1))
+    trained = records(tmp_path)[-1]
+    checkpoint = tmp_path / "checkpoints" / trained["setting"] / "checkpoint.pth"
+    scored = []
+    for nproc, batch in ((1, []), (2, []), (3, []), (1, ["--eval_batch_size", 5])):
+        ddp = ["--ddp"] if nproc > 1 else []
+        assert_ok(run_cli(tmp_path, *argv, *batch, *ddp, "--is_training", 0, "--checkpoint", checkpoint,
+                          nproc=nproc if nproc > 1 else None))
+        scored.append(records(tmp_path)[-1])
+        assert scored[-1]["world_size"] == nproc
+    for record in [trained, *scored[1:]]:
+        for key in METRICS:
+            assert record[key] == pytest.approx(scored[0][key], rel=1e-9, abs=1e-12), (key, record["world_size"])
+    assert 0 < scored[0]["coverage_50"] < scored[0]["coverage_80"] < scored[0]["coverage_90"] <= 1
+    assert scored[0]["wql_levels"] == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+
+
+def test_default_levels_hold_gift_evals_nine_and_the_interval_ends():
+    from utils.arguments import parser_defaults
+
+    levels = parse_levels(parser_defaults()["quantiles"])
+    assert {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.05, 0.95, 0.25, 0.75} == set(levels)
+
+
+# ------------------------------------------------------------------ MASE's scale: the series', once
+def test_every_window_of_a_series_gets_its_whole_historys_scale():
+    """MASE divides by the in-sample seasonal naive error of the series' history before the test split
+    (season 24 at --freq h), the same for every window. Planted: a scale from each window's own input (or
+    from a rank's share) fails here or in the world-size test above."""
+    from data_provider.data_factory import data_provider, prepared_data
+    from exp.scoring import series_scales
+
+    exp = make_experiment(make_args("--model", "DLinear", *SMALL, "--loss", "quantile"))
+    data = prepared_data(exp.args)
+    history = data.values[:data.ends[1]].astype(np.float64)  # every row before the first test forecast
+    expected = np.abs(history[24:] - history[:-24]).mean(0)
+    scales = series_scales(exp.args).numpy()
+    assert scales.shape == (len(data_provider(exp.args, "test")[0]), 7)
+    np.testing.assert_allclose(scales, np.broadcast_to(expected, scales.shape), rtol=1e-12)
+
+
+def test_a_corpus_series_scale_comes_from_its_own_history():
+    from data_provider.univariate import UnivariateData
+    from data_provider.windows import Window
+
+    rng = np.random.default_rng(0)
+    series = [rng.standard_normal(200).astype(np.float32), 5 * rng.standard_normal(300).astype(np.float32)]
+    data = UnivariateData(series, [[140, 160, 200], [210, 240, 300]])
+    window = Window(24, 24, 12)
+    histories, of_window = data.series_histories("test", window)
+    assert len(of_window) == len(data.window_dataset("test", window))
+    # a series' test rows start one input early: (test rows + 24) - span 36 + 1 windows each
+    assert list(np.bincount(of_window)) == [40 + 24 - 36 + 1, 60 + 24 - 36 + 1]
+    for history, values, ends in zip(histories, series, data.ends):
+        np.testing.assert_array_equal(history[:, 0], values[:ends[1]].astype(np.float64))
