@@ -1,5 +1,6 @@
 """Results table: test MSE / MAE per data set, model and horizon, mean and std over seeds,
-beside the published figures.
+beside the published figures; when any record is a probabilistic run's (--loss quantile / studentt / normal),
+its WQL, MASE, sMAPE, MSIS and 50 / 80 / 90 % coverage too ('-' in rows that lack them).
 
     python -m benchmarks.report results/                                  # every results.jsonl under results/
     python -m benchmarks.report a/results.jsonl b/ --format csv --out table.csv
@@ -288,9 +289,29 @@ def summarise(records, published=None):
             "reference_protocol": protocol if figure else None,
             "reference_mse": figure[0] if figure else None, "reference_mae": figure[1] if figure else None,
             "mse_vs_reference_pct": 100 * (statistics.fmean(mse) - figure[0]) / figure[0] if figure else None,
+            **_probabilistic_means(runs),
         })
     rows.sort(key=lambda r: (r["data"], r["features"], r["input"], r["model"], r["horizon"], *r["recipe"]))
     return rows, replaced
+
+
+# a probabilistic run's metrics (exp.scoring), shown beside MSE / MAE when any record holds one
+PROBABILISTIC = ("wql", "mase", "smape", "msis", "coverage_50", "coverage_80", "coverage_90")
+
+
+def _probabilistic_means(runs):
+    """{metric: mean, metric_std: sample std} over the runs that report it (None where none does)."""
+    out = {}
+    for name in PROBABILISTIC:
+        values = [r[name] for r in runs if isinstance(r.get(name), (int, float))]
+        out[name] = statistics.fmean(values) if values else None
+        out[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else None
+    return out
+
+
+def _probabilistic(rows):
+    """Whether the table shows the probabilistic columns: some row has one of the metrics."""
+    return any(r.get(name) is not None for r in rows for name in PROBABILISTIC)
 
 
 def _distinguishing_notes(groups):
@@ -336,9 +357,15 @@ def _mean_std(mean, std):
 MD_COLUMNS = ("data", "features", "input", "model", "horizon", "lr", "batch", "lradj", "des", "MSE", "MAE", "seeds")
 
 
+PROBABILISTIC_MD = ("WQL", "MASE", "sMAPE", "MSIS", "coverage 50 / 80 / 90 %")
+
+
 def render_markdown(rows, replaced, reference):
     has_reference = reference is not None
+    probabilistic = _probabilistic(rows)
     head = list(MD_COLUMNS)
+    if probabilistic:  # beside MSE / MAE, before the seeds
+        head[-1:-1] = PROBABILISTIC_MD
     if has_reference:
         head += ["published MSE / MAE", "MSE vs published"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -346,6 +373,8 @@ def render_markdown(rows, replaced, reference):
         cells = [r["data"], r["features"], str(r["input"]), r["model"], str(r["horizon"]), f"{r['lr']:g}",
                  str(r["batch"] or "-"), r["lradj"] or "-", r["des"] or "-",
                  _mean_std(r["mse"], r["mse_std"]), _mean_std(r["mae"], r["mae_std"]), str(r["seeds"])]
+        if probabilistic:
+            cells[-1:-1] = [_mean_std_or_dash(r, name) for name in PROBABILISTIC[:4]] + [_coverages(r)]
         if has_reference:
             if r["reference_mse"] is None:
                 cells += ["-", "-"]
@@ -354,11 +383,22 @@ def render_markdown(rows, replaced, reference):
                           f"{r['mse_vs_reference_pct']:+.1f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["MSE / MAE: mean ± sample std over seeds (test set, scaled data)."]
+    if probabilistic:
+        notes[0] += " WQL, MASE, sMAPE, MSIS (probabilistic runs): likewise; coverage: means."
     if has_reference:
         notes.append(f"Published: {reference}, table A (input 96) or C (input 672), features M only.")
     if replaced:
         notes.append(f"{replaced} record(s) replaced by a later run of the same seed.")
     return "\n".join(lines + [""] + notes) + "\n"
+
+
+def _mean_std_or_dash(row, name):
+    return "-" if row.get(name) is None else _mean_std(row[name], row[f"{name}_std"])
+
+
+def _coverages(row):
+    values = [row.get(f"coverage_{p}") for p in (50, 80, 90)]
+    return "-" if all(v is None for v in values) else " / ".join("-" if v is None else f"{v:.3f}" for v in values)
 
 
 TABLE_HEAD = "| " + " | ".join(MD_COLUMNS[:4]) + " |"  # how render_markdown's table starts
@@ -388,11 +428,15 @@ CSV_FIELDS = ("data", "features", "input", "model", "horizon", "lr", "batch", "l
 
 
 def render_csv(rows):
+    fields = list(CSV_FIELDS)
+    if _probabilistic(rows):  # after mae_std
+        at = fields.index("mae_std") + 1
+        fields[at:at] = [f for name in PROBABILISTIC for f in (name, f"{name}_std")]
     out = io.StringIO()
-    writer = csv.DictWriter(out, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: "" if r[k] is None else r[k] for k in CSV_FIELDS})
+        writer.writerow({k: "" if r[k] is None else r[k] for k in fields})
     return out.getvalue()
 
 

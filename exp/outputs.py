@@ -18,7 +18,8 @@ from utils import distributed, plots
 from utils.checkpoint import checkpoint_path, require_writable, writable_dir_problem
 from utils.errors import require
 from utils.files import atomic_write, remove_stale_temporaries
-from utils.metrics import ErrorSums
+from utils.metrics import COVERAGE_INTERVALS, ErrorSums
+from utils.probabilistic import objective_for, window_keys
 from utils.tools import eval_mode
 
 logger = logging.getLogger("tsl")
@@ -190,16 +191,21 @@ def _nulls_for_non_finite(value):
     return value
 
 
-def save_window_errors(args, setting, errors, numbers):
+def save_window_errors(args, setting, errors, numbers, scoring=None):
     """window_errors.csv (rank 0): each test window's MSE and MAE, in test order, so metrics over
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
     benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
-    the test split (0, 1, 2, ... unless --test_windows scored a subset)."""
+    the test split (0, 1, 2, ... unless --test_windows scored a subset). A probabilistic run's `scoring`
+    adds each window's sums of its metrics (exp.scoring.window_sums; subset_metrics reads them back),
+    written to every digit."""
     if not distributed.is_main():
         return
-    rows = np.column_stack([numbers, errors.numpy()])
+    rows, names, fmt = np.column_stack([numbers, errors.numpy()]), ["window", "mse", "mae"], ["%d", "%.9g", "%.9g"]
+    if scoring is not None:
+        columns, values = scoring.window_columns()
+        rows, names, fmt = np.column_stack([rows, values]), names + columns, fmt + ["%.17g"] * len(columns)
     atomic_write(output_path(args, setting, "window_errors.csv"), lambda f: np.savetxt(
-        f, rows, fmt=["%d", "%.9g", "%.9g"], delimiter=",", header="window,mse,mae", comments=""), binary=False)
+        f, rows, fmt=fmt, delimiter=",", header=",".join(names), comments=""), binary=False)
 
 
 def original_scale_sums(args, device):
@@ -217,7 +223,7 @@ def test_metrics(args, setting, sums, original, vali_loss, dataset, scoring=None
     `scoring`, exp.scoring.ProbabilisticScoring): every metric, the validation loss and the windows scored;
     window_errors.csv written beside it."""
     numbers, split_windows = split_numbering(dataset)
-    save_window_errors(args, setting, sums.window_errors(), numbers)
+    save_window_errors(args, setting, sums.window_errors(), numbers, scoring)
     metrics = sums.metrics()
     if original is not None:
         metrics.update({f"{k}_orig": v for k, v in original.metrics().items()})
@@ -233,15 +239,18 @@ def test_metrics(args, setting, sums, original, vali_loss, dataset, scoring=None
 
 
 def result_line(setting, metrics):
-    """The result line of a test: every metric, on the original scale too with --inverse."""
+    """The result line of a test: every metric, on the original scale too with --inverse; a probabilistic
+    run's wql, mase (where scored) and coverage_80 (where its levels hold 0.1 and 0.9) after mspe."""
     orig = ""
     if "mse_orig" in metrics:
         orig = f"; original scale: mse {metrics['mse_orig']:.6g} mae {metrics['mae_orig']:.6g}"
+    probabilistic = "".join(f" {k} {metrics[k]:.6f}" for k in ("wql", "mase", "coverage_80")
+                            if isinstance(metrics.get(k), float))
     scored = metrics["test_windows"]
     if scored < metrics["test_split_windows"]:
         scored = f"{scored} of the split's {metrics['test_split_windows']}"  # a --test_windows subset
     return (f"test {setting}: mse {metrics['mse']:.6f} mae {metrics['mae']:.6f} rmse {metrics['rmse']:.6f} "
-            f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{orig} (vali {metrics['vali_loss']:.6f}, "
+            f"mape {metrics['mape']:.6f} mspe {metrics['mspe']:.6f}{probabilistic}{orig} (vali {metrics['vali_loss']:.6f}, "
             f"{scored} windows, {distributed.world_size()} processes)")
 
 
@@ -255,8 +264,9 @@ def draw_training(args, setting, history):
 
 
 def draw_forecasts(exp, setting, n_windows=4):
-    """forecast.png: evenly spaced test windows of the target (last) channel. Rank 0 runs the
-    experiment's raw model on them alone: no collective, and the metrics are already computed."""
+    """forecast.png: evenly spaced test windows of the target (last) channel; a probabilistic run's median
+    with its 50 / 80 / 90 % bands (those whose ends are levels), quantiles keyed as in the scoring. Rank 0
+    runs the experiment's raw model on them alone: no collective, and the metrics are already computed."""
     args = exp.args
     if args.no_plots or not distributed.is_main():
         return
@@ -267,6 +277,14 @@ def draw_forecasts(exp, setting, n_windows=4):
     batch = on_device(dataset.__getitems__(picks), exp.device)
     pred, true = _forecast(exp, batch)
     to_original = OriginalScale(data.scaler, exp.device)
+    quantiles = _quantiles(args, pred, "test", numbers[picks])
+    bands = {}
+    if quantiles is not None:
+        levels = objective_for(args).levels
+        target = to_original(quantiles[..., -1:, :].movedim(-1, 0))[..., 0].cpu()  # [L, windows, horizon]
+        pred = quantiles[..., levels.index(0.5)]
+        bands = {name[-2:]: (target[levels.index(lo)].tolist(), target[levels.index(hi)].tolist())
+                 for name, (lo, hi) in COVERAGE_INTERVALS.items() if lo in levels and hi in levels}
     history, true, pred = (to_original(t[..., -1:])[..., 0].cpu().tolist() for t in (batch[0], true, pred))
     window = window_for(args, "test")
     windows = []
@@ -275,19 +293,22 @@ def draw_forecasts(exp, setting, n_windows=4):
         date = data.forecast_date("test", window, int(numbers[pick]))
         if date is not None:
             label += f", forecast from {date:%Y-%m-%d %H:%M}"
-        windows.append({"history": history[i], "truth": true[i], "forecast": pred[i], "label": label})
+        windows.append({"history": history[i], "truth": true[i], "forecast": pred[i], "label": label,
+                        "bands": {f"{name} %": (lo[i], hi[i]) for name, (lo, hi) in bands.items()}})
     target = data.columns[-1]
     path = plots.plot_forecasts(
         output_path(args, setting, "forecast.png"), windows,
         f"{args.model} on {_data_label(args)}: target {target}, input {window.x_len}, horizon {len(true[0])}",
         f"{target} ({'scaled' if data.per_series_scaling else 'original scale'})")
-    logger.info(f"forecast picture: {path}")
+    logger.info(f"forecast picture: {path}" + (f" (median, {' / '.join(bands)} % bands)" if bands else ""))
 
 
 def predict(exp, setting):
     """forecast.csv: the horizon after the data's last row, forecast from its last input rows
     (token models roll out), on the original scale; dated data continues its dates at --freq,
-    undated data counts steps 1..horizon. Rank 0 writes it and returns it as a DataFrame."""
+    undated data counts steps 1..horizon. A probabilistic run writes its median in each forecast column
+    and the quantiles beside it (<column>_q<level>, in level order, non-decreasing; sampled ones drawn
+    from window_keys(seed, "future", [0])). Rank 0 writes it and returns it as a DataFrame."""
     args = exp.args
     data = prepared_data(args)
     require_one_scale(data, args)
@@ -295,14 +316,47 @@ def predict(exp, setting):
         return None
     dataset, index, last_row = data.future_input(window_for(args, "test"), args.freq, args.embed)
     pred, _ = _forecast(exp, dataset.__getitems__([0]))
-    forecast = OriginalScale(data.scaler, exp.device)(pred)[0].cpu().numpy()  # len(index) rows, float64
+    to_original = OriginalScale(data.scaler, exp.device)
+    quantiles = _quantiles(args, pred, "future", [0])
+    levels = () if quantiles is None else objective_for(args).levels
+    if quantiles is not None:
+        pred = quantiles[..., levels.index(0.5)]  # the median: equal to its q0.5 column
+    forecast = to_original(pred)[0].cpu().numpy()  # len(index) rows, float64
     frame = pd.DataFrame(forecast, columns=data.columns[-forecast.shape[1]:])
+    if quantiles is not None:
+        frame = _with_quantile_columns(frame, to_original(quantiles[0].movedim(-1, 0)).cpu().numpy(), levels)
     frame.insert(0, index.name, index)
     path = atomic_write(output_path(args, setting, "forecast.csv"),
                         lambda f: frame.to_csv(f, index=False), binary=False)  # float64 as repr: every digit kept
-    logger.info(f"forecast of the {len(index)} steps after {last_row} ({', '.join(frame.columns[1:])}, "
-                f"original scale): {path}")
+    forecast_columns = ", ".join(data.columns[-forecast.shape[1]:])
+    quantile_note = f"; the median, and beside each its quantiles {_levels_text(levels)} (<column>_q<level>)" if levels else ""
+    logger.info(f"forecast of the {len(index)} steps after {last_row} ({forecast_columns}, original scale"
+                f"{quantile_note}): {path}")
     return frame
+
+
+def _quantiles(args, pred, split, numbers):
+    """A probabilistic run's [B, P, C, L] quantiles of its parameters `pred` (sampled ones from the windows'
+    keys, window_keys(seed, split, numbers): what the scoring draws); None for a point run."""
+    objective = objective_for(args)
+    if objective is None:
+        return None
+    keys = window_keys(args.seed, split, numbers) if objective.samples else None
+    return objective.quantiles(pred, keys)
+
+
+def _with_quantile_columns(frame, quantiles, levels):
+    """`frame` with each column followed by its quantile columns <column>_q<level> from [L, P, C] `quantiles`."""
+    parts = {}
+    for c, column in enumerate(frame.columns):
+        parts[column] = frame[column]
+        for i, level in enumerate(levels):
+            parts[f"{column}_q{level:g}"] = quantiles[i, :, c]
+    return pd.DataFrame(parts)
+
+
+def _levels_text(levels):
+    return f"{levels[0]:g} ... {levels[-1]:g}" if len(levels) > 3 else ", ".join(f"{q:g}" for q in levels)
 
 
 @torch.no_grad()

@@ -6,11 +6,15 @@ its own stream (utils.probabilistic.window_keys, by its number in the split), an
 series' history, computed once here from the data, not from the window's input or on one rank's share.
 """
 import logging
+import math
+import re
 
 import numpy as np
 import torch
 
 from data_provider.data_factory import prepared_data, split_numbering, window_for
+from utils import distributed
+from utils.errors import require
 from utils.metrics import ProbabilisticSums, seasonal_error, seasonality
 from utils.probabilistic import objective_for, window_keys
 
@@ -65,6 +69,8 @@ class ProbabilisticScoring:
             self.original_scales = _on(series_scales(args, original=True), device)
         if self.scales is None:
             logger.info(f"MASE is not computed: --data {args.data} keeps no series history at hand")
+        self._windows = []  # per batch: [B, fields] float64, each window's own sums (window_columns)
+        self._all_windows = None
 
     def update(self, params, true, indices, original_truth=None):
         """Score one batch (`indices`: its windows' positions in the loader's data set); returns the median."""
@@ -72,23 +78,83 @@ class ProbabilisticScoring:
         keys = window_keys(self.args.seed, "test", numbers) if self.objective.samples else None
         quantiles = self.objective.quantiles(params, keys)
         where = torch.as_tensor(numbers, device=self.device)
-        self.sums.update(quantiles, true, None if self.scales is None else self.scales[where])
+        scales = None if self.scales is None else self.scales[where]
+        self.sums.update(quantiles, true, scales)
+        rows = [window_sums(self.objective.levels, quantiles, true, scales)]
         if self.original is not None:
             scales = None if self.original_scales is None else self.original_scales[where]
             self.original.update(quantiles, original_truth, scales)
+            rows.append(window_sums(self.objective.levels, quantiles, original_truth, scales, self.original.transform))
+        self._windows.append(torch.cat(rows, dim=1))
         return quantiles[..., self.median]
 
     def all_reduce(self):
+        """The global sums on every rank; every rank's window rows on rank 0, in rank order (as ErrorSums')."""
         self.sums.all_reduce()
         if self.original is not None:
             self.original.all_reduce()
+        local = torch.cat(self._windows) if self._windows else torch.zeros(0, len(self.window_names()), dtype=torch.float64)
+        gathered = distributed.gather_on_main(local)
+        self._all_windows = None if gathered is None else torch.cat(gathered)
         return self
+
+    def window_names(self):
+        """The columns of window_columns: window_sums' fields, then with --inverse the same with _orig."""
+        names = window_fields(self.objective.levels, self.scales is not None)
+        if self.original is not None:
+            names += [f"{name}_orig" for name in window_fields(self.objective.levels, self.original_scales is not None)]
+        return names
+
+    def window_columns(self):
+        """(names, [windows, fields] float64 array): each test window's sums, every rank's on rank 0 after
+        all_reduce (None on the others); window_errors.csv carries them (subset_metrics reads them back)."""
+        if self._all_windows is None:
+            return None
+        return self.window_names(), self._all_windows.numpy()
 
     def metrics(self):
         metrics = dict(self.sums.metrics())
         if self.original is not None:
             metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items() if k != "wql_levels"})
         return metrics
+
+
+def window_fields(levels, scaled):
+    """What window_sums keeps of ProbabilisticSums' sums: all but the window counts (a row is one window);
+    MASE's and MSIS's only where a scale was given."""
+    fields = [k for k in ProbabilisticSums(levels).sums if k not in ("windows", "scaled_windows")]
+    return fields if scaled else [k for k in fields if k not in _SCALED]
+
+
+_SCALED = ("ase", "ase_count", "interval_score", "interval_score_count")
+
+
+def window_sums(levels, quantiles, true, scales, transform=None):
+    """[B, fields] float64: each window's sums, from a ProbabilisticSums of that window alone, so adding rows
+    gives the sums of any subset of windows, and its metrics exactly (subset_metrics)."""
+    fields = window_fields(levels, scales is not None)
+    rows = []
+    for i in range(true.shape[0]):
+        alone = ProbabilisticSums(levels, transform=transform)
+        alone.update(quantiles[i:i + 1], true[i:i + 1], None if scales is None else scales[i:i + 1])
+        alone.metrics()  # adds its pending sums into alone.sums
+        rows.append([alone.sums[k] for k in fields])
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(fields))
+
+
+def subset_metrics(columns, suffix=""):
+    """The probabilistic metrics of a set of windows from their window_errors.csv columns ({name: values};
+    `suffix` "_orig" for the original scale's), equal to what a run scoring those windows alone reports: the
+    sums are added (math.fsum) and ProbabilisticSums turns them into metrics."""
+    levels = sorted(float(m[1]) for m in (re.fullmatch(rf"ql([0-9.e-]+){suffix}", name) for name in columns) if m)
+    require(levels, f"no ql<level>{suffix} columns: not a probabilistic run's window_errors.csv")
+    sums = ProbabilisticSums(levels)
+    windows = len(columns[f"count{suffix}"])
+    sums.sums["windows"] = windows
+    sums.sums["scaled_windows"] = windows if f"ase{suffix}" in columns else 0
+    for field in window_fields(levels, f"ase{suffix}" in columns):
+        sums.sums[field] = math.fsum(columns[field + suffix])
+    return sums.metrics()
 
 
 def _on(tensor, device):

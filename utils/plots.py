@@ -36,7 +36,9 @@ def plot_forecasts(path, windows, title, ylabel):
     """Forecast versus ground truth, one panel per window.
 
     windows: list of dicts with `history` (the input, L values), `truth` and `forecast`
-    (H values each) and a `label`. The x axis counts steps from the first forecast step.
+    (H values each) and a `label`; optionally `bands`, {name: (lower, upper)} of H values each (a
+    probabilistic forecast's intervals, e.g. "50 %", "80 %", "90 %": widest drawn palest, under the lines).
+    The x axis counts steps from the first forecast step.
     """
     plt = pyplot()
     cols = 2 if len(windows) > 1 else 1
@@ -48,8 +50,12 @@ def plot_forecasts(path, windows, title, ylabel):
         ax.plot(past, w["history"], color=COLORS["history"], lw=1.0, label="input")
         # Truth and forecast start from the last input value, so the lines join the history.
         joined = range(-1, horizon)
+        bands = sorted(w.get("bands", {}).items(), key=lambda band: -_width(band[1]))  # widest first: under
+        for k, (name, (lower, upper)) in enumerate(bands):
+            ax.fill_between(future, lower, upper, color=COLORS["forecast"], alpha=0.12 + 0.12 * k, lw=0,
+                            label=f"{name} interval")
         ax.plot(joined, [w["history"][-1], *w["truth"]], color=COLORS["truth"], lw=1.2, label="ground truth")
-        ax.plot(joined, [w["history"][-1], *w["forecast"]], color=COLORS["forecast"], lw=1.4, label="forecast")
+        ax.plot(joined, [w["history"][-1], *w["forecast"]], color=COLORS["forecast"], lw=1.4, label="median" if bands else "forecast")
         ax.axvline(-0.5, color="0.3", ls=":", lw=0.8)
         ax.axvspan(-0.5, horizon - 0.5, color=COLORS["forecast"], alpha=0.05)
         ax.set_xlim(past.start, future.stop)
@@ -63,10 +69,15 @@ def plot_forecasts(path, windows, title, ylabel):
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", ncol=3, fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="upper right", ncol=min(len(handles), 6), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97 - 0.03 / rows))
     return save_png(fig, path)
+
+
+def _width(band):
+    lower, upper = band
+    return sum(u - l for l, u in zip(lower, upper))
 
 
 def plot_training(path, history, title):
