@@ -300,7 +300,8 @@ def draw_forecasts(exp, setting, n_windows=4):
         output_path(args, setting, "forecast.png"), windows,
         f"{args.model} on {_data_label(args)}: target {target}, input {window.x_len}, horizon {len(true[0])}",
         f"{target} ({'scaled' if data.per_series_scaling else 'original scale'})")
-    logger.info(f"forecast picture: {path}" + (f" (median, {' / '.join(bands)} % bands)" if bands else ""))
+    shown = f" (median, {' / '.join(bands)} % band{'s' if len(bands) > 1 else ''})" if bands else ""
+    logger.info(f"forecast picture: {path}{shown}")
 
 
 def predict(exp, setting):
