@@ -30,11 +30,12 @@ COLUMNS = "window,mse,mae"
 
 
 def read_errors(path):
-    """[windows, 2] array of (mse, mae), in test order."""
+    """[windows, 2] array of (mse, mae), in test order (a probabilistic run's file has more columns after them)."""
     with open(path) as f:
         header = f.readline().strip()
-    require(header == COLUMNS, f"{path} starts with {header!r}, not {COLUMNS!r}: not a window_errors.csv from run.py")
-    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    require(header == COLUMNS or header.startswith(COLUMNS + ","),
+            f"{path} starts with {header!r}, not {COLUMNS!r}: not a window_errors.csv from run.py")
+    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, usecols=(0, 1, 2))
     require(len(table) and np.array_equal(table[:, 0], np.arange(len(table))),
             f"{path} has no rows or its windows are not 0, 1, 2, ... in order")
     return table[:, 1:]

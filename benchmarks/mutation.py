@@ -28,11 +28,12 @@ CONFIG = REPO / "benchmarks" / "mutation.toml"
 
 # module (or package prefix) -> the test files that pin it, fastest first (pytest -x stops at the first failure)
 TARGETS = {
-    "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py"],
+    "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py", "test_probabilistic.py"],
     "exp/outputs.py": ["test_outputs.py", "test_results_files.py", "test_test_windows.py"],
     "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
                         "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
+    "exp/scoring.py": ["test_probabilistic.py", "test_probabilistic_outputs.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
                             "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py",
@@ -42,7 +43,8 @@ TARGETS = {
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py",
-                         "test_failing_ranks.py"],
+                         "test_failing_ranks.py", "test_probabilistic_metrics.py"],
+    "utils/probabilistic.py": ["test_probabilistic.py", "test_world_size_invariance.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_openltm_checkpoints.py", "test_steps.py",
                             "test_resume_and_restart.py", "test_bad_input.py"],
     "data_provider/permutation.py": ["test_permutation.py", "test_data.py", "test_corpus.py"],

@@ -196,7 +196,7 @@ def save_window_errors(args, setting, errors, numbers, scoring=None):
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
     benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
     the test split (0, 1, 2, ... unless --test_windows scored a subset). A probabilistic run's `scoring`
-    adds each window's sums of its metrics (exp.scoring.window_sums; subset_metrics reads them back),
+    adds each window's sums of its metrics (ProbabilisticSums' window_sums; exp.scoring.subset_metrics reads them back),
     written to every digit."""
     if not distributed.is_main():
         return

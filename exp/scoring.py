@@ -62,15 +62,14 @@ class ProbabilisticScoring:
         self.median = self.objective.levels.index(0.5)
         self.numbers, _ = split_numbering(dataset)  # keys and scales follow the window's number in the split
         self.scales = _on(series_scales(args), device)
-        self.sums = ProbabilisticSums(self.objective.levels)
+        self.sums = ProbabilisticSums(self.objective.levels, keep_windows=True)
         self.original = None
         if transform is not None:
-            self.original = ProbabilisticSums(self.objective.levels, transform=transform)
+            self.original = ProbabilisticSums(self.objective.levels, transform=transform, keep_windows=True)
             self.original_scales = _on(series_scales(args, original=True), device)
         if self.scales is None:
             logger.info(f"MASE is not computed: --data {args.data} keeps no series history at hand")
-        self._windows = []  # per batch: [B, fields] float64, each window's own sums (window_columns)
-        self._all_windows = None
+        self._all_windows = None  # after all_reduce, on rank 0: every window's own sums (window_columns)
 
     def update(self, params, true, indices, original_truth=None):
         """Score one batch (`indices`: its windows' positions in the loader's data set); returns the median."""
@@ -78,14 +77,10 @@ class ProbabilisticScoring:
         keys = window_keys(self.args.seed, "test", numbers) if self.objective.samples else None
         quantiles = self.objective.quantiles(params, keys)
         where = torch.as_tensor(numbers, device=self.device)
-        scales = None if self.scales is None else self.scales[where]
-        self.sums.update(quantiles, true, scales)
-        rows = [window_sums(self.objective.levels, quantiles, true, scales)]
+        self.sums.update(quantiles, true, None if self.scales is None else self.scales[where])
         if self.original is not None:
             scales = None if self.original_scales is None else self.original_scales[where]
             self.original.update(quantiles, original_truth, scales)
-            rows.append(window_sums(self.objective.levels, quantiles, original_truth, scales, self.original.transform))
-        self._windows.append(torch.cat(rows, dim=1))
         return quantiles[..., self.median]
 
     def all_reduce(self):
@@ -93,7 +88,8 @@ class ProbabilisticScoring:
         self.sums.all_reduce()
         if self.original is not None:
             self.original.all_reduce()
-        local = torch.cat(self._windows) if self._windows else torch.zeros(0, len(self.window_names()), dtype=torch.float64)
+        local = torch.cat([_kept(self.sums, self.scales)]
+                          + ([] if self.original is None else [_kept(self.original, self.original_scales)]), dim=1)
         gathered = distributed.gather_on_main(local)
         self._all_windows = None if gathered is None else torch.cat(gathered)
         return self
@@ -129,17 +125,12 @@ def window_fields(levels, scaled):
 _SCALED = ("ase", "ase_count", "interval_score", "interval_score_count")
 
 
-def window_sums(levels, quantiles, true, scales, transform=None):
-    """[B, fields] float64: each window's sums, from a ProbabilisticSums of that window alone, so adding rows
-    gives the sums of any subset of windows, and its metrics exactly (subset_metrics)."""
-    fields = window_fields(levels, scales is not None)
-    rows = []
-    for i in range(true.shape[0]):
-        alone = ProbabilisticSums(levels, transform=transform)
-        alone.update(quantiles[i:i + 1], true[i:i + 1], None if scales is None else scales[i:i + 1])
-        alone.metrics()  # adds its pending sums into alone.sums
-        rows.append([alone.sums[k] for k in fields])
-    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(fields))
+def _kept(sums, scales):
+    """[windows, window_fields] of a ProbabilisticSums(keep_windows=True): adding rows gives the sums of any
+    subset of windows, and its metrics exactly (subset_metrics); MASE's and MSIS's only where scaled."""
+    names = sums.window_fields()
+    keep = [i for i, name in enumerate(names) if scales is not None or name not in _SCALED]
+    return sums.window_sums()[:, keep]
 
 
 def subset_metrics(columns, suffix=""):

@@ -499,3 +499,12 @@ def test_bench_models_breaks_a_step_down_call_by_call():
     assert elapsed >= sum(names.values()) > 0
     assert any(call.startswith("mm [[64, 64], [64, 64]]") for call, _, _ in calls)
     assert any(call.startswith("cat [[2097152], [2097152]]") and count == 1 for call, _, count in calls)
+
+
+def test_drop_last_effect_reads_a_probabilistic_runs_window_errors(tmp_path):
+    """A probabilistic run's window_errors.csv carries each window's sums after window,mse,mae."""
+    from benchmarks.drop_last_effect import read_errors
+
+    path = tmp_path / "window_errors.csv"
+    path.write_text("window,mse,mae,count,abs_label\n0,0.5,0.25,96,10\n1,1.5,0.75,96,11\n")
+    np.testing.assert_array_equal(read_errors(path), [[0.5, 0.25], [1.5, 0.75]])

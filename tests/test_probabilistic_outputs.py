@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from exp.outputs import predict
-from exp.scoring import subset_metrics, window_sums
+from exp.scoring import subset_metrics, window_fields
+from utils.metrics import ProbabilisticSums
 from helpers import assert_ok, make_args, make_experiment, records, run_cli
 
 SMALL = ["--model", "DLinear", "--data", "synthetic", "--synthetic_rows", 1000, "--synthetic_channels", 3,
@@ -109,7 +110,8 @@ def test_each_row_holds_its_own_windows_sums(quantile_run):
     with torch.no_grad():
         params, true = forward(exp.raw_model.eval(), dataset.__getitems__(picks), exp.args, "test", exp.device)
     quantiles = objective_for(exp.args).quantiles(params)
-    expected = window_sums(LEVELS, quantiles, true, series_scales(exp.args)[picks]).numpy()
+    expected = np.array([_alone(quantiles[i:i + 1], true[i:i + 1], series_scales(exp.args)[[pick]])
+                         for i, pick in enumerate(picks)])
     names = [c for c in frame.columns[3:] if not c.endswith("_orig")]
     np.testing.assert_allclose(frame.loc[picks, names].to_numpy(), expected, rtol=1e-5, atol=1e-6)
     # and a subset's metrics are those of its windows alone: here the three picked
@@ -118,6 +120,14 @@ def test_each_row_holds_its_own_windows_sums(quantile_run):
     alone = subset_metrics({name: expected[:, i] for i, name in enumerate(names)})
     for name in PROBABILISTIC:
         assert three[name] == pytest.approx(alone[name], rel=1e-5), name
+
+
+def _alone(quantiles, true, scale):
+    """One window's sums, scored by a ProbabilisticSums of that window alone."""
+    sums = ProbabilisticSums(LEVELS)
+    sums.update(quantiles, true, scale)
+    sums.metrics()  # adds its pending sums into sums.sums
+    return [sums.sums[k] for k in window_fields(LEVELS, True)]
 
 
 def test_window_errors_are_the_same_file_on_1_and_2_processes(quantile_run, tmp_path):

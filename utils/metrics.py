@@ -191,7 +191,7 @@ class ProbabilisticSums:
     some loss is not 0); a mean over no element is NaN.
     """
 
-    def __init__(self, levels, transform=None):
+    def __init__(self, levels, transform=None, keep_windows=False):
         levels = tuple(float(level) for level in levels)
         require(all(0 < level < 1 for level in levels) and list(levels) == sorted(set(levels)) and 0.5 in levels,
                 f"quantile levels must be distinct, sorted, in (0, 1) and include 0.5; got {list(levels)}")
@@ -206,6 +206,7 @@ class ProbabilisticSums:
                          *self._intervals])
         self.sums = dict.fromkeys(self._fields, 0.0)
         self._pending = []  # per batch, a float64 tensor of the sums after "count": no host sync in the loop
+        self._windows = [] if keep_windows else None  # per batch, [B, fields after "windows", "scaled_windows"]
         self._tau = {}
 
     def update(self, quantiles, true, scale=None):
@@ -252,6 +253,9 @@ class ProbabilisticSums:
         # on which batch or rank it landed in
         per_windows = torch.stack([p.to(torch.float64) for p in parts])  # [fields after "count", B]
         self._pending.append(per_windows.sum(1))
+        if self._windows is not None:  # each window's own sums, its element count first
+            counts = per_windows.new_full((1, windows), float(true[0].numel()))
+            self._windows.append(torch.cat([counts, per_windows]).T)
         self.sums["windows"] += windows
         self.sums["scaled_windows"] += windows if scale is not None else 0
         self.sums["count"] += true.numel()
@@ -269,6 +273,18 @@ class ProbabilisticSums:
         totals = distributed.all_reduce_sum([self.sums[k] for k in self._fields])
         self.sums = dict(zip(self._fields, totals))
         return self
+
+    def window_sums(self):
+        """[windows, fields] float64: each window's own sums so far (`keep_windows`), in the order of
+        `window_fields`: adding rows gives any subset's sums, hence its metrics exactly."""
+        if self._windows is None:
+            raise RuntimeError("ProbabilisticSums(keep_windows=True) is needed for window_sums()")
+        return torch.cat(self._windows).cpu() if self._windows else torch.zeros(0, len(self.window_fields()),
+                                                                               dtype=torch.float64)
+
+    def window_fields(self):
+        """The names of window_sums' columns: every sum but the window counts."""
+        return self._fields[2:]
 
     def metrics(self):
         self._flush()
