@@ -14,7 +14,7 @@ import math
 import torch
 
 from utils.distributed import AgreedError
-from utils.probabilistic import objective_for
+from utils.probabilistic import objective_for, output_width
 
 
 def forward(model, batch, args, stage, device):
@@ -28,13 +28,14 @@ def forward(model, batch, args, stage, device):
 
 def direct_forward(model, batch, args, device):
     x, y, x_mark, y_mark = on_device(batch, device)
-    width = _width(args)
+    width = output_width(args)
     dec_inp, dec_mark = decoder_inputs(y, y_mark, args, width)
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), dec_inp, dec_mark), args)
     steps = args.pred_len * width
     if out.shape[1] != steps:  # even a no-op slice costs a zero-fill and copy in backward
         out = out[:, -steps:]
-    return target_channels(blocks(out, width), args, width), target_channels(y[:, -args.pred_len:], args)
+    levels = width > 1 or bool(getattr(args, "native_quantiles", None))  # [..., C, levels]: its own or widened
+    return target_channels(blocks(out, width), args, levels), target_channels(y[:, -args.pred_len:], args)
 
 
 def decoder_inputs(y, y_mark, args, width=1):
@@ -62,7 +63,7 @@ def token_forward(model, batch, args, stage, device):
     """Every input token predicts the next output_token_len steps; score them all,
     or only the last token with --last_token (always) / --valid_last (validation)."""
     x, y, x_mark, _ = on_device(batch, device)
-    token, out_len, width = args.input_token_len, args.output_token_len, _width(args)
+    token, out_len, width = args.input_token_len, args.output_token_len, output_width(args)
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), None, None), args)
     batch_size, n_tokens = x.shape[0], x.shape[1] // token
     pred = out.reshape(batch_size, n_tokens, width * out_len, -1)
@@ -71,13 +72,13 @@ def token_forward(model, batch, args, stage, device):
     true = y.unfold(1, out_len, token).permute(0, 1, 3, 2)  # [B, N, out_len, C]
     if args.last_token or (stage == "val" and args.valid_last):
         pred, true = pred[:, -1:], true[:, -1:]
-    return target_channels(pred, args, width), target_channels(true, args)
+    return target_channels(pred, args, width > 1), target_channels(true, args)
 
 
 def rollout(model, batch, args, device):
     """Autoregressive test: feed predictions back until test_pred_len steps exist."""
     x, y, x_mark, y_mark = on_device(batch, device)
-    out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], _width(args)
+    out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], output_width(args)
     steps = math.ceil(horizon / out_len)
     # step s reads the marks of its input rows, s * out_len onwards: the last step's input ends at
     # (steps - 1) * out_len + history < history + horizon, within the window's own marks
@@ -89,7 +90,7 @@ def rollout(model, batch, args, device):
         preds.append(nxt)
         x = torch.cat([x[:, out_len:], nxt if width == 1 else objective_for(args).point(nxt).to(x.dtype)], dim=1)
     pred = torch.cat(preds, dim=1)[:, :horizon]
-    return target_channels(pred, args, width), target_channels(y, args)
+    return target_channels(pred, args, width > 1), target_channels(y, args)
 
 
 def forecast_of(out, args):
@@ -103,18 +104,12 @@ def forecast_of(out, args):
     return out
 
 
-def target_channels(tensor, args, width=1):
+def target_channels(tensor, args, levels=False):
     """MS and --covariate score only the target, which the data puts last (channels are the last dimension,
-    or the one before a probabilistic prediction's parameters)."""
+    or, with `levels`, the one before a probabilistic prediction's parameters)."""
     if args.features == "MS" or args.covariate:
-        return tensor[..., -1:] if width == 1 else tensor[..., -1:, :]
+        return tensor[..., -1:, :] if levels else tensor[..., -1:]
     return tensor
-
-
-def _width(args):
-    """Values a step the model forecasts: 1, or the probabilistic objective's parameters."""
-    objective = objective_for(args)
-    return 1 if objective is None else objective.width
 
 
 def on_device(batch, device):

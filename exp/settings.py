@@ -20,7 +20,7 @@ from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights
 from utils.errors import UserError, require
-from utils.probabilistic import LOSSES, POINT_LOSSES, objective_for, output_width
+from utils.probabilistic import LOSSES, POINT_LOSSES, native_levels, objective_for, output_width, parse_levels
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
 
 logger = logging.getLogger("tsl")
@@ -45,9 +45,10 @@ def resolve_args(args, world_size):
     """Fill args in place (and return them) for a run on `world_size` processes; a UserError
     for anything impossible. Reads the data (cached per process), never a process group."""
     check_task(args)
-    _check_probabilistic(args)
     fill_defaults(args)
     cls = model_class(args)
+    _native_quantiles(args, cls)
+    _check_probabilistic(args)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
     check_task_fits_model(args)
     args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
@@ -79,6 +80,27 @@ def _check_probabilistic(args):
             + ("quantiles directly" if args.loss == "quantile" else "one point") + ": drop --num_samples, or use "
             "--loss studentt or normal")
     objective_for(args)  # --quantiles: levels in (0, 1), increasing, once each, with 0.5
+
+
+def _native_quantiles(args, cls):
+    """A model that forecasts quantiles natively (`quantile_levels`, a released foundation model) is scored and
+    trained as one: --loss quantile at its own levels (the pinball loss over them, its training objective)."""
+    levels = native_levels(cls)
+    args.native_quantiles = None if levels is None else list(levels)
+    if levels is None:
+        return
+    text = ",".join(f"{q:g}" for q in levels)
+    given = args.quantiles != parser_defaults()["quantiles"]
+    require(not given or parse_levels(args.quantiles) == levels,
+            f"model {args.model} forecasts the quantiles {text} itself; --quantiles {args.quantiles} asks for others: "
+            "leave --quantiles out")
+    require(args.loss in POINT_LOSSES + ("quantile",),
+            f"model {args.model} forecasts quantiles ({text}), not a distribution: --loss {args.loss} cannot train "
+            "it; leave --loss out (it trains on the pinball loss over its quantiles)")
+    require(not getattr(cls, "autoregressive", False), f"model {args.model}: a token model cannot declare quantile_levels")
+    if args.loss != "quantile" and distributed.is_main():
+        logger.info(f"model {args.model} forecasts the quantiles {text}: --loss quantile at those levels")
+    args.loss, args.quantiles = "quantile", text
 
 
 def check_task(args):
@@ -223,7 +245,7 @@ def build_model(args):
         model = model_class(args)(widened(args, width))
     except ValueError as exc:
         raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
-    if width > 1:
+    if width > 1 or getattr(args, "native_quantiles", None):
         _require_widened_output(model, args, width)
     return model
 
@@ -262,6 +284,13 @@ def _require_widened_output(model, args, width):
     finally:
         model.train(was_training)
     steps = (args.seq_len // args.input_token_len * args.output_token_len if args.autoregressive else args.pred_len)
+    native = getattr(args, "native_quantiles", None)
+    if native:  # [B, pred_len, C, its levels]
+        shape = None if out is None else tuple(out.shape)
+        require(shape is not None and len(shape) == 4 and shape[1] >= steps and shape[3] == len(native),
+                f"model {args.model} declares quantile_levels ({len(native)} levels), so its forward must return "
+                f"[B, pred_len, C, {len(native)}]; it returned {shape} for pred_len {steps}")
+        return
     got = None if out is None or out.dim() < 2 else out.shape[1]
     require(got is not None and got >= steps * width,
             f"--loss {args.loss} needs {width} values a step, asked of model {args.model} as a {width} times longer "

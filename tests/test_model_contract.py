@@ -125,10 +125,8 @@ def first_windows(exp, split, batch_size, model_inputs=None):
 
 
 def training_loss(exp, model, batch):
-    from utils.metrics import batch_loss
-
     pred, true = forward(model, batch, exp.args, "train", exp.device)
-    return batch_loss(pred.float(), true, exp.args.loss)
+    return exp.loss(pred, true)  # --loss MSE, or a quantile model's pinball loss
 
 
 def perturb_(model, seed):
@@ -179,7 +177,8 @@ def check_output_shape(spec, features="M", batch_size=4, data_args=()):
                 model.train(training)
                 with torch.set_grad_enabled(training):
                     pred, true = forward(model, batch, exp.args, split, exp.device)
-                if pred.shape != true.shape:
+                levels = len(args.native_quantiles or ())  # a model forecasting its own quantiles: [..., C, levels]
+                if pred.shape != (*true.shape, levels)[:true.dim() + bool(levels)]:
                     raise violation(spec, title, f"{split} prediction {tuple(pred.shape)} and truth {tuple(true.shape)} "
                                     "differ after the experiment's slicing; fix the model's output length or channels")
                 if not torch.isfinite(pred).all():
@@ -191,10 +190,13 @@ def check_output_shape(spec, features="M", batch_size=4, data_args=()):
                     if args.autoregressive:
                         n_tokens = batch[0].shape[1] // args.input_token_len
                         length, expected = n_tokens * args.output_token_len, "[B, N * output_token_len, C]"
+                    elif levels:
+                        length, expected = args.pred_len, f"[B, pred_len, C, {levels}] (its quantile_levels)"
                     else:
                         length, expected = args.pred_len, "[B, pred_len, C]"
-                    if (output.dim() != 3 or output.shape[0] != batch_size or output.shape[1] != length
-                            or output.shape[2] not in expected_channels):
+                    if (output.dim() != 3 + bool(levels) or output.shape[0] != batch_size or output.shape[1] != length
+                            or output.shape[2] not in expected_channels
+                            or (levels and output.shape[3] != levels)):
                         raise violation(spec, title, f"{split} forward returned {tuple(output.shape)}; expected "
                                         f"{expected} = ({batch_size}, {length}, C) with C in {expected_channels} "
                                         f"(enc_in {args.enc_in}, c_out {args.c_out})")

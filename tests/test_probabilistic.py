@@ -226,3 +226,71 @@ def test_a_corpus_series_scale_comes_from_its_own_history():
     assert list(np.bincount(of_window)) == [40 + 24 - 36 + 1, 60 + 24 - 36 + 1]
     for history, values, ends in zip(histories, series, data.ends):
         np.testing.assert_array_equal(history[:, 0], values[:ends[1]].astype(np.float64))
+
+
+# ------------------------------------------------------------------ a model that forecasts its own quantiles
+class NativeQuantiles(nn.Module):
+    """A quantile forecaster of its own (as a released foundation model is): [B, pred_len, C, 3]."""
+
+    inputs_used = ("x_enc",)
+    quantile_levels = (0.1, 0.5, 0.9)
+
+    def __init__(self, configs):
+        super().__init__()
+        self.pred_len = configs.pred_len
+        self.linear = nn.Linear(configs.seq_len, configs.pred_len * 3)
+
+    def forward(self, x_enc, *unused):
+        batch, _, channels = x_enc.shape
+        out = self.linear(x_enc.transpose(1, 2)).view(batch, channels, self.pred_len, 3)
+        return out.permute(0, 2, 1, 3)
+
+
+def _native(*extra, model=NativeQuantiles):
+    with mock.patch("exp.settings.get_model_class", return_value=model):
+        return make_experiment(make_args("--model", "NativeQuantiles", *SMALL, *extra))
+
+
+def test_a_model_forecasting_its_own_quantiles_is_scored_and_trained_at_them():
+    """No widening: its output is read as its levels, it trains on the pinball loss over them, whatever
+    --loss said, and validation follows that loss."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+
+    exp = _native()
+    assert (exp.args.loss, exp.args.quantiles, exp.args.native_quantiles) == ("quantile", "0.1,0.5,0.9", [0.1, 0.5, 0.9])
+    assert exp.raw_model.linear.out_features == 24 * 3  # pred_len as asked: not widened
+    batch = data_provider(exp.args, "train")[0].__getitems__(torch.arange(4))
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
+    assert pred.shape == (*true.shape, 3)
+    exp.loss(pred, true).backward()
+    ms = _native("--features", "MS")
+    pred, true = forward(ms.raw_model, batch, ms.args, "train", ms.device)
+    assert pred.shape == (4, 24, 1, 3) and true.shape == (4, 24, 1)  # the target's quantiles
+    assert np.isfinite(exp.vali(data_provider(exp.args, "val")[1]))
+
+
+def test_a_quantile_models_levels_and_loss_are_its_own():
+    from utils.errors import UserError
+
+    assert _native("--quantiles", "0.1,0.5,0.9").args.quantiles == "0.1,0.5,0.9"
+    with pytest.raises(UserError, match=r"^model NativeQuantiles forecasts the quantiles 0.1,0.5,0.9 itself; "
+                                        r"--quantiles 0.2,0.5,0.8 asks for others: leave --quantiles out$"):
+        _native("--quantiles", "0.2,0.5,0.8")
+    with pytest.raises(UserError, match=r"^model NativeQuantiles forecasts quantiles \(0.1,0.5,0.9\), not a "
+                                        r"distribution: --loss studentt cannot train it"):
+        _native("--loss", "studentt")
+
+    class Unsorted(NativeQuantiles):
+        quantile_levels = (0.9, 0.5, 0.1)
+
+    with pytest.raises(UserError, match=r"Model.quantile_levels = \(0.9, 0.5, 0.1\): declare the levels"):
+        _native(model=Unsorted)
+
+    class WrongShape(NativeQuantiles):
+        def forward(self, x_enc, *unused):
+            return super().forward(x_enc)[..., 0]
+
+    with pytest.raises(UserError, match=r"declares quantile_levels \(3 levels\), so its forward must return "
+                                        r"\[B, pred_len, C, 3\]; it returned \(1, 24, 7\)"):
+        _native(model=WrongShape)

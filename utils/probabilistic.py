@@ -71,9 +71,26 @@ def _objective(loss, quantiles, samples):
 
 
 def output_width(args):
-    """How many values a step the model forecasts: 1 for a point loss."""
+    """How many times the model's horizon is widened: 1 for a point loss, and for a model that forecasts its
+    quantiles natively (`quantile_levels`: it returns them as a last dimension of their own)."""
     objective = objective_for(args)
-    return 1 if objective is None else objective.width
+    return 1 if objective is None or getattr(args, "native_quantiles", None) else objective.width
+
+
+def native_levels(model_class):
+    """The quantile levels a model class forecasts natively (its `quantile_levels`), or None; a declaration
+    that is not a sorted tuple of distinct levels in (0, 1) with 0.5 is the model file's error, in one line."""
+    declared = getattr(model_class, "quantile_levels", None)
+    if declared is None:
+        return None
+    try:
+        levels = tuple(float(q) for q in declared)
+    except (TypeError, ValueError):
+        levels = ()
+    require(levels and list(levels) == sorted(set(levels)) and all(0 < q < 1 for q in levels) and 0.5 in levels,
+            f"{model_class.__module__}.Model.quantile_levels = {declared!r}: declare the levels its forward returns, "
+            "increasing, each once, in (0, 1), with 0.5")
+    return levels
 
 
 class QuantileObjective:
