@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, distributed, openltm
+from utils import adapters, distributed, openltm, timesfm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
@@ -66,7 +66,7 @@ def read_weights(path, map_location="cpu"):
 
 
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
-EXPORT_FORMATS = {"openltm": openltm.ADAPTERS}
+EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS}
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)
@@ -556,7 +556,8 @@ def export(src, dst, to="openltm"):
     """Write `src` (any file read_weights reads) to `dst` in a foreign layout (`to`: a key of EXPORT_FORMATS,
     "openltm" for OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`), through the
     adapter of the model the file holds. Returns (that adapter, the adapter `src` was converted from or None)."""
-    if os.path.isdir(dst):
+    folder_format = to != "ours" and any(getattr(a, "writes_folder", False) for a in EXPORT_FORMATS.get(to, ()))
+    if os.path.isdir(dst) and not folder_format:
         raise UserError(f"{dst} is a folder: name the file to write, e.g. {os.path.join(dst, 'checkpoint.pth')}")
     state, config = read_weights(src)
     candidates = EXPORT_FORMATS.get(to, [a for formats in EXPORT_FORMATS.values() for a in formats])
@@ -574,7 +575,10 @@ def export(src, dst, to="openltm"):
         raise UserError(f"{src} is not a {models} checkpoint: export converts only those models' files")
     out = holder.from_ours(state) if to != "ours" else state
     try:
-        save_atomic(out, dst)
+        if folder_format:  # a released foundation model's folder (config.json + model.safetensors)
+            holder.write(out, dst)
+        else:
+            save_atomic(out, dst)
     except OSError as exc:
         raise UserError(f"cannot write {dst} ({exc.strerror or exc}); choose another path or fix its folder's "
                         "permissions") from None
