@@ -1,0 +1,120 @@
+"""ChronosBolt: Amazon's Chronos-Bolt, a T5 encoder-decoder over patches of the series. Each channel is a series
+of its own: instance-normalised, cut into patches of 16 steps (with a mask of the observed ones), embedded by a
+residual MLP and encoded with a [REG] token; one decoder step reads the encoding and a residual MLP maps it to 9
+quantiles (0.1, ..., 0.9) of the next 64 steps, scaled back. Ansari et al., "Chronos: Learning the Language of
+Time Series", TMLR 2024; Chronos-Bolt: chronos-forecasting 1.5 and the AWS blog of 2024-11-25. Released weights:
+amazon/chronos-bolt-{tiny,mini,small,base} (docs/foundation.md).
+
+Built on the official package's model module, chronos.chronos_bolt.ChronosBoltModelForForecasting (the optional
+extra `pip install -e '.[chronos]'`), not a native copy: chronos-forecasting installs beside torch 2.13 and
+pandas 3 without pinning either (it needs torch, transformers, accelerate, einops, numpy, pandas), its module
+reads a local folder's config.json and weights with no network, and its forward is a plain differentiable
+nn.Module, so it runs under DDP and fine-tunes; the forecasts are then the package's by construction.
+What this file adds around it:
+- all channels of a batch in one call: [B, seq_len, C] -> B * C series -> [B, pred_len, C, 9];
+- the context is the window's last seq_len steps, at most chronos_config.context_length (2048 released): a longer
+  --seq_len is refused (the package would silently drop the oldest steps);
+- a horizon longer than chronos_config.prediction_length (64) is rolled out as ChronosBoltPipeline.predict does:
+  each of the 9 quantile paths of the block so far is appended to the context, each of these 9 contexts is
+  forecast, and the 81 forecasts a step are reduced to the 9 levels by torch.quantile; again until pred_len steps
+  exist (differentiable, so fine-tuning at such a horizon trains through it);
+- dropout that follows the sample: T5's nn.Dropout modules are keyed by the experiment as any model's, and its
+  attention-weight dropout, a fused-kernel argument in transformers (sdpa's dropout_p), is moved to an nn.Dropout
+  on each attention module through transformers' AttentionInterface (`keyed_attention` below), so fine-tuning is
+  the same on any number of processes. In evaluation attention is transformers' own sdpa, the package's default.
+The input scaling is the package's (InstanceNorm inside ChronosBoltModelForForecasting); fine-tuning trains on the
+pinball loss over the 9 levels, the package's own objective up to a constant factor (utils.probabilistic).
+"""
+import os
+
+import torch
+from torch import nn
+
+from layers.dropout import attention as keyed_sdpa
+from utils import chronos_bolt
+from utils.errors import UserError
+from utils.optional import require_package
+
+_package = require_package("chronos.chronos_bolt", "chronos-forecasting", "chronos", "ChronosBolt")
+from transformers import AttentionInterface, T5Config  # noqa: E402  (chronos-forecasting depends on transformers)
+from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
+
+KEYED_ATTENTION = "tsl_keyed_sdpa"  # our name in transformers' AttentionInterface (and its mask interface)
+
+
+def keyed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, position_bias=None,
+                    **kwargs):
+    """transformers' sdpa attention, with the weights' dropout drawn by the attention module's `weights_dropout`
+    (an nn.Dropout, keyed by the sample once the experiment converts it) instead of the kernel's dropout_p."""
+    weights_dropout = getattr(module, "weights_dropout", None)
+    if weights_dropout is None or not weights_dropout.training or weights_dropout.p == 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      position_bias=position_bias, **kwargs)
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    if position_bias is not None:  # T5's relative positions join the mask, as sdpa_attention_forward does
+        attention_mask, causal = create_position_bias_mask(position_bias, attention_mask, causal, query, key), False
+    out = keyed_sdpa(query, key, value, weights_dropout, attn_mask=attention_mask, is_causal=causal, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(KEYED_ATTENTION, keyed_attention)
+AttentionMaskInterface.register(KEYED_ATTENTION, sdpa_mask)
+
+
+class Model(nn.Module):
+    autoregressive = False
+    inputs_used = ("x_enc",)
+    quantile_levels = tuple(chronos_bolt.RELEASED_CHRONOS_CONFIG["quantiles"])  # the released models' 9 levels
+    checkpoint_adapters = (chronos_bolt.CHRONOS_BOLT,)
+
+    def __init__(self, configs):
+        super().__init__()
+        path = getattr(configs, "pretrain_model_path", None)
+        config = chronos_bolt.folder_config(path) if path else None
+        where = f"{os.path.join(path, 'config.json') if path and os.path.isdir(path) else path}"
+        if config is None:  # no folder: the released architecture at TSLib's sizes
+            config, where = chronos_bolt.generic_config(configs), "the released configuration"
+        chronos = config["chronos_config"]
+        if tuple(chronos["quantiles"]) != self.quantile_levels:
+            raise UserError(f"{where} forecasts the quantiles {chronos['quantiles']}, not the released "
+                            f"{list(self.quantile_levels)} that --model ChronosBolt scores")
+        self.context_length = int(chronos["context_length"])
+        self.block = int(chronos["prediction_length"])
+        self.pred_len = configs.pred_len
+        if configs.seq_len > self.context_length:
+            raise ValueError(f"--seq_len {configs.seq_len} is longer than the {self.context_length} steps of context "
+                             f"Chronos-Bolt reads (chronos_config.context_length of {where}): give --seq_len "
+                             f"{self.context_length} or less")
+        if configs.pred_len < 1:
+            raise ValueError(f"--pred_len {configs.pred_len}: Chronos-Bolt forecasts at least one step")
+        self.bolt = _package.ChronosBoltModelForForecasting(T5Config.from_dict(config))
+        self.bolt.set_attn_implementation(KEYED_ATTENTION)
+        for module in self.bolt.modules():
+            if isinstance(module, T5Attention):
+                module.weights_dropout = nn.Dropout(module.dropout)
+        self.register_buffer("levels", torch.tensor(self.quantile_levels), persistent=False)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        batch, steps, channels = x_enc.shape
+        series = x_enc.transpose(1, 2).reshape(batch * channels, steps)  # sample-major: window b's channels together
+        quantiles = self.forecast(series)  # [B * C, 9, pred_len]
+        return quantiles.reshape(batch, channels, len(self.quantile_levels), -1).permute(0, 3, 1, 2)
+
+    def forecast(self, context):
+        """[N, 9, pred_len] quantiles of N series' next pred_len steps, rolled out past the model's block as
+        ChronosBoltPipeline.predict does."""
+        prediction = self.bolt(context=context).quantile_preds  # [N, 9, block]
+        blocks, remaining = [prediction], self.pred_len - prediction.shape[-1]
+        if remaining > 0:
+            n, levels = context.shape[0], len(self.quantile_levels)
+            context = context.unsqueeze(1).expand(n, levels, context.shape[-1])
+            levels_tensor = self.levels.to(prediction.dtype)
+        while remaining > 0:
+            context = torch.cat([context, prediction.to(context.dtype)], dim=-1)[..., -self.context_length:]
+            paths = self.bolt(context=context.reshape(n * levels, -1)).quantile_preds.reshape(n, levels * levels, -1)
+            prediction = torch.quantile(paths, q=levels_tensor, dim=1).transpose(0, 1)
+            blocks.append(prediction)
+            remaining -= prediction.shape[-1]
+        return torch.cat(blocks, dim=-1)[..., :self.pred_len]
