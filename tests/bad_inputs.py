@@ -231,6 +231,25 @@ def _trained_with_another_moving_average(folder):
     return [*SMALL, "--is_training", 0, "--checkpoint", folder / "trained" / "checkpoint.pth", "--moving_avg", 13]
 
 
+# issue 39: TimesFM25 (google/timesfm-2.5-200m-pytorch's folder: config.json and model.safetensors)
+def _timesfm25_folder(config=None, tensors=None):
+    """run.py arguments evaluating TimesFM25 zero-shot from a folder holding `config` (config.json) and
+    `tensors` (model.safetensors) where given; a folder of neither when both are None."""
+    def build(folder):
+        release = folder / "timesfm-2.5-200m-pytorch"
+        if config is not None or tensors is not None:
+            release.mkdir()
+        if config is not None:
+            (release / "config.json").write_text(json.dumps(config))
+        if tensors is not None:
+            import torch
+            from safetensors.torch import save_file
+
+            save_file({key: torch.zeros(shape) for key, shape in tensors.items()}, str(release / "model.safetensors"))
+        return [*SMALL, "--model", "TimesFM25", "--is_training", 0, "--pretrain_model_path", release]
+    return build
+
+
 def _has_gpu():
     import torch
 
@@ -422,6 +441,28 @@ PROBES = [
     Probe("MASE on a history shorter than a season", fixed("--loss", "quantile", "--freq", "s", *SMALL),
           "MASE needs at least season+1 history rows per series: --data synthetic (its rows before the test split, "
           "at --freq s) has 1200 for season 3600", shows="`--loss quantile --freq s` (season 3600) on 1500 rows"),
+    # issue 39: TimesFM25
+    Probe("TimesFM 2.5 weights folder missing", _timesfm25_folder(),
+          "timesfm-2.5-200m-pytorch not found: download google/timesfm-2.5-200m-pytorch (config.json and "
+          "model.safetensors) and pass its folder", shows="`--model TimesFM25 --is_training 0 --pretrain_model_path` "
+          "a folder that is not there"),
+    Probe("TimesFM 2.5 folder without its weights", _timesfm25_folder(config={"torch_compile": False}),
+          "timesfm-2.5-200m-pytorch lacks model.safetensors: download the whole folder of google/timesfm-2.5-200m-pytorch",
+          shows="a TimesFM 2.5 folder holding config.json only"),
+    Probe("TimesFM 2.5 weights missing tensors",
+          _timesfm25_folder(config={"torch_compile": False}, tensors={"tokenizer.hidden_layer.weight": (8, 64)}),
+          "model.safetensors lacks tokenizer.output_layer.weight, stacked_xf.0.attn.query_ln.scale, "
+          "stacked_xf.0.ff0.weight, output_projection_point.hidden_layer.weight, ... (7 in all): not a complete "
+          "TimesFM 2.5 checkpoint", shows="a TimesFM 2.5 folder whose model.safetensors holds one tensor"),
+    Probe("TimesFM 2.5 folder of another model",
+          _timesfm25_folder(config={"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"},
+                            tensors={"shared.weight": (4, 8)}),
+          "config.json is the config.json of t5 / T5ForConditionalGeneration, not of TimesFM 2.5: TimesFM25 reads "
+          "google/timesfm-2.5-200m-pytorch's folder", shows="`--model TimesFM25 --pretrain_model_path` a folder "
+          "whose config.json is a T5's (Chronos)"),
+    Probe("TimesFM 2.5 horizon past its quantile head",
+          fixed("--model", "TimesFM25", "--synthetic_rows", 20000, "--seq_len", 48, "--label_len", 24, "--pred_len", 1100),
+          "TimesFM 2.5's quantile head forecasts at most 1024 steps; pred_len 1100 is longer"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
