@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos_bolt, distributed, openltm, timesfm
+from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timesfm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
@@ -66,7 +66,8 @@ def read_weights(path, map_location="cpu"):
 
 
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
-EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS}
+EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
+                  "chronos2": chronos2.ADAPTERS}
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)
