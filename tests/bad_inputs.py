@@ -250,6 +250,35 @@ def _timesfm25_folder(config=None, tensors=None):
     return build
 
 
+# issue 39: Chronos2 (amazon/chronos-2's folder: config.json and model.safetensors, the package's model saved)
+def _chronos2_folder(drop=None, config=None, **forecasting):
+    """run.py arguments evaluating Chronos2 zero-shot from a tiny folder that chronos-forecasting's Chronos2Model
+    saved (`forecasting`: chronos_config fields changed), then damaged: `drop` a file ("config.json",
+    "model.safetensors", or "a tensor" from the weights), `config` written over config.json."""
+    def build(folder):
+        import torch
+        from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
+        from safetensors.torch import load_file, save_file
+
+        from utils.chronos2 import RELEASED_FORECASTING
+
+        release = folder / "chronos-2"
+        torch.manual_seed(0)
+        Chronos2Model(Chronos2CoreConfig(d_model=16, d_kv=8, d_ff=16, num_layers=1, num_heads=2, reg_token_id=1,
+                                         chronos_config={**RELEASED_FORECASTING, **forecasting})).save_pretrained(release)
+        if drop == "a tensor":
+            tensors = load_file(release / "model.safetensors")
+            tensors.pop("encoder.block.0.layer.1.self_attention.q.weight")
+            save_file(tensors, release / "model.safetensors")
+        elif drop in ("config.json", "model.safetensors"):
+            (release / drop).unlink()
+        if config is not None:
+            (release / "config.json").write_text(json.dumps(config))
+        return [*SMALL, "--model", "Chronos2", "--is_training", 0, "--pretrain_model_path",
+                release if drop != "folder" else folder / "absent"]
+    return build
+
+
 def _has_gpu():
     import torch
 
@@ -463,6 +492,30 @@ PROBES = [
     Probe("TimesFM 2.5 horizon past its quantile head",
           fixed("--model", "TimesFM25", "--synthetic_rows", 20000, "--seq_len", 48, "--label_len", 24, "--pred_len", 1100),
           "TimesFM 2.5's quantile head forecasts at most 1024 steps; pred_len 1100 is longer"),
+    # issue 39: Chronos2
+    Probe("Chronos-2 weights folder missing", _chronos2_folder(drop="folder"),
+          "absent not found: download amazon/chronos-2 (config.json and model.safetensors) and pass its folder",
+          shows="`--model Chronos2 --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("Chronos-2 folder without its weights", _chronos2_folder(drop="model.safetensors"),
+          "chronos-2 has no model.safetensors: the folder of amazon/chronos-2 holds config.json and model.safetensors; "
+          "download both", shows="a Chronos-2 folder holding config.json only"),
+    Probe("Chronos-2 folder without config.json", _chronos2_folder(drop="config.json"),
+          "chronos-2 has no config.json: the folder of amazon/chronos-2 holds config.json and model.safetensors",
+          shows="a Chronos-2 folder holding model.safetensors only"),
+    Probe("Chronos-2 weights missing a tensor", _chronos2_folder(drop="a tensor"),
+          "does not fit model Chronos2: missing: chronos.encoder.block.0.layer.1.self_attention.q.weight",
+          shows="a Chronos-2 folder whose model.safetensors lacks one tensor"),
+    Probe("Chronos-2 folder of another model", _chronos2_folder(config={
+              "architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5", "chronos_config": {}}),
+          "config.json is the config of another model (architectures ['ChronosBoltModelForForecasting'], model_type "
+          "t5), not Chronos-2's (architectures ['Chronos2Model'], amazon/chronos-2)",
+          shows="`--model Chronos2 --pretrain_model_path` a folder whose config.json is Chronos-Bolt's"),
+    Probe("Chronos-2 context shorter than --seq_len", _chronos2_folder(context_length=32, time_encoding_scale=32),
+          "--seq_len 48 is longer than Chronos-2's context of 32 steps (config.json chronos_config.context_length)",
+          shows="`--seq_len 48` with a Chronos-2 folder whose context_length is 32"),
+    Probe("Chronos-2 quantiles of another model", _chronos2_folder(quantiles=[0.1, 0.5, 0.9]),
+          "its config.json forecasts the quantiles [0.1, 0.5, 0.9], not the 21 of amazon/chronos-2",
+          shows="a Chronos-2 folder whose chronos_config.quantiles are 0.1, 0.5, 0.9"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
