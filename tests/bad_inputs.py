@@ -279,6 +279,37 @@ def _chronos2_folder(drop=None, config=None, **forecasting):
     return build
 
 
+# issue 39: ChronosBolt (amazon/chronos-bolt-*'s folder, config.json and model.safetensors, as the package writes it)
+def _chronos_bolt_folder(lacking=None, context_length=2048, config=None, drop=None):
+    """run.py arguments evaluating ChronosBolt zero-shot from a folder the package wrote (its model at a reduced
+    size, random weights) without the file `lacking` ("folder": no folder at all), with chronos_config's
+    `context_length`, with another model's `config` (config.json), or without the tensor `drop`."""
+    def build(folder):
+        release = folder / "chronos-bolt-small"
+        argv = [*SMALL, "--model", "ChronosBolt", "--is_training", 0, "--pretrain_model_path", release]
+        if lacking == "folder":
+            return argv
+        from chronos.chronos_bolt import ChronosBoltModelForForecasting
+        from safetensors.torch import load_file, save_file
+        from transformers import T5Config
+
+        from utils.chronos_bolt import released_config
+
+        reduced = released_config("tiny", d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                                  d_kv=8, chronos_config=dict(context_length=context_length))
+        ChronosBoltModelForForecasting(T5Config.from_dict(reduced)).save_pretrained(release)
+        if lacking:
+            (release / lacking).unlink()
+        if config:
+            (release / "config.json").write_text(json.dumps(config))
+        if drop:
+            tensors = load_file(release / "model.safetensors")
+            del tensors[drop]
+            save_file(tensors, release / "model.safetensors")
+        return argv
+    return build
+
+
 def _has_gpu():
     import torch
 
@@ -516,6 +547,29 @@ PROBES = [
     Probe("Chronos-2 quantiles of another model", _chronos2_folder(quantiles=[0.1, 0.5, 0.9]),
           "its config.json forecasts the quantiles [0.1, 0.5, 0.9], not the 21 of amazon/chronos-2",
           shows="a Chronos-2 folder whose chronos_config.quantiles are 0.1, 0.5, 0.9"),
+    # issue 39: ChronosBolt
+    Probe("Chronos-Bolt folder missing", _chronos_bolt_folder("folder"),
+          "chronos-bolt-small not found; pass the folder downloaded from the Hugging Face hub (e.g. "
+          "amazon/chronos-bolt-small: config.json and model.safetensors)",
+          shows="`--model ChronosBolt --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("Chronos-Bolt folder without config.json", _chronos_bolt_folder("config.json"),
+          "chronos-bolt-small is a partial Chronos-Bolt folder: config.json missing; download both files of the "
+          "release", shows="a Chronos-Bolt folder holding model.safetensors only"),
+    Probe("Chronos-Bolt folder without its weights", _chronos_bolt_folder("model.safetensors"),
+          "chronos-bolt-small is a partial Chronos-Bolt folder: model.safetensors missing; download both files of "
+          "the release", shows="a Chronos-Bolt folder holding config.json only"),
+    Probe("Chronos-Bolt weights missing a tensor", _chronos_bolt_folder(drop="output_patch_embedding.output_layer.bias"),
+          "converted) does not fit model ChronosBolt: missing: bolt.output_patch_embedding.output_layer.bias",
+          shows="a Chronos-Bolt folder whose model.safetensors lacks output_patch_embedding.output_layer.bias"),
+    Probe("Chronos-Bolt folder of another model",
+          _chronos_bolt_folder(config={"architectures": ["Chronos2Model"], "model_type": "t5",
+                                       "chronos_config": {"context_length": 8192}}),
+          "config.json is the config of another model (Chronos2Model, model_type t5; a Chronos-2 model: --model "
+          "Chronos2), not Chronos-Bolt's (ChronosBoltModelForForecasting)",
+          shows="`--model ChronosBolt --pretrain_model_path` a folder whose config.json is Chronos-2's"),
+    Probe("context longer than Chronos-Bolt reads", _chronos_bolt_folder(context_length=32),
+          "--seq_len 48 is longer than the 32 steps of context Chronos-Bolt reads (chronos_config.context_length of",
+          shows="`--seq_len 48` from a Chronos-Bolt folder whose chronos_config.context_length is 32 (released: 2048)"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
