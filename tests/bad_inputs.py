@@ -310,6 +310,46 @@ def _chronos_bolt_folder(lacking=None, context_length=2048, config=None, drop=No
     return build
 
 
+# issue 39: TiRex (NX-AI/TiRex's folder: model.ckpt, a Lightning checkpoint of hyper_parameters and state_dict)
+def _tirex_folder(lacking=None, hyper=None, drop=None, train_ctx_len=256, other=False):
+    """run.py arguments evaluating TiRex zero-shot from a folder holding model.ckpt as the release does, built by
+    the package's TiRexZero at a tiny size (zero weights): `lacking` "folder" (none at all), "model.ckpt" (a
+    folder of its README only) or "hyper_parameters" (a checkpoint of weights alone); `hyper` another model's
+    hyper_parameters; `drop` a tensor; `other` a folder of another model's release (config.json +
+    model.safetensors, Chronos-Bolt's)."""
+    def build(folder):
+        import torch
+
+        release = folder / "TiRex"
+        argv = [*SMALL, "--model", "TiRex", "--is_training", 0, "--pretrain_model_path", release]
+        if lacking == "folder":
+            return argv
+        release.mkdir()
+        (release / "README.md").write_text("TiRex\n")
+        if other:
+            from safetensors.torch import save_file
+
+            (release / "config.json").write_text(json.dumps({"architectures": ["ChronosBoltModelForForecasting"],
+                                                             "model_type": "t5"}))
+            save_file({"shared.weight": torch.zeros(2, 2)}, str(release / "model.safetensors"))
+            return argv
+        if lacking == "model.ckpt":
+            return argv
+        from tirex.models.tirex import TiRexZero
+
+        config = {"input_patch_size": 32, "output_patch_size": 32, "quantiles": [k / 10 for k in range(1, 10)],
+                  "block_kwargs": {"embedding_dim": 8, "num_heads": 2, "num_blocks": 1}, "input_ff_dim": 8}
+        state = {k: torch.zeros(v.shape) for k, v in TiRexZero("torch", config, train_ctx_len).state_dict().items()}
+        state.pop(drop, None)
+        checkpoint = {"state_dict": state, "hyper_parameters": hyper or {"model_config": config,
+                                                                         "train_ctx_len": train_ctx_len}}
+        if lacking == "hyper_parameters":
+            del checkpoint["hyper_parameters"]
+        torch.save(checkpoint, release / "model.ckpt")
+        return argv
+    return build
+
+
 def _has_gpu():
     import torch
 
@@ -570,6 +610,34 @@ PROBES = [
     Probe("context longer than Chronos-Bolt reads", _chronos_bolt_folder(context_length=32),
           "--seq_len 48 is longer than the 32 steps of context Chronos-Bolt reads (chronos_config.context_length of",
           shows="`--seq_len 48` from a Chronos-Bolt folder whose chronos_config.context_length is 32 (released: 2048)"),
+    # issue 39: TiRex
+    Probe("TiRex weights folder missing", _tirex_folder("folder"),
+          "TiRex not found: download TiRex's release (NX-AI/TiRex: huggingface-cli download NX-AI/TiRex --local-dir "
+          "DIR) and pass DIR", shows="`--model TiRex --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("TiRex folder without model.ckpt", _tirex_folder("model.ckpt"),
+          "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md",
+          shows="a TiRex folder holding its README.md only"),
+    Probe("TiRex model.ckpt without hyper_parameters", _tirex_folder("hyper_parameters"),
+          "model.ckpt lacks hyper_parameters: a partial or foreign checkpoint, not TiRex's release (NX-AI/TiRex)",
+          shows="a TiRex model.ckpt holding a state_dict alone"),
+    Probe("TiRex model.ckpt missing a tensor", _tirex_folder(drop="blocks.0.slstm_layer.slstm_cell._bias_"),
+          "converted) does not fit model TiRex: missing: tirex.blocks.0.slstm_layer.slstm_cell._bias_",
+          shows="a TiRex model.ckpt whose state_dict lacks blocks.0.slstm_layer.slstm_cell._bias_"),
+    Probe("TiRex folder of another model", _tirex_folder(other=True),
+          "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md, config.json, "
+          "model.safetensors (config.json + model.safetensors: another model's Hugging Face release, t5 / "
+          "['ChronosBoltModelForForecasting'])",
+          shows="`--model TiRex --pretrain_model_path` a folder of Chronos-Bolt's release (config.json, model.safetensors)"),
+    Probe("TiRex model.ckpt of another model", _tirex_folder(hyper={"lr": 0.001, "hidden_size": 8}),
+          "model.ckpt: its hyper_parameters (hidden_size, lr) are not a TiRex configuration (model_config with "
+          "block_kwargs, input_patch_size, output_patch_size, quantiles, input_ff_dim, and train_ctx_len): a "
+          "checkpoint of another model", shows="a model.ckpt whose hyper_parameters are another Lightning model's"),
+    Probe("context longer than TiRex reads", _tirex_folder(train_ctx_len=32),
+          "TiRex reads at most 32 steps of context (its train_ctx_len); --seq_len 48 would lose the oldest 16 unread",
+          shows="`--seq_len 48` from a TiRex folder whose train_ctx_len is 32 (released: 2048)"),
+    Probe("horizon past TiRex's window", lambda f: [*_tirex_folder(train_ctx_len=64)(f), "--pred_len", 96],
+          "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
+          shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),

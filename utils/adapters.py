@@ -95,10 +95,43 @@ def safetensors_path(path):
     if os.path.isdir(path):
         inside = os.path.join(path, SAFETENSORS_NAME)
         if not os.path.isfile(inside):
-            raise UserError(f"{path} is a folder without {SAFETENSORS_NAME}: pass a checkpoint file, or a "
-                            f"Hugging Face model folder ({SAFETENSORS_NAME} and config.json)")
+            raise UserError(f"{path} is a folder without {SAFETENSORS_NAME} (or {LIGHTNING_NAME}): pass a checkpoint "
+                            f"file, or a released model's folder ({SAFETENSORS_NAME} and config.json; TiRex: "
+                            f"{LIGHTNING_NAME})")
         return inside
     return path if str(path).endswith(".safetensors") else None
+
+
+# A PyTorch Lightning checkpoint, the form TiRex is released in (NX-AI/TiRex: model.ckpt alone, its
+# architecture in the file's hyper_parameters): read as {state_dict}, with {"hyper_parameters": ...} as config.
+LIGHTNING_NAME = "model.ckpt"
+
+
+def lightning_path(path):
+    """The Lightning checkpoint `path` names (a .ckpt file, or a folder's model.ckpt when it holds no
+    model.safetensors), else None."""
+    if os.path.isdir(path):
+        inside = os.path.join(path, LIGHTNING_NAME)
+        has_safetensors = os.path.isfile(os.path.join(path, SAFETENSORS_NAME))
+        return inside if os.path.isfile(inside) and not has_safetensors else None
+    return path if str(path).endswith(".ckpt") else None
+
+
+def read_lightning(path, map_location="cpu"):
+    """(its state_dict, {"hyper_parameters": ...}) of a Lightning checkpoint; one line if it is not one."""
+    import torch
+
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many types for truncated / foreign files
+        raise UserError(f"cannot read {path}: truncated, corrupt or not a PyTorch Lightning checkpoint "
+                        f"({type(exc).__name__})") from None
+    missing = [k for k in ("state_dict", "hyper_parameters")
+               if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get(k), dict)]
+    if missing:
+        raise UserError(f"{path} lacks {' and '.join(missing)}: not a whole Lightning checkpoint (a released "
+                        "model's model.ckpt holds both)")
+    return checkpoint["state_dict"], {"hyper_parameters": checkpoint["hyper_parameters"]}
 
 
 def read_safetensors(path, map_location="cpu"):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timesfm
+from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timesfm, tirex
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
@@ -47,6 +47,10 @@ def read_weights(path, map_location="cpu"):
     Hugging Face folder of model.safetensors + config.json). load_weights converts it for a model."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
+    lightning_file = adapters.lightning_path(path)
+    if lightning_file is not None:  # a release as a Lightning checkpoint (TiRex's model.ckpt)
+        state, config = adapters.read_lightning(lightning_file, map_location)
+        return strip_wrapper_prefixes(state), config
     tensors_file = adapters.safetensors_path(path)
     if tensors_file is not None:
         state = adapters.read_safetensors(tensors_file, map_location)
@@ -67,7 +71,7 @@ def read_weights(path, map_location="cpu"):
 
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
 EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
-                  "chronos2": chronos2.ADAPTERS}
+                  "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS}
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)

@@ -1,0 +1,140 @@
+"""TiRex: NX-AI's pre-trained zero-shot forecaster (35M parameters), an xLSTM of sLSTM blocks over patches of
+32 steps that forecasts the quantiles 0.1 ... 0.9 of the next patch; longer horizons come from masked
+(NaN) patches appended to the context, never from its own forecasts fed back. Auer et al., "TiRex: Zero-Shot
+Forecasting Across Long and Short Horizons with Enhanced In-Context Learning", NeurIPS 2025.
+
+Builds on the tirex-ts package (an optional extra: pip install -e '.[tirex]'): the network is the package's
+own tirex.models.tirex.TiRexZero (its patch tokenizer and instance scaling, residual patch embeddings, sLSTM
+blocks, RMSNorm, quantile head), and a forecast is the package's own `_forecast_tensor`, the function behind
+`load_model(...).forecast(...)`: context cut to or NaN-padded in front to the model's train_ctx_len (2048
+released), every rollout step one more NaN patch, each step a full pass. Why the package and not a native
+copy: it installs beside torch 2.13 and pandas 3 (torch, numpy, scikit-learn, huggingface-hub), builds a model
+offline from a config, and its modules are plain nn.Modules, differentiable, so DDP wraps and fine-tunes it.
+On a CPU only its `torch` backend exists (the `cuda` one needs NX-AI's xlstm kernels): the sLSTM recurrence
+then runs as the package runs it, in bfloat16 with float32 gate arithmetic, for every forecast (zero-shot,
+validation, test). In training it runs the package's same recurrence (`slstm_forward`) in float32: the bfloat16
+cast of the recurrent kernel rounds its gradient to bfloat16 on each process before DDP sums them, which made
+1 x 8 and 2 x 4 windows train apart by 5e-4 of the gradient norm (float32: float rounding). The package has no
+dropout, so --dropout is not read (fine-tuning is world-size exact without keyed masks). One more thing for
+exactness: the input gate's bias is a direction the loss does not depend on (a constant shift of the exponential
+input gate moves the stabilizer m by the same amount, so i, f, c and n are unchanged), so its true gradient is 0
+and its computed one rounding noise, which Adam scales up to learning-rate-sized steps that differ between world
+sizes (1e-4 apart after 2 steps at lr 1e-3); its gradient is set to that 0.
+
+All channels of a batch are one call: [B, seq_len, C] -> B*C univariate series -> [B, pred_len, C, 9].
+
+Shapes: with --pretrain_model_path DIR (the folder of NX-AI/TiRex, its model.ckpt), the model is the one
+model.ckpt's hyper_parameters describe; without it, the released architecture with --d_model (embedding_dim),
+--n_heads (num_heads), --e_layers (num_blocks) and --d_ff (input_ff_dim) in place of the released sizes, patch
+32 and train_ctx_len 2048 as released (utils/tirex.RELEASED). A --seq_len past train_ctx_len (the package
+would silently drop the oldest steps) or a --pred_len past it (the last rollout step would see no data) is
+refused."""
+import functools
+import math
+import os
+import types
+
+import torch
+from torch import nn
+
+from utils import tirex as release
+from utils.errors import UserError
+from utils.optional import require_package
+
+tirex_models = require_package("tirex.models.tirex", "tirex-ts", "tirex", "TiRex")
+
+BACKEND = "torch"  # the package's pure-PyTorch sLSTM: the only one on a CPU (the CUDA kernels need xlstm)
+# The package leaves the sLSTM's recurrent kernel, bias and gate projections as torch.empty (it only ever loads
+# them); a model built without the release draws them as xLSTM's small_init: N(0, sqrt(2 / (5 d))).
+SMALL_INIT = 2.0 / 5.0
+
+
+class Model(nn.Module):
+    autoregressive = False
+    inputs_used = ("x_enc",)
+    quantile_levels = release.RELEASED["quantiles"]
+    checkpoint_adapters = (release.TIREX,)
+
+    def __init__(self, configs):
+        super().__init__()
+        shape = self.shape_of(configs)
+        if shape["quantiles"] != self.quantile_levels:
+            raise ValueError(f"the release forecasts the quantiles {shape['quantiles']}, not TiRex's "
+                             f"{self.quantile_levels}")
+        if shape["patch_size"] != shape["output_patch_size"]:
+            raise ValueError("TiRexZero needs equal input and output patch sizes")
+        if shape["embedding_dim"] % shape["num_heads"]:
+            raise ValueError(f"d_model {shape['embedding_dim']} is not divisible by n_heads {shape['num_heads']}")
+        context = shape["train_ctx_len"]
+        if configs.seq_len > context:
+            raise ValueError(f"TiRex reads at most {context} steps of context (its train_ctx_len); --seq_len "
+                             f"{configs.seq_len} would lose the oldest {configs.seq_len - context} unread: use "
+                             f"--seq_len {context} or less")
+        if configs.pred_len > context:
+            raise ValueError(f"TiRex rolls a horizon out as NaN patches inside its {context}-step window, so "
+                             f"--pred_len {configs.pred_len} would leave its last steps no data: use --pred_len "
+                             f"{context} or less")
+        model_config = {"input_patch_size": shape["patch_size"], "output_patch_size": shape["patch_size"],
+                        "quantiles": list(shape["quantiles"]), "input_ff_dim": shape["input_ff_dim"],
+                        "block_kwargs": {**shape.get("block_kwargs", {}), "embedding_dim": shape["embedding_dim"],
+                                         "num_heads": shape["num_heads"], "num_blocks": shape["num_blocks"]}}
+        self.tirex = tirex_models.TiRexZero(BACKEND, model_config, train_ctx_len=context)
+        self.register_buffer(release.CONTEXT_KEY, torch.tensor(context))  # written back by an export
+        self.pred_len = configs.pred_len
+        self._init_empty_parameters(shape["embedding_dim"])
+        for block in self.tirex.blocks:
+            cell = block.slstm_layer.slstm_cell
+            cell._impl_torch = types.MethodType(_recurrence, cell)  # an instance's own: the package's class is untouched
+            cell._bias_.register_hook(functools.partial(_without_input_gate, cell.config.num_heads, cell.config.num_gates))
+
+    @staticmethod
+    def shape_of(configs):
+        """The architecture: the release's hyper_parameters (--pretrain_model_path a folder or model.ckpt), or the
+        released one with the generic size arguments."""
+        path = getattr(configs, "pretrain_model_path", None)
+        if path and (os.path.isdir(path) or str(path).endswith(".ckpt") or not os.path.exists(path)):
+            _, hyper = release.read_release(path)
+            return release.architecture(hyper, release.released_file(path))
+        return {**release.RELEASED, "output_patch_size": release.RELEASED["patch_size"],
+                "embedding_dim": configs.d_model, "num_heads": configs.n_heads, "num_blocks": configs.e_layers,
+                "input_ff_dim": configs.d_ff}
+
+    def _init_empty_parameters(self, embedding_dim):
+        std = math.sqrt(SMALL_INIT / embedding_dim)
+        for name, parameter in self.tirex.named_parameters():
+            if name.endswith(("_recurrent_kernel_", "gate.weight")):
+                nn.init.normal_(parameter, std=std)
+            elif name.endswith("_bias_"):
+                nn.init.zeros_(parameter)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        batch, length, channels = x_enc.shape
+        series = x_enc.permute(0, 2, 1).reshape(batch * channels, length)
+        dtype = self.tirex.out_norm.weight.dtype
+        if dtype == torch.float32:
+            quantiles = self.tirex._forecast_tensor(series, self.pred_len)  # [B*C, Q, pred_len]
+        else:  # the package computes in float32 (it casts the context): a lower-precision copy runs autocast
+            with torch.autocast(x_enc.device.type, dtype=dtype):
+                quantiles = self.tirex._forecast_tensor(series, self.pred_len)
+        quantiles = quantiles.reshape(batch, channels, -1, self.pred_len).permute(0, 3, 1, 2)
+        return quantiles.to(x_enc.dtype)  # [B, pred_len, C, Q]
+
+
+def _without_input_gate(heads, gates, grad):
+    """The gradient of an sLSTM cell's _bias_ ([heads, gates, head_dim] flat; gate 0 the input gate, as the
+    package's _impl_torch reads it) with the input gate's entries at their exact value, 0."""
+    grad = grad.clone().view(heads, gates, -1)
+    grad[:, 0] = 0
+    return grad.view(-1)
+
+
+def _recurrence(cell, input, state):
+    """sLSTMCell._impl_torch of `cell`: the package's own (bfloat16) in eval mode; in training the same
+    recurrence, the package's slstm_forward, on float32 tensors, so that the recurrent kernel's gradient is
+    summed over the batch and the processes in float32 (see the module docstring)."""
+    if not cell.training:
+        return type(cell)._impl_torch(cell, input, state)
+    heads, gates, head_dim = cell.config.num_heads, cell.config.num_gates, cell.config.head_dim
+    bias = cell._bias_.float().reshape(heads, gates, head_dim).permute(1, 0, 2).reshape(-1)  # gate-major, as there
+    return cell._impl_forward_torch(input.reshape(input.shape[0], input.shape[1], -1).float(), state.float(),
+                                    cell._recurrent_kernel_.float(), bias)

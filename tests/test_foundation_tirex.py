@@ -1,0 +1,206 @@
+"""TiRex (models/TiRex.py) against the tirex-ts package (issue 39): a release folder built here with the package's
+own TiRexZero at a reduced size (random weights, saved as NX-AI/TiRex ships it: model.ckpt, a Lightning
+checkpoint with hyper_parameters and state_dict) forecasts what the package's load_model(...).forecast(...) does
+on the same windows, zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size, fine-tuning
+gives the same weights on 1 and 2 processes, and the fine-tuned checkpoint exports to the release's layout, which
+the package loads and forecasts from alike. The bad inputs (a missing or partial folder, another model's
+checkpoint, a context or horizon it cannot take) are probes of tests/bad_inputs.py."""
+import os
+from argparse import Namespace
+
+import pytest
+import torch
+
+from helpers import ETTH1_ARGS, assert_ok, records, run_cli, write_etth1_shaped
+
+tirex = pytest.importorskip("tirex", reason="the tirex-ts package is not installed")
+from tirex.models.tirex import TiRexZero  # noqa: E402
+
+from models import TiRex  # noqa: E402
+from utils.checkpoint import export, load_weights  # noqa: E402
+from utils.tirex import RELEASED  # noqa: E402
+
+# The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 256-step context.
+REDUCED = {"model_config": {"input_patch_size": 32, "output_patch_size": 32, "quantiles": list(RELEASED["quantiles"]),
+                            "block_kwargs": {"embedding_dim": 24, "num_heads": 2, "num_blocks": 2, "all_slstm": True,
+                                             "vocab_size": 0},
+                            "input_ff_dim": 40},
+           "train_ctx_len": 256}
+
+
+def write_release(folder, hyper=REDUCED, seed=0, edit=None):
+    """`folder`/model.ckpt as NX-AI/TiRex is laid out: the package's TiRexZero, random weights (it leaves the
+    sLSTM's as torch.empty), its blocks under `block_stack.` as the package's loader expects to strip."""
+    model = TiRexZero("torch", hyper["model_config"], train_ctx_len=hyper["train_ctx_len"])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            scale = 0.3 if value.dim() > 1 else 0.2
+            value.copy_(torch.randn(value.shape, generator=generator) * scale + (1 if name.endswith("norm.weight")
+                                                                                 or "norm_" in name else 0))
+    state = {("block_stack." + k if k.startswith(("blocks.", "out_norm.")) else k): v
+             for k, v in model.state_dict().items()}
+    if edit:
+        edit(state)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "hyper_parameters": hyper, "epoch": 0}, folder / "model.ckpt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    return write_release(tmp_path_factory.mktemp("tirex") / "NX-AI" / "TiRex")
+
+
+def configs(folder, seq_len, pred_len, **sizes):
+    return Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=None if folder is None else str(folder),
+                     **{"d_model": 16, "n_heads": 2, "e_layers": 1, "d_ff": 32, **sizes})
+
+
+def ours(folder, seq_len, pred_len):
+    return load_weights(TiRex.Model(configs(folder, seq_len, pred_len)), str(folder)).eval()
+
+
+def packages_forecast(folder, windows, pred_len, monkeypatch):
+    """tirex.load_model(...).forecast(...) on every channel of `windows` [B, L, C]: [B, pred_len, C, 9]. The
+    package reads a local file whose path's second component is the model's name: NX-AI/TiRex/model.ckpt."""
+    monkeypatch.chdir(folder.parent.parent)
+    reference = tirex.load_model(os.path.join(folder.parent.name, folder.name, "model.ckpt"), device="cpu",
+                                 backend="torch")
+    batch, seq_len, channels = windows.shape
+    series = windows.permute(0, 2, 1).reshape(batch * channels, seq_len)
+    quantiles, _ = reference.forecast(context=series, prediction_length=pred_len, batch_size=5)
+    return quantiles.reshape(batch, channels, pred_len, -1).transpose(1, 2)
+
+
+def windows_to_forecast(seq_len, channels=3):
+    generator = torch.Generator().manual_seed(1)
+    walk = torch.randn(4, seq_len, channels, generator=generator).cumsum(1) * 2 + 5
+    walk[2, :, 0] = 3.0  # constant: std 0, the package's scaler takes |mean| + eps
+    return walk
+
+
+@pytest.mark.parametrize("seq_len, pred_len", [(96, 24), (256, 100)], ids=["padded-one-patch", "full-rolled-out"])
+def test_forecasts_equal_the_packages_load_model_forecast(released, seq_len, pred_len, monkeypatch):
+    """96 steps are NaN-padded to the 256 of train_ctx_len; with 256, 100 steps take 4 patches, the last three
+    rolled out as NaN patches that push the oldest context out (the package's batches of 5 series are not ours
+    of 12: the same rows)."""
+    windows = windows_to_forecast(seq_len)
+    with torch.no_grad():
+        got = ours(released, seq_len, pred_len)(windows)
+    want = packages_forecast(released, windows, pred_len, monkeypatch)
+    assert got.shape == want.shape == (4, pred_len, 3, 9)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_the_reference_check_sees_a_changed_weight(released, tmp_path, monkeypatch):
+    """The agreement is not vacuous: one recurrent kernel changed in the package's copy changes its forecast."""
+    def edit(state):
+        key = "block_stack.blocks.1.slstm_layer.slstm_cell._recurrent_kernel_"
+        state[key] = state[key] * 1.05
+
+    changed = write_release(tmp_path / "NX-AI" / "TiRex", edit=edit)
+    windows = windows_to_forecast(96)
+    with torch.no_grad():
+        got = ours(released, 96, 24)(windows)
+    want = packages_forecast(changed, windows, 24, monkeypatch)
+    assert (got - want).abs().max() > 1e-4 * want.abs().max()
+
+
+EVAL = [*ETTH1_ARGS, "--model", "TiRex", "--seq_len", 96, "--label_len", 48, "--pred_len", 48,
+        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
+SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
+
+
+@pytest.fixture(scope="module")
+def etth1(tmp_path_factory):
+    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
+
+
+def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(released, etth1, tmp_path):
+    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", released]
+    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None), (("--eval_batch_size", 7), 2)]
+    outcomes = []
+    for extra, nproc in runs:
+        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
+        assert_ok(proc)
+        outcomes.append(records(tmp_path)[-1])
+    first = outcomes[0]
+    assert first["test_windows"] == 40 and first["wql_levels"] == [round(0.1 * k, 1) for k in range(1, 10)]
+    for outcome in outcomes[1:]:
+        for key in SCORES:
+            if key in first:
+                assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
+    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
+
+
+TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
+        "--test_every_epoch", "false"]
+
+
+def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_package(
+        released, etth1, tmp_path, monkeypatch):
+    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", released, *TUNE]
+    weights = []
+    for nproc in (None, 2):
+        out = tmp_path / f"run{nproc}"
+        assert_ok(run_cli(out, *argv, *(["--ddp"] if nproc else []), nproc=nproc))
+        path = out / "checkpoints" / records(out)[-1]["setting"] / "checkpoint.pth"
+        weights.append((path, torch.load(path, map_location="cpu", weights_only=True)))
+    (path, one), (_, two) = weights
+    initial = ours(released, 96, 48).state_dict()
+    assert set(one) == set(initial)
+    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
+    for key in one:
+        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
+    # the fine-tuned weights in the release's layout: the package loads them and forecasts as we do
+    exported = tmp_path / "exported" / "NX-AI" / "TiRex"
+    export(str(path), str(exported), "tirex")
+    assert os.listdir(exported) == ["model.ckpt"]
+    tuned = TiRex.Model(configs(released, 96, 48))
+    tuned.load_state_dict(one)
+    windows = windows_to_forecast(96)
+    with torch.no_grad():
+        got = tuned.eval()(windows)
+    want = packages_forecast(exported, windows, 48, monkeypatch)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert torch.equal(ours(exported, 96, 48)(windows), got)  # and it loads back into ours as the release does
+
+
+def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs(released):
+    model = TiRex.Model(configs(released, 96, 24))
+    assert (len(model.tirex.blocks), model.tirex.blocks[0].config.embedding_dim,
+            model.tirex.blocks[0].config.num_heads, model.tirex.config.input_ff_dim,
+            model.tirex.config.train_ctx_len) == (2, 24, 2, 40, 256)
+    scratch = TiRex.Model(configs(None, 96, 24))
+    assert (len(scratch.tirex.blocks), scratch.tirex.blocks[0].config.embedding_dim,
+            scratch.tirex.blocks[0].config.num_heads, scratch.tirex.config.input_ff_dim,
+            scratch.tirex.config.train_ctx_len) == (1, 16, 2, 32, 2048)
+    assert all(torch.isfinite(p).all() for p in scratch.parameters())  # the package's torch.empty ones drawn
+    with pytest.raises(ValueError, match="at most 256 steps of context"):
+        TiRex.Model(configs(released, 257, 24))
+    with pytest.raises(ValueError, match="--pred_len 257"):
+        TiRex.Model(configs(released, 96, 257))
+
+
+def test_the_released_size_is_35m_parameters():
+    """Without a folder and at the released sizes (--d_model 512 --n_heads 4 --e_layers 12 --d_ff 2048) the model
+    is TiRex's 35,291,200 parameters: the architecture the release's hyper_parameters describe."""
+    model = TiRex.Model(configs(None, 96, 24, d_model=512, n_heads=4, e_layers=12, d_ff=2048))
+    assert sum(p.numel() for p in model.parameters()) == 35_291_200
+
+
+def test_the_input_gate_bias_is_a_direction_the_forecast_does_not_depend_on(released):
+    """Why models/TiRex.py sets that bias's gradient to 0: shifting it moves the sLSTM's stabilizer alike, and the
+    forecast (float32, as in training) stays what it was; the forget gate's bias is no such direction."""
+    model = ours(released, 96, 48).train()
+    windows = windows_to_forecast(96)
+    with torch.no_grad():
+        before = model(windows)
+        bias = model.tirex.blocks[0].slstm_layer.slstm_cell._bias_.view(2, 4, -1)  # heads, gates (i, f, z, o)
+        bias[:, 0] += 0.7
+        shifted = model(windows)
+        bias[:, 1] += 0.7
+        moved = model(windows)
+    assert (shifted - before).abs().max() <= 1e-5 * before.abs().max()
+    assert (moved - before).abs().max() > 1e-3 * before.abs().max()
