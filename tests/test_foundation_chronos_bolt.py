@@ -39,9 +39,9 @@ def write_fixture(folder, seed=0, **overrides):
     from chronos.chronos_bolt import ChronosBoltModelForForecasting
     from transformers import T5Config
 
+    chronos_config = dict(prediction_length=BLOCK, **overrides.pop("chronos_config", {}))
     config = chronos_bolt.released_config("tiny", d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1,
-                                          num_heads=2, d_kv=8, chronos_config=dict(prediction_length=BLOCK),
-                                          **overrides)
+                                          num_heads=2, d_kv=8, chronos_config=chronos_config, **overrides)
     torch.manual_seed(seed)
     ChronosBoltModelForForecasting(T5Config.from_dict(config)).save_pretrained(folder)
     return folder
@@ -98,6 +98,20 @@ def test_forecasts_are_the_package_pipelines(fixture_folder, pred_len):
                                                    quantile_levels=list(model.quantile_levels))
     assert relative_difference(ours, quantiles.reshape(batch, channels, pred_len, 9).transpose(1, 2)) <= TOLERANCE
     assert relative_difference(ours[..., 4], median.reshape(batch, channels, pred_len).transpose(1, 2)) <= TOLERANCE
+
+
+def test_a_rolled_out_context_keeps_the_last_context_length_steps(tmp_path):
+    """Past chronos_config.context_length (32 here), each rolled-out block reads the last 32 steps of the context
+    and the blocks so far, as the pipeline does."""
+    folder = write_fixture(tmp_path / "short", seed=1, chronos_config=dict(context_length=32))
+    x = windows(batch=2, length=30)
+    model = our_model(folder, 30, 50)  # 30 + 16 > 32 from the second block on
+    with torch.no_grad():
+        ours = model(x)
+    pipeline = chronos.ChronosBoltPipeline.from_pretrained(folder)
+    with pytest.warns(UserWarning):
+        predicted = pipeline.predict(x.transpose(1, 2).reshape(6, 30), prediction_length=50)
+    assert relative_difference(ours, predicted.reshape(2, 3, 9, 50).permute(0, 3, 1, 2)) <= TOLERANCE
 
 
 class _nothing:
