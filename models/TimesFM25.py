@@ -70,7 +70,7 @@ def definition(sizes):
                                                         hidden_dims=sizes["quantile_dims"]))
 
 
-def backbone(config):
+def package_module(config):
     """The package's TimesFM_2p5_200M_torch_module built at `config` (it reads its class attribute)."""
     sized = type("TimesFM25Module", (package.TimesFM_2p5_200M_torch_module,), {"config": config})
     return sized()
@@ -115,7 +115,7 @@ class Model(nn.Module):
         sizes = sizes_of(configs)
         if sizes["model_dims"] % sizes["num_heads"]:
             raise ValueError(f"d_model {sizes['model_dims']} is not divisible by n_heads {sizes['num_heads']}")
-        self.backbone = backbone(definition(sizes))
+        self.timesfm = package_module(definition(sizes))
         self.context, self.decode_steps = context, horizon // OUTPUT_PATCH - 1
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
@@ -182,7 +182,7 @@ class Model(nn.Module):
         return tuple(None if out is None else out.to(tokens.dtype) for out in outputs)
 
     def _last_outputs(self, tokens, masks, spread):
-        module = self.backbone
+        module = self.timesfm
         hidden = module.tokenizer(torch.cat([tokens, masks.to(tokens.dtype)], dim=-1))
         for layer in module.stacked_xf:
             hidden, _ = layer(hidden, masks[..., -1])

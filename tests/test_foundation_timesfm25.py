@@ -183,11 +183,11 @@ def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_
 
 def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs(released):
     model = TimesFM25.Model(_configs(released, 48, 24))
-    config = model.backbone.config
+    config = model.timesfm.config
     assert (config.stacked_transformers.num_layers, config.stacked_transformers.transformer.model_dims,
             config.stacked_transformers.transformer.num_heads) == (2, 32, 4)
     scratch = TimesFM25.Model(_configs(None, 48, 24))
-    layer = scratch.backbone.config.stacked_transformers
+    layer = scratch.timesfm.config.stacked_transformers
     assert (layer.num_layers, layer.transformer.model_dims, layer.transformer.num_heads,
             layer.transformer.hidden_dims) == (1, 8, 2, 8)
     assert math.isclose(TimesFM25.Model.quantile_levels[4], 0.5)

@@ -3,7 +3,7 @@ package's layout: model.safetensors holding the state_dict of its TimesFM_2p5_20
 config.json its PyTorchModelHubMixin writes, which holds no shapes), read into models/TimesFM25.py and
 written back so that the package's TimesFM_2p5_200M_torch.from_pretrained(folder) reads it.
 
-The key table is one prefix: our Model keeps the package's module as `backbone`, so `backbone.<key>` is the
+The key table is one prefix: our Model keeps the package's module as `timesfm`, so `timesfm.<key>` is the
 release's `<key>` (tokenizer.*, stacked_xf.N.*, output_projection_point.*, output_projection_quantiles.*).
 The shapes are read from the file itself (safetensors header, no tensor loaded), so a release of another size,
 or a reduced test fixture, builds the model that fits it.
@@ -19,7 +19,7 @@ from utils.errors import UserError
 
 HUB_ID = "google/timesfm-2.5-200m-pytorch"
 CONFIG_NAME = "config.json"
-PREFIX = "backbone."  # our Model's attribute holding the package's module
+PREFIX = "timesfm."  # our Model's attribute holding the package's module (not "backbone.": OpenLTM's TTM)
 # What the package's save_pretrained writes as config.json for a model built with torch_compile=False (the
 # mixin records the constructor's arguments; the architecture is fixed in the package's code).
 RELEASE_CONFIG = {"torch_compile": False}
@@ -30,7 +30,7 @@ SHAPE_KEYS = ("tokenizer.hidden_layer.weight", "tokenizer.output_layer.weight", 
               "output_projection_quantiles.output_layer.weight")
 LAYER = re.compile(r"^stacked_xf\.(\d+)\.")
 RELEASE_SIGNATURE = r"^stacked_xf\.\d+\.attn\.qkv_proj\.weight$"
-OURS_SIGNATURE = r"^backbone\.stacked_xf\.\d+\.attn\.qkv_proj\.weight$"
+OURS_SIGNATURE = r"^timesfm\.stacked_xf\.\d+\.attn\.qkv_proj\.weight$"
 WHAT = f"TimesFM 2.5's released checkpoint ({HUB_ID}, the timesfm package's layout)"
 
 
