@@ -87,8 +87,6 @@ class Model(nn.Module):
             raise ValueError(f"--seq_len {configs.seq_len} is longer than the {self.context_length} steps of context "
                              f"Chronos-Bolt reads (chronos_config.context_length of {where}): give --seq_len "
                              f"{self.context_length} or less")
-        if configs.pred_len < 1:
-            raise ValueError(f"--pred_len {configs.pred_len}: Chronos-Bolt forecasts at least one step")
         self.bolt = _package.ChronosBoltModelForForecasting(T5Config.from_dict(config))
         self.bolt.set_attn_implementation(KEYED_ATTENTION)
         for module in self.bolt.modules():

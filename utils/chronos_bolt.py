@@ -8,7 +8,7 @@ key table is one prefix:
 | ours | released model.safetensors | note |
 |---|---|---|
 | `bolt.<key>` | `<key>` | every weight, same shape |
-| `bolt.encoder.embed_tokens.weight`, `bolt.decoder.embed_tokens.weight` | (tied to `shared.weight`) | T5 ties both stacks' token embeddings to `shared`; a file holds one or more of the three, all equal |
+| `bolt.{encoder,decoder}.embed_tokens.weight` | (tied to `shared.weight`) | a file has one or more of the 3 |
 | (none) | `lm_head.weight` | T5's language-model head, which the package ignores on load: dropped |
 
 The shapes come from config.json (models/ChronosBolt.py reads it when --pretrain_model_path names the folder).
@@ -128,9 +128,10 @@ def check_config(config, where):
     if ARCHITECTURE not in architectures:
         shown = ", ".join(architectures) or "no architectures"
         kind = f"{shown}, model_type {config.get('model_type', '?')}"
-        hint = {"Chronos2Model": "a Chronos-2 model: --model Chronos2",
-                "T5ForConditionalGeneration": "the original, tokenized Chronos (amazon/chronos-t5-*), which this "
-                                              "codebase has no model for"}.get(architectures[0] if architectures else "")
+        hints = {"Chronos2Model": "a Chronos-2 model: --model Chronos2",
+                 "T5ForConditionalGeneration": "the original, tokenized Chronos (amazon/chronos-t5-*), which this "
+                                               "codebase has no model for"}
+        hint = hints.get(architectures[0] if architectures else "")
         raise UserError(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
                         f"Chronos-Bolt's ({ARCHITECTURE}); --model ChronosBolt reads amazon/chronos-bolt-* folders")
     chronos = config.get("chronos_config")
@@ -153,7 +154,8 @@ class ChronosBoltAdapter(CheckpointAdapter):
     what = "Chronos-Bolt's released checkpoint (amazon/chronos-bolt-*: config.json + model.safetensors)"
     export_format = "chronos-bolt"
     export_note = ("a folder chronos.ChronosBoltPipeline.from_pretrained(DST) reads; config.json's fields that no "
-                   "weight shows (context_length 2048, relative_attention_max_distance 128, relu) are the released ones")
+                   "weight shows (context_length 2048, relative_attention_max_distance 128, relu) are the "
+                   "released ones")
     writes_folder = True  # utils.checkpoint.export writes config.json + model.safetensors into DST
 
     def recognise(self, state, config):
