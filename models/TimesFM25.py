@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from utils import timesfm as release
+from utils.errors import UserError
 from utils.optional import require_package
 
 package = require_package("timesfm.timesfm_2p5.timesfm_2p5_torch", "timesfm", "timesfm", "TimesFM25")
@@ -86,8 +87,8 @@ def sizes_of(configs):
                  "quantile_out": QUANTILE_HORIZON * OUTPUTS}
         odd = [f"{name} {sizes[name]} (TimesFM 2.5: {want})" for name, want in fixed.items() if sizes[name] != want]
         if odd:
-            raise release.UserError(f"{folder}/model.safetensors has {', '.join(odd)}: not TimesFM 2.5's patching "
-                                    f"({PATCH} in, {OUTPUT_PATCH} out, {OUTPUTS} outputs)")
+            raise UserError(f"{folder}/model.safetensors has {', '.join(odd)}: not TimesFM 2.5's patching "
+                            f"({PATCH} in, {OUTPUT_PATCH} out, {OUTPUTS} outputs)")
         return sizes
     width = configs.d_model
     return {"model_dims": width, "num_layers": configs.e_layers, "num_heads": configs.n_heads,
