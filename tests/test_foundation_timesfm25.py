@@ -147,7 +147,7 @@ def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(r
     assert not any((tmp_path / "checkpoints").rglob("*.pth"))
 
 
-TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
+TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-4,
         "--test_every_epoch", "false"]
 
 
