@@ -47,6 +47,11 @@ BACKEND = "torch"  # the package's pure-PyTorch sLSTM: the only one on a CPU (th
 # The package leaves the sLSTM's recurrent kernel, bias and gate projections as torch.empty (it only ever loads
 # them); a model built without the release draws them as xLSTM's small_init: N(0, sqrt(2 / (5 d))).
 SMALL_INIT = 2.0 / 5.0
+# The shared NaN prefix runs as a batch of one, and the series after it as fewer tokens than the package's whole
+# windows: a GEMM with fewer than 5 rows sums in another order here (measured, x86 CPU), and a last-bit difference
+# can round the bfloat16 sLSTM state the other way, so with fewer than this many prefix patches or rows every
+# series runs whole, as in the package.
+SHARED_MIN = 8
 
 
 class Model(nn.Module):
@@ -112,12 +117,60 @@ class Model(nn.Module):
         series = x_enc.permute(0, 2, 1).reshape(batch * channels, length)
         dtype = self.tirex.out_norm.weight.dtype
         if dtype == torch.float32:
-            quantiles = self.tirex._forecast_tensor(series, self.pred_len)  # [B*C, Q, pred_len]
+            quantiles = self.forecast(series)  # [B*C, Q, pred_len]
         else:  # the package computes in float32 (it casts the context): a lower-precision copy runs autocast
             with torch.autocast(x_enc.device.type, dtype=dtype):
-                quantiles = self.tirex._forecast_tensor(series, self.pred_len)
+                quantiles = self.forecast(series)
         quantiles = quantiles.reshape(batch, channels, -1, self.pred_len).permute(0, 3, 1, 2)
         return quantiles.to(x_enc.dtype)  # [B, pred_len, C, Q]
+
+    def forecast(self, context):
+        """The package's TiRexZero._forecast_tensor(context, pred_len), step for step: each rollout step appends
+        one NaN patch to the context and forecasts the next patch from the whole window, NaN-padded in front (or
+        cut) to train_ctx_len. [N, L] -> [N, Q, pred_len]."""
+        patch = self.tirex.tokenizer.patch_size
+        context = context.to(torch.float32)
+        steps = []
+        for step in range(-(-self.pred_len // patch)):
+            if step:
+                context = torch.cat([context, torch.full_like(context[:, :patch], float("nan"))], dim=1)
+            steps.append(self.next_patch(context))
+        return torch.cat(steps, dim=-1)[..., :self.pred_len]
+
+    def next_patch(self, context):
+        """TiRexZero._forecast_single_step, one difference: the leading patches that are NaN padding in every
+        series (seq_len 96 of 2048: 61 of the 64) are one input, the same for all series, so they run once, as a
+        batch of one, and every series continues from the sLSTM states they leave ([N, Q, patch])."""
+        tirex = self.tirex
+        length = tirex.config.train_ctx_len
+        context, padding = tirex._adjust_context_length(context, length, length)
+        tokens, scaling = tirex.tokenizer.input_transform(context)  # [N, T, patch], each series z-scored
+        present = torch.isnan(tokens).logical_not().to(tokens.dtype)
+        tokens = torch.cat((torch.nan_to_num(tokens, nan=tirex.config.nan_mask_value), present), dim=2)
+        shared = padding // tirex.tokenizer.patch_size
+        if shared < SHARED_MIN or tokens.shape[0] * (tokens.shape[1] - shared) < SHARED_MIN:
+            shared = 0  # too few rows for a GEMM to sum as it does for the whole batch: every series whole
+        hidden = tirex.input_patch_embedding(tokens[:, shared:])
+        prefix = tirex.input_patch_embedding(tokens[:1, :shared]) if shared else None
+        for block in tirex.blocks:
+            state = None
+            if shared:
+                prefix, state = _block(block, prefix, None)
+                state = state.expand(-1, hidden.shape[0], -1)
+            hidden, _ = _block(block, hidden, state)
+        last = tirex.output_patch_embedding(tirex.out_norm(hidden[:, -1:]))  # [N, 1, Q * patch]
+        last = last.unflatten(-1, (len(tirex.config.quantiles), tirex.tokenizer.patch_size)).transpose(1, 2)
+        return tirex.tokenizer.output_transform(last.to(tokens), scaling)  # [N, Q, patch], scaled back
+
+def _block(block, x, state):
+    """sLSTMBlock.forward of the package with the sLSTM's state in and out (its sLSTMLayer takes a state but returns
+    none): the same modules in the same order; tests/test_foundation_tirex.py holds it to block(x)."""
+    layer = block.slstm_layer
+    normed = block.norm_slstm(x)
+    gates = torch.cat((layer.fgate(normed), layer.igate(normed), layer.zgate(normed), layer.ogate(normed)), dim=-1)
+    y, state = layer.slstm_cell(gates, state=state)
+    x = x + layer.group_norm(y).transpose(1, 2).view(x.shape[0], x.shape[1], -1)
+    return x + block.ffn(block.norm_ffn(x)), state
 
 
 def _without_input_gate(heads, gates, grad):

@@ -20,12 +20,12 @@ from models import TiRex  # noqa: E402
 from utils.checkpoint import export, load_weights  # noqa: E402
 from utils.tirex import RELEASED  # noqa: E402
 
-# The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 256-step context.
+# The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 512-step context.
 REDUCED = {"model_config": {"input_patch_size": 32, "output_patch_size": 32, "quantiles": list(RELEASED["quantiles"]),
                             "block_kwargs": {"embedding_dim": 24, "num_heads": 2, "num_blocks": 2, "all_slstm": True,
                                              "vocab_size": 0},
                             "input_ff_dim": 40},
-           "train_ctx_len": 256}
+           "train_ctx_len": 512}
 
 
 def write_release(folder, hyper=REDUCED, seed=0, edit=None):
@@ -80,17 +80,32 @@ def windows_to_forecast(seq_len, channels=3):
     return walk
 
 
-@pytest.mark.parametrize("seq_len, pred_len", [(96, 24), (256, 100)], ids=["padded-one-patch", "full-rolled-out"])
+@pytest.mark.parametrize("seq_len, pred_len", [(40, 24), (96, 100), (512, 100)],
+                         ids=["padded-one-patch", "padded-rolled-out", "full-rolled-out"])
 def test_forecasts_equal_the_packages_load_model_forecast(released, seq_len, pred_len, monkeypatch):
-    """96 steps are NaN-padded to the 256 of train_ctx_len; with 256, 100 steps take 4 patches, the last three
-    rolled out as NaN patches that push the oldest context out (the package's batches of 5 series are not ours
-    of 12: the same rows)."""
+    """40 steps are NaN-padded to the 512 of train_ctx_len (14 patches of padding alone, which ours runs once for
+    all series); 100 steps take 4 patches, the last three rolled out as NaN patches, which with 512 steps of
+    context push the oldest out (the package's batches of 5 series are not ours of 12: the same rows)."""
     windows = windows_to_forecast(seq_len)
     with torch.no_grad():
         got = ours(released, seq_len, pred_len)(windows)
     want = packages_forecast(released, windows, pred_len, monkeypatch)
     assert got.shape == want.shape == (4, pred_len, 3, 9)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_a_block_with_its_state_is_the_packages_block(released):
+    """models/TiRex._block (the package's sLSTMBlock with the sLSTM state in and out) is block(x), and a sequence
+    cut in two, the second half started from the first's state, is the whole (the shared padding's premise)."""
+    model = ours(released, 96, 24)
+    block = model.tirex.blocks[1]
+    x = torch.randn(3, 10, 24, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        whole, _ = TiRex._block(block, x, None)
+        head, state = TiRex._block(block, x[:, :6], None)
+        tail, _ = TiRex._block(block, x[:, 6:], state)
+        assert torch.equal(whole, block(x))
+    assert torch.equal(torch.cat([head, tail], dim=1), whole)
 
 
 def test_the_reference_check_sees_a_changed_weight(released, tmp_path, monkeypatch):
@@ -171,16 +186,17 @@ def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs(rele
     model = TiRex.Model(configs(released, 96, 24))
     assert (len(model.tirex.blocks), model.tirex.blocks[0].config.embedding_dim,
             model.tirex.blocks[0].config.num_heads, model.tirex.config.input_ff_dim,
-            model.tirex.config.train_ctx_len) == (2, 24, 2, 40, 256)
+            model.tirex.config.train_ctx_len) == (2, 24, 2, 40, 512)
     scratch = TiRex.Model(configs(None, 96, 24))
     assert (len(scratch.tirex.blocks), scratch.tirex.blocks[0].config.embedding_dim,
             scratch.tirex.blocks[0].config.num_heads, scratch.tirex.config.input_ff_dim,
             scratch.tirex.config.train_ctx_len) == (1, 16, 2, 32, 2048)
     assert all(torch.isfinite(p).all() for p in scratch.parameters())  # the package's torch.empty ones drawn
-    with pytest.raises(ValueError, match="at most 256 steps of context"):
-        TiRex.Model(configs(released, 257, 24))
-    with pytest.raises(ValueError, match="--pred_len 257"):
-        TiRex.Model(configs(released, 96, 257))
+    with pytest.raises(ValueError, match="at most 512 steps of context"):
+        TiRex.Model(configs(released, 513, 24))
+    with pytest.raises(ValueError, match="--pred_len 513"):
+        TiRex.Model(configs(released, 96, 513))
+    TiRex.Model(configs(released, 512, 512))  # the longest of each it takes
 
 
 def test_the_released_size_is_35m_parameters():
