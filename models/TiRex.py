@@ -5,9 +5,12 @@ Forecasting Across Long and Short Horizons with Enhanced In-Context Learning", N
 
 Builds on the tirex-ts package (an optional extra: pip install -e '.[tirex]'): the network is the package's
 own tirex.models.tirex.TiRexZero (its patch tokenizer and instance scaling, residual patch embeddings, sLSTM
-blocks, RMSNorm, quantile head), and a forecast is the package's own `_forecast_tensor`, the function behind
-`load_model(...).forecast(...)`: context cut to or NaN-padded in front to the model's train_ctx_len (2048
-released), every rollout step one more NaN patch, each step a full pass. Why the package and not a native
+blocks, RMSNorm, quantile head), and a forecast is its `_forecast_tensor`, the function behind
+`load_model(...).forecast(...)`, step for step (Model.forecast): context cut to or NaN-padded in front to the
+model's train_ctx_len (2048 released), every rollout step one more NaN patch, each step a full pass. One
+difference, for speed: the patches of padding that every series has (61 of 64 at seq_len 96) are one input, so
+they run once, and every series continues from the states they leave; the forecasts are the package's (the
+tests and benchmarks/foundation/tirex.py hold them to it). Why the package and not a native
 copy: it installs beside torch 2.13 and pandas 3 (torch, numpy, scikit-learn, huggingface-hub), builds a model
 offline from a config, and its modules are plain nn.Modules, differentiable, so DDP wraps and fine-tunes it.
 On a CPU only its `torch` backend exists (the `cuda` one needs NX-AI's xlstm kernels): the sLSTM recurrence
@@ -91,6 +94,14 @@ class Model(nn.Module):
             cell = block.slstm_layer.slstm_cell
             cell._impl_torch = types.MethodType(_recurrence, cell)  # an instance's own: the package's class is untouched
             cell._bias_.register_hook(functools.partial(_without_input_gate, cell.config.num_heads, cell.config.num_gates))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Weights for another context length would load (the buffer is a scalar) and run at this one: refused."""
+        theirs, ours = state_dict.get(prefix + release.CONTEXT_KEY), int(getattr(self, release.CONTEXT_KEY))
+        if theirs is not None and int(theirs) != ours:
+            raise UserError(f"these TiRex weights read {int(theirs)} steps of context (train_ctx_len) and this model "
+                            f"{ours}: build it from the release they came from (--pretrain_model_path)")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def shape_of(configs):

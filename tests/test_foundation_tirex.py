@@ -18,6 +18,7 @@ from tirex.models.tirex import TiRexZero  # noqa: E402
 
 from models import TiRex  # noqa: E402
 from utils.checkpoint import export, load_weights  # noqa: E402
+from utils.errors import UserError  # noqa: E402
 from utils.tirex import RELEASED  # noqa: E402
 
 # The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 512-step context.
@@ -197,6 +198,8 @@ def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs(rele
     with pytest.raises(ValueError, match="--pred_len 513"):
         TiRex.Model(configs(released, 96, 513))
     TiRex.Model(configs(released, 512, 512))  # the longest of each it takes
+    with pytest.raises(UserError, match="read 512 steps of context .* and this model 2048"):
+        scratch.load_state_dict(TiRex.Model(configs(released, 96, 24, d_model=24, e_layers=2, d_ff=40)).state_dict())
 
 
 def test_the_released_size_is_35m_parameters():
