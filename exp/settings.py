@@ -128,8 +128,10 @@ def check_task_fits_model(args):
 
 
 def zero_shot(args):
-    """`--is_training 0 --pretrain_model_path FILE`: pre-trained weights evaluated on this data set, untrained."""
-    return not args.is_training and bool(args.pretrain_model_path)
+    """`--is_training 0 --pretrain_model_path FILE`: pre-trained weights evaluated on this data set, untrained.
+    With --adaptation too, the arguments are a fine-tuning run's: its fine-tuned weights are evaluated (a model
+    that builds its sizes from the released folder, a foundation model, still reads them there)."""
+    return not args.is_training and bool(args.pretrain_model_path) and not args.adaptation
 
 
 def _check_weights_sources(args):
@@ -138,8 +140,8 @@ def _check_weights_sources(args):
     if args.is_training:
         check_adaptation_args(args)
         return
-    named = [f"--{name} {getattr(args, name)}" for name in ("pretrain_model_path", "checkpoint", "test_dir")
-             if getattr(args, name)]
+    sources = ("checkpoint", "test_dir") if args.adaptation else ("pretrain_model_path", "checkpoint", "test_dir")
+    named = [f"--{name} {getattr(args, name)}" for name in sources if getattr(args, name)]
     require(len(named) <= 1, f"--is_training 0 evaluates one set of weights, but {' and '.join(named)} each name "
                              "one; keep one of them")
     if not zero_shot(args):
@@ -195,7 +197,7 @@ def _weights_to_evaluate(args, setting):
     checkpoint.pth). OpenLTM's rolling-forecast scripts give a --test_dir in a setting format that no run writes
     (not even OpenLTM's): when it holds no such file but this setting's folder does, those weights are the ones
     these arguments trained, and they are evaluated, with a warning. Only rank 0 reads the file."""
-    if args.pretrain_model_path:
+    if zero_shot(args):
         return args.pretrain_model_path, True
     if args.checkpoint:
         return args.checkpoint, False

@@ -188,6 +188,24 @@ def test_few_shot_fine_tuning_starts_from_the_pretrained_weights(tmp_path, pretr
     assert tuned["mse"] < scratch["mse"]
 
 
+def test_a_fine_tuning_runs_arguments_with_is_training_0_evaluate_its_fine_tuned_weights(tmp_path, pretrained):
+    """`--is_training 0` added to a fine-tuning command scores what that command trained (a foundation model
+    still builds its sizes from the --pretrain_model_path folder), not the pre-trained weights: the same
+    metrics as the fine-tuning run's own test. Planted: --adaptation ignored (zero-shot of the pre-trained
+    weights): fails."""
+    checkpoint = pretrained[3]
+    argv = [*TIMERXL, "--features", "S", "--synthetic_rows", 1500, "--train_epochs", 1, "--model_id", "tuned",
+            "--adaptation", "--pretrain_model_path", checkpoint]
+    assert_ok(run_cli(tmp_path, *argv))
+    assert_ok(run_cli(tmp_path, *argv, "--is_training", 0))
+    tuned, evaluated = records(tmp_path)
+    assert evaluated["setting"] == tuned["setting"]
+    for key in ("mse", "mae", "vali_loss"):
+        assert evaluated[key] == pytest.approx(tuned[key], rel=1e-6), key
+    proc = run_cli(tmp_path, *argv, "--is_training", 0, "--checkpoint", tmp_path / "a.pth", "--test_dir", "x")
+    assert proc.returncode == 2 and "keep one of them" in proc.stderr
+
+
 def test_adaptation_loads_every_weight_strictly(pretrained):
     from exp.adaptation import load_pretrained
 
