@@ -457,7 +457,7 @@ PROBES = [
     Probe("TimeMixer scales past input", fixed(*SMALL, "--model", "TimeMixer", "--down_sampling_layers", 3,
                                                "--down_sampling_window", 4, "--down_sampling_method", "avg"),
           "seq_len 48 is too short for 3 down-sampling layers of window 4"),
-    Probe("unknown model", fixed("--model", "Nope"), "unknown --model 'Nope'; available: DLinear, "),
+    Probe("unknown model", fixed("--model", "Nope"), "unknown --model 'Nope'; available: Chronos2, ChronosBolt, DLinear, "),
     # TSLib's other tasks: this codebase forecasts
     *(Probe(f"TSLib's {task} task", fixed("--task_name", task),
             f"--task_name {task} is TSLib's {task.replace('_', ' ')} task, which this codebase does not do: it does "

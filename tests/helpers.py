@@ -90,7 +90,9 @@ def project_imported_elsewhere():
 
 # What every run.py process imports (torch._dynamo comes with the first optimizer): loaded once
 # in the fork server, so each forked run starts warm.
-WARM_MODULES = ["run", "exp.exp_forecast", "exp.outputs", "torch._dynamo", "sklearn.preprocessing", "pandas"]
+# chronos.chronos_bolt brings transformers (about 3 s a process): the foundation models' CLI tests fork warm too
+WARM_MODULES = ["run", "exp.exp_forecast", "exp.outputs", "torch._dynamo", "sklearn.preprocessing", "pandas",
+                "chronos.chronos_bolt"]
 _fork_context = None
 
 

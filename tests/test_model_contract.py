@@ -713,9 +713,11 @@ def test_zoo_models_import_layers_dropout_only_for_a_measured_faster_path():
     for name in MODELS:
         tree = ast.parse((_HERE / f"{name}.py").read_text())
         imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "layers.dropout"]
-        if imports:
-            assert "measured faster path" in ast.get_docstring(tree), (
-                f"models/{name}.py imports layers.dropout without naming the measured faster path it keeps")
+        if imports:  # a measured faster path, or dropout the experiment cannot reach (a package's fused kernel)
+            doc = ast.get_docstring(tree)
+            assert "measured faster path" in doc or "dropout that follows the sample" in doc, (
+                f"models/{name}.py imports layers.dropout without naming the measured faster path it keeps, "
+                "or the dropout it keys itself so that it follows the sample")
 
 
 def test_contract_accepts_a_declared_unused_parameter(broken_models):
