@@ -27,16 +27,25 @@ and the world size; alone in its group a series' group attention is exactly its 
 - Shapes: from the --pretrain_model_path folder's config.json; without one, the released architecture at the
   generic sizes (d_model, n_heads, e_layers, d_ff; d_kv = d_model / n_heads as released, 768 / 12; d_layers
   unused: no decoder). --dropout sets the dropout rate in both cases (a training choice, not a shape).
-- Dropout: the package's residual, feed-forward and embedding dropouts are nn.Dropout on [B * C, ...] inputs,
-  keyed by the sample; but its attention drops attention weights with F.dropout / SDPA's dropout_p, and the
-  group attention's residual dropout sees [time, series, d_model]: with --dropout > 0 fine-tuning draws from
-  each process's generator (randomness_follows_sample = False); with --dropout 0 it is exact on any world size.
+- dropout that follows the sample: the package's residual, feed-forward and embedding dropouts are nn.Dropout
+  on [B * C, ...] inputs, keyed by the sample as any model's. Its attention drops the attention weights with
+  SDPA's dropout_p (or F.dropout), and its group attention runs time-first ([time, series, d_model]); so each
+  attention module gets an nn.Dropout `weights_dropout` for its weights in training (_key_attention_dropout; the
+  experiment keys it once it converts it): the time attention's weights [B * C, heads, time, time] are dropped
+  by it (layers.dropout.attention); the group attention's by one draw per (series, head, step), laid out
+  [B * C, heads, time, 1]: alone in its group, a series' only non-zero group weight at an observed step is its
+  own, so that draw drops that weight; and the group attention's residual dropout sees the series first.
+  Evaluation (and --dropout 0) runs the package's own attention, so the forecasts are the package's bit for bit;
+  fine-tuning with dropout is exact on any world size (tests/test_foundation_chronos2.py).
 """
+import functools
 import math
+import types
 
 import torch
 from torch import nn
 
+from layers.dropout import attention as keyed_sdpa
 from utils import chronos2
 from utils.optional import require_package
 
@@ -63,12 +72,56 @@ def _built_config(configs):
     return config
 
 
+class _SeriesFirst(nn.Module):
+    """An nn.Dropout on a time-first [time, series, ...] input, applied series first (sample-major)."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.dropout = nn.Dropout(rate)
+
+    def forward(self, x):
+        return self.dropout(x.transpose(0, 1)).transpose(0, 1)
+
+
+def _time_attention(self, query, key, value, mask, package=None):
+    """MHA._sdpa_attention / _eager_attention on [B * C, heads, time, d_kv], the weights dropped by the module's
+    nn.Dropout `weights_dropout` in training (no scaling, as the package's)."""
+    if not self.training or self.weights_dropout.p == 0:
+        return package(query, key, value, mask)
+    return keyed_sdpa(query, key, value, self.weights_dropout, attn_mask=mask, scale=1.0), None
+
+
+def _group_attention(self, query, key, value, mask, package=None):
+    """MHA's attention across the series ([time, heads, B * C, d_kv], mask [time, 1, B * C, B * C]), the weights
+    dropped in training by one draw of `weights_dropout` per (series, head, step), sample-major: each series is
+    alone in its group, so at an observed step its row's only non-zero weight is its own (the others exactly 0)."""
+    if not self.training or self.weights_dropout.p == 0:
+        return package(query, key, value, mask)
+    weights = torch.softmax((query @ key.transpose(-2, -1) + mask).float(), dim=-1).type_as(query)
+    steps, heads, series = query.shape[:3]
+    keep = self.weights_dropout(weights.new_ones(series, heads, steps, 1))  # 0 or 1 / (1 - p), keyed by the series
+    return (weights * keep.permute(2, 1, 0, 3)) @ value, None
+
+
+def _key_attention_dropout(chronos, rate):
+    """Give the package's attention modules the weights' dropout as an nn.Dropout (module docstring)."""
+    for module in chronos.modules():
+        if isinstance(module, (_package.layers.TimeSelfAttention, _package.layers.GroupSelfAttention)):
+            attention = module.self_attention
+            time_first = isinstance(module, _package.layers.GroupSelfAttention)
+            attention.weights_dropout = nn.Dropout(rate)
+            for name in ("_sdpa_attention", "_eager_attention"):
+                method = types.MethodType(_group_attention if time_first else _time_attention, attention)
+                setattr(attention, name, functools.partial(method, package=getattr(attention, name)))
+            if time_first:
+                module.dropout = _SeriesFirst(rate)
+
+
 class Model(nn.Module):
     autoregressive = False
     inputs_used = ("x_enc",)
     quantile_levels = chronos2.RELEASED_QUANTILES
     checkpoint_adapters = (chronos2.CHRONOS2,)
-    randomness_follows_sample = False  # the package's attention dropout is F.dropout / SDPA's dropout_p
 
     def __init__(self, configs):
         super().__init__()
@@ -91,6 +144,7 @@ class Model(nn.Module):
             self.register_buffer(name, value)  # the config.json that export writes (utils/chronos2.py)
         self._register_load_state_dict_pre_hook(self._keep_more_output_patches)
         self.chronos = Chronos2Model(Chronos2CoreConfig(**config))
+        _key_attention_dropout(self.chronos, config["dropout_rate"])
 
     def _keep_more_output_patches(self, state, prefix, *args):
         """A loaded file's max_output_patches, or this model's if more (a training run's horizon): fit()'s rule."""

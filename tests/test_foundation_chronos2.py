@@ -112,15 +112,18 @@ def test_zero_shot_is_identical_on_1_2_3_processes_and_two_batch_sizes(tmp_path,
     assert records(tmp_path)[-1]["mse"] != pytest.approx(first["mse"], rel=1e-3)
 
 
-def test_fine_tuning_is_exact_on_2_processes_and_exports_to_a_folder_the_package_reads(tmp_path, release, etth1):
+def test_fine_tuning_with_dropout_is_exact_on_2_processes_and_exports_for_the_package(tmp_path, release, etth1):
     argv = ["--model", "Chronos2", "--adaptation", "--pretrain_model_path", release, *etth1, *SHORT,
-            "--train_steps", 3, "--global_batch_size", 8, "--dropout", 0, "--learning_rate", 1e-3]
+            "--train_steps", 3, "--global_batch_size", 8, "--dropout", 0.1, "--learning_rate", 1e-3]
     weights = []
     for nproc in (None, 2):
         folder = tmp_path / f"nproc{nproc}"
         assert_ok(run_cli(folder, *argv, *(["--ddp"] if nproc else []), nproc=nproc))
         record = records(folder)[-1]
         weights.append(folder / "checkpoints" / record["setting"] / "checkpoint.pth")
+        keyed = record["dropout_keyed"]  # the folder's dropout 0.1, the attention weights' and group residual's too
+        assert len([name for name in keyed if name.endswith("self_attention.weights_dropout")]) == 4, keyed
+        assert all(keyed.values()), keyed
     one, two = (torch.load(path, weights_only=True) for path in weights)
     released = chronos2.CHRONOS2.to_ours(*read_release(release))
     assert set(one) == set(two) == set(released)
