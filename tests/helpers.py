@@ -448,3 +448,19 @@ def kill_a_worker_before(start, line, not_saved_yet, attempts=3, settle_s=1.0):
         os.killpg(run.proc.pid, signal.SIGKILL)
         run.finish()
     raise AssertionError(f"in {attempts} attempts the save always came before {line!r} was read")
+
+
+def trained_on_1_and_2_processes(tmp_path, *argv):
+    """`run.py argv` trained on 1 process and on 2 (--ddp), each in a folder of its own: for each, its record
+    and its checkpoint.pth (path, state_dict), for tests that the same global batch trains the same weights."""
+    import torch
+
+    runs = []
+    for nproc in (None, 2):
+        folder = tmp_path / f"nproc{nproc or 1}"
+        assert_ok(run_cli(folder, *argv, *(["--ddp"] if nproc else []), nproc=nproc))
+        record = records(folder)[-1]
+        path = folder / "checkpoints" / record["setting"] / "checkpoint.pth"
+        runs.append((record, path, torch.load(path, map_location="cpu", weights_only=True)))
+    return runs
+

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from helpers import ETTH1_ARGS, assert_ok, records, run_cli, run_command, write_etth1_shaped
+from helpers import (ETTH1_ARGS, assert_ok, records, run_cli, run_command, trained_on_1_and_2_processes,
+                     write_etth1_shaped)
 
 chronos = pytest.importorskip("chronos.chronos2", reason="the chronos extra (chronos-forecasting) is not installed")
 
@@ -115,16 +116,12 @@ def test_zero_shot_is_identical_on_1_2_3_processes_and_two_batch_sizes(tmp_path,
 def test_fine_tuning_with_dropout_is_exact_on_2_processes_and_exports_for_the_package(tmp_path, release, etth1):
     argv = ["--model", "Chronos2", "--adaptation", "--pretrain_model_path", release, *etth1, *SHORT,
             "--train_steps", 3, "--global_batch_size", 8, "--dropout", 0.1, "--learning_rate", 1e-3]
-    weights = []
-    for nproc in (None, 2):
-        folder = tmp_path / f"nproc{nproc}"
-        assert_ok(run_cli(folder, *argv, *(["--ddp"] if nproc else []), nproc=nproc))
-        record = records(folder)[-1]
-        weights.append(folder / "checkpoints" / record["setting"] / "checkpoint.pth")
+    runs = trained_on_1_and_2_processes(tmp_path, *argv)
+    for record, _, _ in runs:
         keyed = record["dropout_keyed"]  # the folder's dropout 0.1, the attention weights' and group residual's too
         assert len([name for name in keyed if name.endswith("self_attention.weights_dropout")]) == 4, keyed
         assert all(keyed.values()), keyed
-    one, two = (torch.load(path, weights_only=True) for path in weights)
+    (_, path, one), (_, _, two) = runs
     released = chronos2.CHRONOS2.to_ours(*read_release(release))
     assert set(one) == set(two) == set(released)
     moved = max(float((one[k].double() - released[k].double()).abs().max()) for k in one if k.startswith("chronos."))
@@ -133,7 +130,7 @@ def test_fine_tuning_with_dropout_is_exact_on_2_processes_and_exports_for_the_pa
         assert torch.allclose(one[key].double(), two[key].double(), rtol=0, atol=1e-6), key
 
     exported = tmp_path / "exported"
-    proc = run_command(["python", "-m", "utils.checkpoint", "export", "--to", "chronos2", str(weights[0]), str(exported)])
+    proc = run_command(["python", "-m", "utils.checkpoint", "export", "--to", "chronos2", str(path), str(exported)])
     assert proc.returncode == 0, proc.stderr
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["Chronos2Model"] and config["d_model"] == 32 and config["num_heads"] == 4

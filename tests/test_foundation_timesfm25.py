@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from helpers import ETTH1_ARGS, assert_ok, records, run_cli, write_etth1_shaped
+from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
 
 package = pytest.importorskip("timesfm.timesfm_2p5.timesfm_2p5_torch", reason="the timesfm package is not installed")
 import timesfm  # noqa: E402
@@ -154,13 +154,7 @@ TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learnin
 def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_package(
         released, reduced_package, etth1, tmp_path):
     argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", released, *TUNE]
-    weights = []
-    for nproc in (None, 2):
-        out = tmp_path / f"run{nproc}"
-        assert_ok(run_cli(out, *argv, *(["--ddp"] if nproc else []), nproc=nproc))
-        path = out / "checkpoints" / records(out)[-1]["setting"] / "checkpoint.pth"
-        weights.append((path, torch.load(path, map_location="cpu", weights_only=True)))
-    (path, one), (_, two) = weights
+    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
     initial = ours(released, 64, 24).state_dict()
     assert set(one) == set(initial)
     assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
