@@ -17,7 +17,8 @@ What this file adds around it:
 - a horizon longer than chronos_config.prediction_length (64) is rolled out as ChronosBoltPipeline.predict does:
   each of the 9 quantile paths of the block so far is appended to the context, each of these 9 contexts is
   forecast, and the 81 forecasts a step are reduced to the 9 levels by torch.quantile; again until pred_len steps
-  exist (differentiable, so fine-tuning at such a horizon trains through it);
+  exist (differentiable, so fine-tuning at such a horizon trains through it); the 9 paths are forwarded one after
+  another at the first block's batch size, not as one batch 9 times larger (`forecast`);
 - dropout that follows the sample: T5's nn.Dropout modules are keyed by the experiment as any model's, and its
   attention-weight dropout, a fused-kernel argument in transformers (sdpa's dropout_p), is moved to an nn.Dropout
   on each attention module through transformers' AttentionInterface (`keyed_attention` below), so fine-tuning is
@@ -102,17 +103,20 @@ class Model(nn.Module):
 
     def forecast(self, context):
         """[N, 9, pred_len] quantiles of N series' next pred_len steps, rolled out past the model's block as
-        ChronosBoltPipeline.predict does."""
+        ChronosBoltPipeline.predict does. The package forecasts the 9 quantile paths of a step as one batch of 9 * N
+        series; here they are 9 forwards of the first block's N series, one path after another: the same rows
+        through the same operations (on the CPU bit for bit the package's forecasts, as the crosscheck measures),
+        at the first block's memory instead of 9 times it, which on the CPU also spares most page faults of the
+        large batch's fresh activations (glibc serves allocations above 32 MB from new pages each time)."""
         prediction = self.bolt(context=context).quantile_preds  # [N, 9, block]
         blocks, remaining = [prediction], self.pred_len - prediction.shape[-1]
-        if remaining > 0:
-            n, levels = context.shape[0], len(self.quantile_levels)
-            context = context.unsqueeze(1).expand(n, levels, context.shape[-1])
-            levels_tensor = self.levels.to(prediction.dtype)
+        contexts = [context] * len(self.quantile_levels)  # one context per quantile path
         while remaining > 0:
-            context = torch.cat([context, prediction.to(context.dtype)], dim=-1)[..., -self.context_length:]
-            paths = self.bolt(context=context.reshape(n * levels, -1)).quantile_preds.reshape(n, levels * levels, -1)
-            prediction = torch.quantile(paths, q=levels_tensor, dim=1).transpose(0, 1)
+            contexts = [torch.cat([path_context, path.to(context.dtype)], dim=-1)[..., -self.context_length:]
+                        for path_context, path in zip(contexts, prediction.unbind(1))]
+            # [N, 9 paths, 9 levels, block] -> [N, 81, block]: the package's order (series, path, level)
+            paths = torch.stack([self.bolt(context=c).quantile_preds for c in contexts], dim=1).flatten(1, 2)
+            prediction = torch.quantile(paths, q=self.levels.to(paths.dtype), dim=1).transpose(0, 1)
             blocks.append(prediction)
             remaining -= prediction.shape[-1]
         return torch.cat(blocks, dim=-1)[..., :self.pred_len]
