@@ -60,12 +60,12 @@ class TableData(ForecastData):
 
     def series_histories(self, flag, window, original=False):
         """One series (the table), its rows before the split's first forecast step."""
-        first = self.split_rows(flag, window.x_len)[0] + window.x_len
+        start, stop = self.split_rows(flag, window.x_len)
         values = self.original if original else self.values
         if values is None:
             return None
-        n = len(self.window_dataset(flag, window, with_marks=False))
-        return [np.asarray(values[:first], dtype=np.float64)], np.zeros(n, dtype=np.int64)
+        n = max(stop - start - window.span + 1, 0)  # the split's windows, as window_dataset cuts them
+        return [np.asarray(values[:start + window.x_len], dtype=np.float64)], np.zeros(n, dtype=np.int64)
 
     def forecast_date(self, flag, window, i):
         if self.dates is None:

@@ -158,6 +158,19 @@ def hf_config(path):
     return value if isinstance(value, dict) else {}
 
 
+def read_config_json(path, what):
+    """The JSON object in a released folder's config.json at `path`, or one line saying it is none: `what` names
+    the release it should be (for instance "amazon/chronos-2")."""
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({type(exc).__name__}: {exc}): not the config.json of {what}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a JSON object: not the config.json of {what}")
+    return config
+
+
 def describe_config(config):
     """A few fields of a Hugging Face config.json, for messages."""
     shown = [f"{k} {config[k]}" for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",

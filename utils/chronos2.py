@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from utils.adapters import CheckpointAdapter, SAFETENSORS_NAME, any_key
+from utils.adapters import CheckpointAdapter, SAFETENSORS_NAME, any_key, read_config_json
 from utils.errors import UserError
 
 HUB_ID = "amazon/chronos-2"
@@ -61,11 +61,7 @@ def read_release_config(path):
     if not os.path.isfile(os.path.join(folder, SAFETENSORS_NAME)):
         raise UserError(f"{require_path} has no {SAFETENSORS_NAME}: the folder of {HUB_ID} holds config.json and "
                         f"{SAFETENSORS_NAME}; download both")
-    try:
-        with open(config_file) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {config_file} ({type(exc).__name__}): not the config.json of {HUB_ID}") from None
+    config = read_config_json(config_file, HUB_ID)
     check_release_config(config, config_file)
     return config
 

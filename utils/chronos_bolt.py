@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
 from utils.errors import UserError
 
 ARCHITECTURE = "ChronosBoltModelForForecasting"  # config.json "architectures" of every released folder
@@ -110,11 +110,7 @@ def folder_config(path):
     else:
         return None
     config_path = os.path.join(folder, "config.json")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {config_path}: not a JSON file ({type(exc).__name__})") from None
+    config = read_config_json(config_path, "a Chronos-Bolt release (" + ", ".join(HUB_IDS) + ")")
     check_config(config, config_path)
     return config
 

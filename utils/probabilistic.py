@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from layers.dropout import _mix64
+from utils import distributed
 from utils.errors import require
 
 POINT_LOSSES = ("MSE", "MAE")
@@ -233,8 +234,6 @@ class ObjectiveSums:
         self.count += elements.numel()
 
     def all_reduce(self):
-        from utils import distributed
-
         local = torch.stack(self._pending).sum().item() if self._pending else 0.0
         self._pending = []
         self.total, self.count = distributed.all_reduce_sum([self.total + local, self.count])

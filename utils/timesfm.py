@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
 from utils.errors import UserError
 
 HUB_ID = "google/timesfm-2.5-200m-pytorch"
@@ -68,13 +68,7 @@ def read_release(folder):
         raise UserError(f"--pretrain_model_path {folder} lacks {' and '.join(absent)}: download the whole folder "
                         f"of {HUB_ID} (config.json and {SAFETENSORS_NAME})")
     config_path = os.path.join(folder, CONFIG_NAME)
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {config_path}: {exc}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{config_path} is not a JSON object: not a config.json of {HUB_ID}")
+    config = read_config_json(config_path, HUB_ID)
     check_config(config, config_path)
     weights = os.path.join(folder, SAFETENSORS_NAME)
     try:
