@@ -23,7 +23,7 @@ import torch
 from data_provider.data_factory import data_provider
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
-from exp.forward import forward
+from exp.forward import forward, training_loss, window_draws
 from exp.scoring import ProbabilisticScoring
 from exp.outputs import (draw_forecasts, draw_training, original_scale_sums, output_path, prepare_training_outputs,
                          require_outputs_writable, result_line, tensorboard_dir, test_metrics)
@@ -193,12 +193,12 @@ class Exp_Forecast(Exp_Basic):
             for i, batch in enumerate(micro_batches):
                 with distributed.no_sync(self.model, skip=i < last):
                     with self.autocast(), self.sample_masks(micro_batches, i, batch[0].shape[0]):
-                        pred, true = forward(self.model, batch, self.args, "train", self.device)
-                        loss = self.loss(pred, true)  # the mean over the scored elements
-                    weight = world * pred.shape[0] / windows  # pred's windows x W / the global batch's
+                        # the mean over the scored elements (or windows, for a model's own objective)
+                        loss, scored, batch_windows = training_loss(self.model, batch, self.args, self.device, self.loss)
+                    weight = world * batch_windows / windows  # this batch's windows x W / the global batch's
                     self.backward(loss if weight == 1 else loss * weight)
-                loss_sum.add_(loss.detach(), alpha=true.numel())
-                n_scored += true.numel()
+                loss_sum.add_(loss.detach(), alpha=scored)
+                n_scored += scored
             if not micro_batches:
                 self._stand_in_pass(micro_batches.stand_in)
         self.last_grad_norm = self.optimizer_step(optimizer)
@@ -220,8 +220,7 @@ class Exp_Forecast(Exp_Basic):
         real window, in eval mode so that BatchNorm's running statistics and dropout's random stream
         stay as they were."""
         with eval_mode(self.model), self.autocast():
-            pred, true = forward(self.model, batch, self.args, "train", self.device)
-            loss = self.loss(pred, true)
+            loss = training_loss(self.model, batch, self.args, self.device, self.loss)[0]
         self.backward(loss * 0.0)
 
     # ------------------------------------------------------------ evaluation
@@ -236,16 +235,16 @@ class Exp_Forecast(Exp_Basic):
         losses = ObjectiveSums(self.objective) if self.objective is not None else None
         progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
         truths = loader.original_targets() if original is not None else None  # batch by batch, as the loader's
-        positions = loader.batch_indices() if scoring is not None else None
+        draws = window_draws(self.args.seed, stage, loader.dataset)  # a model's own random draws follow the window
         with eval_mode(model):
-            for batch in loader:
-                with self.autocast():
+            for batch, indices in zip(loader, loader.batch_indices()):
+                with self.autocast(), draws(indices):
                     pred, true = forward(model, batch, self.args, stage, self.device)
                 # the scored part of the file's own values: the horizon's last steps, the last channels
                 truth = None if original is None else next(truths)[:, -true.shape[1]:, -true.shape[-1]:].to(true.device)
                 if losses is not None:  # a probabilistic forecast: its loss, quantiles and median
                     losses.update(pred, true)
-                    pred = (scoring.update(pred, true, next(positions), truth) if scoring is not None
+                    pred = (scoring.update(pred, true, indices, truth) if scoring is not None
                             else self.objective.point(pred))
                 sums.update(pred, true)
                 if original is not None:

@@ -11,10 +11,13 @@ parameters of each scored element (utils.probabilistic). A rollout feeds back th
 """
 import math
 
+import numpy as np
 import torch
 
+from data_provider.data_factory import split_numbering
+from layers import noise
 from utils.distributed import AgreedError
-from utils.probabilistic import objective_for, output_width
+from utils.probabilistic import objective_for, output_width, window_keys
 
 
 def forward(model, batch, args, stage, device):
@@ -24,6 +27,32 @@ def forward(model, batch, args, stage, device):
     if stage == "test":
         return rollout(model, batch, args, device)
     return token_forward(model, batch, args, stage, device)
+
+
+def training_loss(model, batch, args, device, loss):
+    """(this micro-batch's mean training loss, the elements it weighs, its windows): `loss(pred, truth)` over the
+    scored elements; or, for a model with its own objective (`computes_loss`), the mean of the per-window losses
+    it returns when given the window's future: model(x, None, None, None, target=[B, pred_len, C]) -> [B]."""
+    if not getattr(args, "computes_loss", False):
+        pred, true = forward(model, batch, args, "train", device)
+        return loss(pred, true), true.numel(), pred.shape[0]
+    x, y = on_device(batch, device)[:2]
+    windows = model(x, None, None, None, target=y[:, -args.pred_len:])
+    if windows.shape != (x.shape[0],):
+        raise AgreedError(f"model {args.model} computes its own loss (computes_loss) and must return one loss per "
+                          f"window, shape ({x.shape[0]},), when given target=; it returned {tuple(windows.shape)}")
+    return windows.mean(), x.shape[0], x.shape[0]
+
+
+def window_draws(seed, stage, dataset):
+    """For each evaluation batch's window positions, the context in which a model's own random draws
+    (layers.noise: a sampler's noise) follow each window's number in the split, not its rank or batch."""
+    numbers = split_numbering(dataset)[0]
+
+    def draws(indices):
+        positions = np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)
+        return noise.draws_follow_windows(window_keys(seed, f"{stage} draws", numbers[positions]))
+    return draws
 
 
 def direct_forward(model, batch, args, device):

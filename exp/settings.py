@@ -48,8 +48,11 @@ def resolve_args(args, world_size):
     fill_defaults(args)
     cls = model_class(args)
     _native_quantiles(args, cls)
-    _check_probabilistic(args)
+    _check_probabilistic(args, cls)
     args.autoregressive = bool(getattr(cls, "autoregressive", False))
+    args.computes_loss = bool(getattr(cls, "computes_loss", False))  # trains on its own objective (exp.forward)
+    require(not (args.computes_loss and args.autoregressive),
+            f"model {args.model}: a token model (autoregressive) cannot declare computes_loss; its tokens are scored")
     check_task_fits_model(args)
     args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
     # every number is in its range already (utils.arguments' types); what is left are relations
@@ -72,9 +75,14 @@ def resolve_args(args, world_size):
     return args
 
 
-def _check_probabilistic(args):
-    """--loss, --quantiles and --num_samples (utils.probabilistic), before any data or model is touched."""
+def _check_probabilistic(args, cls):
+    """--loss, --quantiles and --num_samples (utils.probabilistic), before any data or model is touched. A model
+    that samples its forecast itself declares `default_num_samples`, which --num_samples overrides."""
     require(args.loss in LOSSES, f"unknown --loss '{args.loss}'; choose one of {', '.join(LOSSES)}")
+    own_samples = getattr(cls, "default_num_samples", None)
+    if own_samples is not None:
+        args.num_samples = args.num_samples or int(own_samples)
+        return objective_for(args)
     require(args.num_samples is None or args.loss in ("studentt", "normal"),
             f"--num_samples draws samples from a distribution forecast; --loss {args.loss} forecasts "
             + ("quantiles directly" if args.loss == "quantile" else "one point") + ": drop --num_samples, or use "
