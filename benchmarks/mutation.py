@@ -28,7 +28,7 @@ CONFIG = REPO / "benchmarks" / "mutation.toml"
 
 # module (or package prefix) -> the test files that pin it, fastest first (pytest -x stops at the first failure)
 TARGETS = {
-    "exp/forward.py": ["test_slicing.py", "test_exactness_cli.py", "test_probabilistic.py"],
+    "exp/forward.py": ["test_slicing.py", "test_model_objective.py", "test_exactness_cli.py", "test_probabilistic.py"],
     "exp/outputs.py": ["test_outputs.py", "test_results_files.py", "test_test_windows.py"],
     "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
                         "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],

@@ -24,7 +24,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from exp.forward import forward
+from exp.forward import forward, training_loss as exp_training_loss
 from helpers import make_args, make_experiment, run_on_ranks
 from models import available_models
 
@@ -125,8 +125,8 @@ def first_windows(exp, split, batch_size, model_inputs=None):
 
 
 def training_loss(exp, model, batch):
-    pred, true = forward(model, batch, exp.args, "train", exp.device)
-    return exp.loss(pred, true)  # --loss MSE, or a quantile model's pinball loss
+    """--loss MSE, a quantile model's pinball loss, or a model's own objective (computes_loss), as train_step's."""
+    return exp_training_loss(model, batch, exp.args, exp.device, exp.loss)[0]
 
 
 def perturb_(model, seed):
