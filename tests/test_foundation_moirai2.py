@@ -1,0 +1,219 @@
+"""Moirai 2.0 (models/Moirai2.py, native) against uni2ts 2.0.0 through a committed fixture: tests/golden/foundation/
+moirai2 is a tiny configuration in the released layout (config.json + model.safetensors) written by uni2ts's own
+Moirai2Module.save_pretrained, and expected.safetensors holds uni2ts's Moirai2Forecast.predict quantiles on fixed
+windows (benchmarks/foundation/moirai2.py --write-fixture, run where uni2ts is installed). Here: the folder loads
+through our adapter and forecasts those quantiles; zero-shot scores the same on 1, 2 and 3 processes and at two
+--eval_batch_size; fine-tuning (the decoder-only quantile loss, computes_loss) gives the same weights on 1 and 2
+processes and exports to the release's layout. The bad inputs are probes of tests/bad_inputs.py."""
+import json
+import math
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
+from models import Moirai2
+from utils.checkpoint import export, load_weights
+from utils.errors import UserError
+
+FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
+SEQ_LEN, HORIZONS = 30, (8, 21)  # benchmarks/foundation/moirai2.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
+
+
+def configs(folder, seq_len, pred_len, **sizes):
+    return Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=None if folder is None else str(folder),
+                     **{"d_model": 16, "n_heads": 2, "e_layers": 1, "d_ff": 32, "dropout": 0.0, **sizes})
+
+
+def ours(folder, seq_len, pred_len):
+    return load_weights(Moirai2.Model(configs(folder, seq_len, pred_len)), str(folder)).eval()
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return load_file(FIXTURE / "expected.safetensors")
+
+
+@pytest.mark.parametrize("horizon", HORIZONS, ids=["one-forward", "rolled-out"])
+def test_quantiles_equal_uni2ts_moirai2forecast_predict(expected, horizon):
+    """30 steps: 8 patches of 4, the first 2 steps padding; 8 steps are the 2 tokens of one forward, 21 steps 6
+    tokens, 4 of them by recursive multi-quantile decoding (the last token 3 steps past the horizon). Window 1's
+    third channel is constant (its scale the scaler's floor)."""
+    windows = expected["windows"]
+    with torch.no_grad():
+        got = ours(FIXTURE, SEQ_LEN, horizon)(windows)
+    want = expected[f"forecast_{horizon}"]
+    assert got.shape == want.shape == (2, horizon, 3, 9)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_the_agreement_sees_a_changed_weight(expected):
+    """Not vacuous: one q-norm weight of the last layer 5 % larger moves the quantiles far past the tolerance."""
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    with torch.no_grad():
+        model.moirai.encoder.layers[1].self_attn.q_norm.weight.mul_(1.05)
+        got = model(expected["windows"])
+    want = expected["forecast_21"]
+    assert (got - want).abs().max() > 1e-3 * want.abs().max()
+
+
+def test_the_training_loss_is_each_tokens_heads_against_the_next_patches():
+    """Model.training_loss against a loop written apart from it: every token t of context ++ horizon, its
+    network run on the tokens up to t alone (causal), head h's quantiles scored on token t + 1 + h's observed
+    steps (pinball, mean over levels, in the scaled space of the context's scaler); one mean per series, then
+    per window over channels."""
+    model = ours(FIXTURE, SEQ_LEN, 10)
+    generator = torch.Generator().manual_seed(5)
+    x, future = torch.randn(2, SEQ_LEN, 2, generator=generator).cumsum(1), torch.randn(2, 10, 2, generator=generator)
+    with torch.no_grad():
+        got = model(x, target=future)
+        levels = torch.tensor(model.quantile_levels).view(-1, 1)
+        per_series = []
+        for b in range(2):
+            for c in range(2):
+                past, past_seen = model.patches(x[b:b + 1, :, c], left=True)
+                ahead, ahead_seen = model.patches(future[b:b + 1, :, c], left=False)
+                tokens, seen = torch.cat([past, ahead], 1), torch.cat([past_seen, ahead_seen], 1)
+                loc, scale = Moirai2.std_scaler(past, past_seen)
+                total, count = 0.0, 0.0
+                for t in range(tokens.shape[1]):
+                    out, _, _ = model.moirai(tokens[:, :t + 1], seen[:, :t + 1], scaled_output=True,
+                                             scaling=(loc, scale))
+                    for h in range(model.tokens_ahead):
+                        if t + 1 + h >= tokens.shape[1]:
+                            continue
+                        truth = (tokens[0, t + 1 + h] - loc[0, 0]) / scale[0, 0]
+                        error = truth - out[0, t, h]  # [Q, patch]
+                        pinball = torch.maximum(levels * error, (levels - 1) * error).mean(0)
+                        total += float((pinball * seen[0, t + 1 + h]).sum())
+                        count += float(seen[0, t + 1 + h].sum())
+                per_series.append(total / count)
+    want = torch.tensor(per_series).view(2, 2).mean(1)
+    assert got.shape == (2,)
+    assert torch.allclose(got, want.to(got.dtype), rtol=1e-5, atol=0)
+
+
+def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs():
+    model = Moirai2.Model(configs(FIXTURE, 96, 48))
+    layer = model.moirai.encoder.layers[0]
+    assert (len(model.moirai.encoder.layers), layer.self_attn.heads, layer.self_attn.head_dim, layer.ffn.fc1.out_features,
+            model.patch, model.tokens_ahead) == (2, 1, 64, 16, 4, 2)
+    scratch = Moirai2.Model(configs(None, 96, 48))
+    layer = scratch.moirai.encoder.layers[0]
+    assert (len(scratch.moirai.encoder.layers), layer.self_attn.heads, layer.ffn.fc1.out_features, scratch.patch,
+            scratch.tokens_ahead) == (1, 2, 32, 16, 4)
+    with pytest.raises(ValueError, match=r"at most 64 tokens of 4 steps .* --seq_len 200 \+ --pred_len 60 make 65"):
+        Moirai2.Model(configs(FIXTURE, 200, 60))
+    Moirai2.Model(configs(FIXTURE, 200, 56))  # 50 + 14 tokens: the most it takes
+
+
+def test_the_released_size_is_11_4m_parameters():
+    """Without a folder, at the released sizes (--d_model 384 --n_heads 6 --e_layers 6 --d_ff 1024), the model is
+    Moirai 2.0 small's 11,387,208 parameters (the count of uni2ts's Moirai2Module at the released config)."""
+    model = Moirai2.Model(configs(None, 512, 64, d_model=384, n_heads=6, e_layers=6, d_ff=1024))
+    assert sum(p.numel() for p in model.parameters()) == 11_387_208
+
+
+def test_the_any_variate_bias_is_a_constant_softmax_ignores(expected):
+    """Why ours leaves the release's var_attn_bias out of attention: with one variate every pair takes the
+    'same variate' value, one constant per head, and adding it to the scores changes no forecast."""
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    attention = model.moirai.encoder.layers[0].self_attn
+    plain = Moirai2.attention
+
+    def with_bias(q, k, v, dropout, is_causal, scale):
+        same = model.moirai.variate_bias[0].emb.weight[1].view(1, -1, 1, 1)  # the same-variate bias per head
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        bias = same.expand(q.shape[0], -1, q.shape[-2], k.shape[-2]).masked_fill(~mask, float("-inf"))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+    with torch.no_grad():
+        before = model(expected["windows"])
+        model.moirai.variate_bias[0].emb.weight[1] = 3.0
+        Moirai2.attention = with_bias
+        try:
+            after = model(expected["windows"])
+        finally:
+            Moirai2.attention = plain
+    assert attention.heads == 1 and (after - before).abs().max() <= 1e-5 * before.abs().max()
+
+
+EVAL = [*ETTH1_ARGS, "--model", "Moirai2", "--seq_len", 96, "--label_len", 48, "--pred_len", 48,
+        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
+SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
+
+
+@pytest.fixture(scope="module")
+def etth1(tmp_path_factory):
+    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
+
+
+def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(etth1, tmp_path):
+    """48 steps are 12 tokens of the fixture's patch 4: 2 from the first forward, 10 rolled out."""
+    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", FIXTURE]
+    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None), (("--eval_batch_size", 7), 2)]
+    outcomes = []
+    for extra, nproc in runs:
+        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
+        assert_ok(proc)
+        outcomes.append(records(tmp_path)[-1])
+    first = outcomes[0]
+    assert first["test_windows"] == 40 and first["wql_levels"] == [round(0.1 * k, 1) for k in range(1, 10)]
+    for outcome in outcomes[1:]:
+        for key in SCORES:
+            if key in first:
+                assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
+    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
+
+
+TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
+        "--test_every_epoch", "false"]
+
+
+def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_release(etth1, tmp_path):
+    """Dropout 0.1 on (the release's is 0): every mask keyed by window, attention weights' included."""
+    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", FIXTURE, "--dropout", 0.1, *TUNE]
+    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
+    initial = ours(FIXTURE, 96, 48).state_dict()
+    assert set(one) == set(initial)
+    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
+    for key in one:
+        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
+    assert all(torch.equal(one[k], initial[k]) for k in one if "variate_bias" in k)  # frozen: gradient 0
+    # the fine-tuned weights in the release's layout: the fixture's keys, shapes and config.json
+    exported = tmp_path / "exported"
+    export(str(path), str(exported), "moirai2")
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    released = load_file(FIXTURE / "model.safetensors")
+    written = load_file(exported / "model.safetensors")
+    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
+    assert json.loads((exported / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text()) | {
+        "max_seq_len": 512}  # the one field no weight shows, written as released
+    tuned = Moirai2.Model(configs(FIXTURE, 96, 48))
+    tuned.load_state_dict(one)
+    windows = torch.randn(2, 96, 3, generator=torch.Generator().manual_seed(3)).cumsum(1)
+    with torch.no_grad():
+        assert torch.equal(ours(exported, 96, 48)(windows), tuned.eval()(windows))
+
+
+def test_an_export_of_a_model_the_release_cannot_describe_is_one_line(tmp_path):
+    """The release has no heads field (uni2ts takes d_model // 64): 2 heads of d_model 16 cannot be written."""
+    model = Moirai2.Model(configs(None, 96, 48))
+    source = tmp_path / "scratch.pth"
+    torch.save({"model": model.state_dict()}, source)
+    with pytest.raises(UserError, match=r"2 heads of d_model 16; the release's format has no heads field"):
+        export(str(source), str(tmp_path / "out"), "moirai2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rollout_keeps_the_first_forwards_tokens():
+    """The first tokens of a rolled-out forecast are the one-forward forecast's (the rollout only appends)."""
+    generator = torch.Generator().manual_seed(6)
+    windows = torch.randn(3, SEQ_LEN, 2, generator=generator).cumsum(1)
+    with torch.no_grad():
+        short, long = ours(FIXTURE, SEQ_LEN, 8)(windows), ours(FIXTURE, SEQ_LEN, 21)(windows)
+    assert torch.equal(long[:, :8], short)
+    assert math.isfinite(float(long.sum()))
