@@ -12,6 +12,7 @@ import torch
 
 from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timesfm, tirex
 from utils import moirai2
+from utils import sundial
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
@@ -74,6 +75,7 @@ def read_weights(path, map_location="cpu"):
 EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
                   "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS}
 EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # issue 40: Moirai 2.0 (Salesforce/moirai-2.0-R-small)
+EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # issue 40: Sundial (thuml/sundial-base-128m)
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)
