@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timesfm, tirex
+from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timer_hf, timesfm, tirex
 from utils import moirai2
 from utils import sundial
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
@@ -73,7 +73,7 @@ def read_weights(path, map_location="cpu"):
 
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
 EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
-                  "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS}
+                  "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
 EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # issue 40: Moirai 2.0 (Salesforce/moirai-2.0-R-small)
 EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # issue 40: Sundial (thuml/sundial-base-128m)
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from

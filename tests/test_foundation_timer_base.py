@@ -1,0 +1,184 @@
+"""TimerBase (models/TimerBase.py: Timer as released on Hugging Face, thuml/timer-base-84m) against the release's own
+code (issue 40). The committed fixture tests/golden/foundation/timer_base/ is a release folder at a tiny size
+(tokens of 8 steps, hidden 16, 2 layers of 2 heads; random weights) written by the reference's save_pretrained
+(sktime.libs.timer under transformers 4.40.1), with the reference's generate forecasts and training losses on fixed
+windows (reference.safetensors); `python -m benchmarks.foundation.timer_base --write-fixture` rewrites it. Also:
+zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size, fine-tuning gives the same
+weights on 1 and 2 processes, and the export writes the release's layout. The bad inputs are probes of
+tests/bad_inputs.py."""
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
+
+safetensors = pytest.importorskip("safetensors.torch")
+
+from models import TimerBase  # noqa: E402
+from utils.checkpoint import export, load_weights  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+from utils.timer_hf import RELEASED  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "golden" / "foundation" / "timer_base"
+REFERENCE = safetensors.load_file(str(FIXTURE / "reference.safetensors"))
+
+
+def configs(folder, seq_len, pred_len, **sizes):
+    return Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=None if folder is None else str(folder),
+                     **{"d_model": 16, "n_heads": 2, "e_layers": 1, "d_ff": 32, "dropout": 0.0,
+                        "input_token_len": 8, "output_token_len": 8, **sizes})
+
+
+def ours(seq_len, pred_len, folder=FIXTURE):
+    return load_weights(TimerBase.Model(configs(folder, seq_len, pred_len)), str(folder)).eval()
+
+
+def relative(got, want):
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("seq_len, pred_len", [(40, 8), (45, 20), (16, 24)],
+                         ids=["one-token", "uneven-context-rolled-out", "short-context-rolled-out"])
+def test_forecasts_equal_the_references_generate(seq_len, pred_len):
+    """generate(context, max_new_tokens=pred_len) of the release's code, its cache on: 45 steps lose their oldest 5
+    (5 whole tokens of 8); 20 steps are 8 + 8 + 4, each fed-back token normalised by its own statistics."""
+    with torch.no_grad():
+        got = ours(seq_len, pred_len)(REFERENCE[f"windows_{seq_len}"])
+    want = REFERENCE[f"forecast_{seq_len}_{pred_len}"]
+    assert got.shape == want.shape == (3, pred_len, 2)
+    assert relative(got, want) <= 1e-5
+
+
+def test_the_training_objective_is_the_references_next_token_mse():
+    """Each series' loss (40 + 16 steps, 6 tokens scored) is the reference's forward(input_ids, labels).loss of that
+    series normalised by its context's statistics; the [B] window losses are the means over channels."""
+    model = ours(40, 16)
+    windows, future = REFERENCE["windows_40"], REFERENCE["future_16"]
+    with torch.no_grad():
+        per_series = model.loss(windows.transpose(1, 2).reshape(6, -1), future.transpose(1, 2).reshape(6, -1))
+        per_window = model(windows, target=future)
+    assert relative(per_series, REFERENCE["loss_40_16"]) <= 1e-5
+    assert torch.allclose(per_window, per_series.view(3, 2).mean(1), rtol=1e-6, atol=0)
+
+
+def test_a_future_of_part_of_a_token_is_scored_on_the_steps_it_has():
+    """pred_len 4 with tokens of 8: the last context token's label is the future's 4 steps, not dropped (a future of
+    whole tokens reduces to the reference's loss, above); with a longer future it is a prefix of that label."""
+    model = ours(40, 4)
+    windows = REFERENCE["windows_40"][:1, :, :1]
+    future = REFERENCE["future_16"][:1, :, :1]
+    with torch.no_grad():
+        short = model(windows, target=future[:, :4])
+        future_changed = future.clone()
+        future_changed[:, :4] += 1.0
+        moved = model(windows, target=future_changed[:, :4])
+    assert torch.isfinite(short).all() and float(moved - short) > 0.01
+
+
+def test_the_head_is_picked_as_the_release_picks_it():
+    """With output_token_lens [8, 16, 32]: the longest not past the steps still wanted, the first otherwise."""
+    model = TimerBase.Model(configs(None, 32, 8))
+    model.horizons = [8, 16, 32]
+    assert [model.head_for(r) for r in (4, 8, 15, 16, 31, 32, 100)] == [0, 0, 0, 1, 1, 2, 2]
+
+
+def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs():
+    model = TimerBase.Model(configs(FIXTURE, 40, 8, d_model=64, n_heads=4, e_layers=3))
+    assert (model.token, model.horizons, len(model.layers), model.embedding.out_features,
+            model.layers[0].ffn.gate.out_features, model.layers[0].attention.n_heads) == (8, [8], 2, 16, 24, 2)
+    scratch = TimerBase.Model(configs(None, 48, 24, input_token_len=12, output_token_len=24, dropout=0.1))
+    assert (scratch.token, scratch.horizons, len(scratch.layers), scratch.layers[0].attention.weights_dropout.p) == (
+        12, [24], 1, 0.1)
+    with pytest.raises(ValueError, match="--seq_len 7 is shorter than one"):
+        TimerBase.Model(configs(FIXTURE, 7, 8))
+    with pytest.raises(ValueError, match=r"output_token_lens \[12\] are not whole tokens of 8 steps"):
+        TimerBase.Model(configs(None, 48, 8, output_token_len=12))
+    with pytest.raises(UserError, match="these TimerBase weights have 2 attention heads and this model 4"):
+        TimerBase.Model(configs(None, 40, 8, n_heads=4, d_ff=24, e_layers=2)).load_state_dict(ours(40, 8).state_dict())
+
+
+def test_the_released_size_is_84m_parameters():
+    """At the released sizes (no folder: --d_model 1024 --n_heads 8 --e_layers 8 --d_ff 2048, tokens of 96) the
+    model is thuml/timer-base-84m's 84,142,080 parameters."""
+    model = TimerBase.Model(configs(None, 96, 96, d_model=1024, n_heads=8, e_layers=8, d_ff=2048,
+                                    input_token_len=96, output_token_len=96))
+    assert sum(p.numel() for p in model.parameters()) == 84_142_080
+
+
+EVAL = [*ETTH1_ARGS, "--model", "TimerBase", "--seq_len", 44, "--label_len", 16, "--pred_len", 20,
+        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
+SCORES = ("mse", "mae", "vali_loss", "test_objective_loss")
+
+
+@pytest.fixture(scope="module")
+def etth1(tmp_path_factory):
+    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
+
+
+def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(etth1, tmp_path):
+    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", FIXTURE]
+    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None), (("--eval_batch_size", 7), 2)]
+    outcomes = []
+    for extra, nproc in runs:
+        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
+        assert_ok(proc)
+        outcomes.append(records(tmp_path)[-1])
+    first = outcomes[0]
+    assert first["test_windows"] == 40
+    for outcome in outcomes[1:]:
+        for key in SCORES:
+            if key in first:
+                assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
+    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
+
+
+TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
+        "--test_every_epoch", "false"]
+
+
+@pytest.fixture(scope="module")
+def with_dropout(tmp_path_factory):
+    """The fixture with attention_dropout 0.1, so fine-tuning draws attention-weight masks (keyed by the sample)."""
+    folder = tmp_path_factory.mktemp("timer-base-dropout")
+    config = json.loads((FIXTURE / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    (folder / "model.safetensors").write_bytes((FIXTURE / "model.safetensors").read_bytes())
+    return folder
+
+
+def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_release(
+        etth1, tmp_path, with_dropout):
+    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", with_dropout, *TUNE]
+    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
+    initial = ours(44, 20).state_dict()
+    assert set(one) == set(initial)
+    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
+    for key in one:
+        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
+    # the fine-tuned weights in the release's layout: the fixture's files, keys, shapes and config fields
+    exported = tmp_path / "exported"
+    export(str(path), str(exported), "timer-base")
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    written, released = (safetensors.load_file(str(f / "model.safetensors")) for f in (exported, FIXTURE))
+    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
+    config, fixture_config = (json.loads((f / "config.json").read_text()) for f in (exported, FIXTURE))
+    fixture_config.pop("transformers_version")
+    assert config == {**fixture_config, "attention_dropout": RELEASED["attention_dropout"]}
+    back = ours(44, 20, folder=exported)
+    assert all(torch.equal(back.state_dict()[k], one[k]) for k in one)
+
+
+def test_another_models_folder_and_partial_folders_are_named(tmp_path):
+    other = tmp_path / "sundial"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "sundial", "architectures": ["SundialForPrediction"]}))
+    (other / "model.safetensors").write_bytes((FIXTURE / "model.safetensors").read_bytes())
+    with pytest.raises(UserError, match=r"config of another model \(sundial / \['SundialForPrediction'\]; --model "
+                                        r"Sundial reads it\), not Timer's"):
+        TimerBase.Model(configs(other, 40, 8))
+    (other / "config.json").unlink()
+    with pytest.raises(UserError, match="is a partial Timer folder: config.json missing"):
+        TimerBase.Model(configs(other, 40, 8))
