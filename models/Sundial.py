@@ -32,8 +32,8 @@ one loss per window (the mean over its scored rows).
 
 Shapes: with --pretrain_model_path DIR the architecture is DIR/config.json's; without it the released one with
 --d_model, --n_heads, --e_layers, --d_ff and --dropout in place of the released sizes."""
+import contextlib
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +90,6 @@ class Model(nn.Module):
         self.flow = FlowNetwork(self.output_len, hidden, hidden, int(config["flow_loss_depth"]))
         self.rotary = Rotary(hidden // heads)
         self.register_buffer(release.FIELDS_KEY, release.fields_tensor(config))  # config.json's other fields
-        self.register_buffer("levels", torch.tensor(QUANTILE_LEVELS), persistent=False)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Weights of another head count load (no weight shows it) and attend wrongly: refused."""
@@ -115,11 +114,16 @@ class Model(nn.Module):
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None, target=None):
         batch, length, channels = x_enc.shape
         series = x_enc.transpose(1, 2).reshape(batch * channels, length)  # window-major: a window's channels together
-        if target is not None:
-            future = target.transpose(1, 2).reshape(batch * channels, -1)
-            return self.loss(series, future).view(batch, channels).mean(1)  # [B]: each window's loss
-        samples = self.samples(series)  # [B * C, S, pred_len]
-        quantiles = torch.quantile(samples, self.levels.to(samples.dtype), dim=1)  # [Q, B * C, pred_len]
+        # The experiment keys the draws by window (training steps, evaluation batches); a model used on its own
+        # keys them by the window's values, so the same window gets the same forecast in any batch.
+        keys = contextlib.nullcontext() if noise.keyed() else noise.draws_follow_windows(content_keys(x_enc))
+        with keys:
+            if target is not None:
+                future = target.transpose(1, 2).reshape(batch * channels, -1)
+                return self.loss(series, future).view(batch, channels).mean(1)  # [B]: each window's loss
+            samples = self.samples(series).float()  # [B * C, S, pred_len]; quantile needs float32 or 64
+        levels = torch.tensor(QUANTILE_LEVELS, device=samples.device)  # not a buffer: a bfloat16 copy would round it
+        quantiles = torch.quantile(samples, levels, dim=1).to(x_enc.dtype)  # [Q, B * C, pred_len]
         return quantiles.view(-1, batch, channels, self.pred_len).permute(1, 3, 2, 0)  # [B, pred_len, C, Q]
 
     def samples(self, series, num_samples=None, steps=None):
@@ -174,6 +178,14 @@ class Model(nn.Module):
         whole = torch.ones(tokens, dtype=context.dtype, device=context.device)
         whole[0] = 1.0 if pad == 0 else 0.0  # a token part padding is not scored (sktime's collator)
         return targets, scored, whole
+
+
+def content_keys(x_enc):
+    """One integer per window of x_enc [B, L, C] from its values' bits (a fixed weighted sum, wrapping in int64):
+    the same on any device and process, whatever else the batch holds."""
+    bits = x_enc.detach().float().reshape(x_enc.shape[0], -1).contiguous().view(torch.int32).to(torch.int64)
+    weights = torch.arange(1, bits.shape[1] + 1, dtype=torch.int64, device=bits.device) * 0x9E3779B1
+    return (bits * weights).sum(dim=1).tolist()
 
 
 class PatchEmbedding(nn.Module):

@@ -306,8 +306,6 @@ def _hf_decoder(prefix_embedding, ffn):
 LACKING = {
     "moirai": ({"encoder.attn_layers.0.attention.inner_attention.attn_bias.emb.weight": torch.zeros(2, 2),
                 "embedding.weight": torch.zeros(8, 4)}, "OpenLTM's Moirai"),
-    "sundial": ({**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),
-                 "flow_loss.net.input_proj.weight": torch.zeros(8, 8)}, "Sundial"),
     "timemoe": (_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), "Time-MoE"),
     "ttm": ({"backbone.patcher.weight": torch.zeros(8, 4)}, "OpenLTM's TTM"),
     "gpt4ts": ({"gpt2.h.0.attn.c_attn.weight": torch.zeros(8, 24), "in_layer.weight": torch.zeros(8, 4)},
@@ -326,11 +324,27 @@ def test_a_model_we_do_not_have_is_refused_in_one_line(tmp_path, name):
 
 
 def test_run_py_refuses_a_model_we_lack_in_one_line(tmp_path):
-    save_atomic(LACKING["sundial"][0], tmp_path / "sundial.pth")
+    save_atomic(LACKING["ttm"][0], tmp_path / "ttm.pth")
+    proc = run_cli(tmp_path, *RUN, "--train_epochs", 1, "--adaptation", "--pretrain_model_path",
+                   tmp_path / "ttm.pth")
+    assert_one_error_line(proc, "cannot fine-tune from --pretrain_model_path: checkpoint ")
+    assert "holds OpenLTM's TTM" in proc.stderr and not (tmp_path / "results" / "results.jsonl").exists()
+
+
+SUNDIAL = {**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),
+           "flow_loss.net.input_proj.weight": torch.zeros(8, 8)}
+
+
+def test_run_py_refuses_sundials_release_for_timerxl_naming_model_sundial(tmp_path):
+    """thuml/sundial-base-128m's weights are --model Sundial's (utils/sundial.py): given to TimerXL they are named
+    and refused in one line that says which model reads them."""
+    save_atomic(SUNDIAL, tmp_path / "sundial.pth")
     proc = run_cli(tmp_path, *RUN, "--train_epochs", 1, "--adaptation", "--pretrain_model_path",
                    tmp_path / "sundial.pth")
     assert_one_error_line(proc, "cannot fine-tune from --pretrain_model_path: checkpoint ")
-    assert "holds Sundial" in proc.stderr and not (tmp_path / "results" / "results.jsonl").exists()
+    assert "holds Sundial's released checkpoint (thuml/sundial-base-128m" in proc.stderr
+    assert "load it with --model Sundial, not TimerXL" in proc.stderr
+    assert not (tmp_path / "results" / "results.jsonl").exists()
 
 
 # ------------------------------------------------------------ safetensors and Hugging Face folders

@@ -107,10 +107,9 @@ def _translate(key, model, to_openltm):
 # ------------------------------------------------------------ recognising a state_dict
 # thuml's models we have none of (OpenLTM's, and the Hugging Face releases): named when a file fits no model.
 # Timer as released on Hugging Face (thuml/timer-base-84m) is --model TimerBase: its adapter (utils/timer_hf.py)
-# names such a file given to Timer or TimerXL and says to load it with --model TimerBase.
+# names such a file given to Timer or TimerXL and says to load it with --model TimerBase; Sundial's release
+# (thuml/sundial-base-128m) likewise names --model Sundial (utils/sundial.py).
 LACKING = tuple(Lacking(pattern, what, why_not) for pattern, what, why_not in (
-    (r"^flow_loss\.|^model\.embed_layer\.hidden_layer\.", "Sundial (Hugging Face thuml/sundial-*: "
-     "model.embed_layer.hidden_layer, flow_loss)", "a flow-matching head and patch MLP embedding we have no model for"),
     (r"\.ffn_layer\.experts\.|^model\.embed_layer\.emb_layer\.", "Time-MoE (Hugging Face Maple728/TimeMoE-*: "
      "model.layers.N.ffn_layer.experts)", "a mixture-of-experts decoder we have no model for"),
     (r"^encoder\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.", "OpenLTM's Moirai (models/moirai.py: "

@@ -7,7 +7,7 @@ The key table (the release's SundialForPrediction: a decoder `model.*` and a flo
 | ours | released model.safetensors |
 |---|---|
 | `embed_layer.{hidden_layer,output_layer,residual_layer}.*` | `model.embed_layer.…` (the patch MLP) |
-| `layers.N.self_attn.{q,k,v,o}_proj.*`, `layers.N.ffn_layer.{gate,up,down}_proj.weight`, `layers.N.norm{1,2}.*` | `model.layers.N.…` |
+| `layers.N.…` (self_attn.{q,k,v,o}_proj, ffn_layer.{gate,up,down}_proj, norm1, norm2) | `model.layers.N.…` |
 | `norm.*` | `model.norm.*` |
 | `flow.*` (time_embed, cond_embed, input_proj, res_blocks.N, final_layer) | `flow_loss.net.*` |
 
