@@ -350,6 +350,38 @@ def _tirex_folder(lacking=None, hyper=None, drop=None, train_ctx_len=256, other=
     return build
 
 
+# issue 40: Moirai2 (Salesforce/moirai-2.0-R-small's folder: config.json and model.safetensors, as uni2ts's
+# Moirai2Module.save_pretrained writes it; tests/golden/foundation/moirai2 is one at a tiny size)
+MOIRAI2_FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
+
+
+def _moirai2_folder(lacking=None, config=None, drop=None):
+    """run.py arguments evaluating Moirai2 zero-shot from a copy of the committed tiny release (patch 4, 2 tokens a
+    step, max_seq_len 64): `lacking` "folder" (none at all) or a file of it; `config` a config.json in place of
+    its own; `drop` a tensor taken out of model.safetensors."""
+    def build(folder):
+        import shutil
+
+        release = folder / "moirai-2.0-R-small"
+        argv = [*SMALL, "--model", "Moirai2", "--is_training", 0, "--pretrain_model_path", release]
+        if lacking == "folder":
+            return argv
+        release.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            if name != lacking:
+                shutil.copy(MOIRAI2_FIXTURE / name, release / name)
+        if config is not None:
+            (release / "config.json").write_text(json.dumps(config))
+        if drop:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(release / "model.safetensors")
+            del tensors[drop]
+            save_file(tensors, release / "model.safetensors")
+        return argv
+    return build
+
+
 def _has_gpu():
     import torch
 
@@ -638,6 +670,31 @@ PROBES = [
     Probe("horizon past TiRex's window", lambda f: [*_tirex_folder(train_ctx_len=64)(f), "--pred_len", 96],
           "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
           shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
+    # issue 40: Moirai2
+    Probe("Moirai 2.0 weights folder missing", _moirai2_folder("folder"),
+          "moirai-2.0-R-small not found; pass the folder downloaded from the Hugging Face hub "
+          "(Salesforce/moirai-2.0-R-small: config.json and model.safetensors",
+          shows="`--model Moirai2 --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("Moirai 2.0 folder without model.safetensors", _moirai2_folder("model.safetensors"),
+          "is a partial Moirai 2.0 folder: model.safetensors missing; download both files of the release "
+          "(Salesforce/moirai-2.0-R-small)", shows="a Moirai 2.0 folder holding config.json only"),
+    Probe("Moirai 2.0 weights missing a tensor", _moirai2_folder(drop="encoder.layers.1.ffn.fc_gate.weight"),
+          "converted) does not fit model Moirai2: missing: moirai.encoder.layers.1.ffn.fc_gate.weight",
+          shows="a Moirai 2.0 folder whose model.safetensors lacks encoder.layers.1.ffn.fc_gate.weight"),
+    Probe("Moirai 2.0 folder of another model",
+          _moirai2_folder(config={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"}),
+          "config.json is the config of another model (model_type t5, ChronosBoltModelForForecasting), not Moirai "
+          "2.0's (uni2ts Moirai2Module", shows="`--model Moirai2 --pretrain_model_path` a folder whose config.json "
+                                              "is Chronos-Bolt's"),
+    Probe("Moirai 1.x folder given to Moirai 2.0",
+          _moirai2_folder(config={"d_model": 384, "num_layers": 6, "patch_sizes": [8, 16, 32, 64, 128],
+                                  "max_seq_len": 512, "distr_output": {}}),
+          "config.json is the config of Moirai 1.x or Moirai-MoE (patch_sizes / distr_output: a masked encoder "
+          "with a mixture distribution), not Moirai 2.0's", shows="a folder whose config.json is Moirai 1.1-R-small's"),
+    Probe("context and horizon past Moirai 2.0's tokens", lambda f: [*_moirai2_folder()(f), "--seq_len", 240],
+          "Moirai 2.0 reads at most 64 tokens of 4 steps (max_seq_len): --seq_len 240 + --pred_len 24 make 66",
+          shows="`--seq_len 240 --pred_len 24` from a Moirai 2.0 folder of max_seq_len 64 tokens of 4 steps "
+                "(released: 512 of 16)"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
