@@ -350,6 +350,34 @@ def _tirex_folder(lacking=None, hyper=None, drop=None, train_ctx_len=256, other=
     return build
 
 
+# issue 40: Sundial (thuml/sundial-base-128m's folder, config.json and model.safetensors: the committed tiny fixture)
+def _sundial_folder(lacking=None, config=None, drop=None):
+    """run.py arguments evaluating Sundial zero-shot from a copy of tests/golden/foundation/sundial (written by the
+    reference's save_pretrained at a tiny size: tokens of 4 steps, output tokens of 12) without the file `lacking`
+    ("folder": no folder at all), with another model's `config` (config.json), or without the tensor `drop`."""
+    def build(folder):
+        release = folder / "sundial-base-128m"
+        argv = [*SMALL, "--model", "Sundial", "--is_training", 0, "--pretrain_model_path", release,
+                "--num_samples", 2, "--sampling_steps", 1]
+        if lacking == "folder":
+            return argv
+        release.mkdir()
+        fixture = Path(__file__).resolve().parent / "golden" / "foundation" / "sundial"
+        for name in ("config.json", "model.safetensors"):
+            if name != lacking:
+                (release / name).write_bytes((fixture / name).read_bytes())
+        if config:
+            (release / "config.json").write_text(json.dumps(config))
+        if drop:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(release / "model.safetensors")
+            del tensors[drop]
+            save_file(tensors, release / "model.safetensors")
+        return argv
+    return build
+
+
 # issue 40: Moirai2 (Salesforce/moirai-2.0-R-small's folder: config.json and model.safetensors, as uni2ts's
 # Moirai2Module.save_pretrained writes it; tests/golden/foundation/moirai2 is one at a tiny size)
 MOIRAI2_FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
@@ -670,6 +698,28 @@ PROBES = [
     Probe("horizon past TiRex's window", lambda f: [*_tirex_folder(train_ctx_len=64)(f), "--pred_len", 96],
           "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
           shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
+    # issue 40: Sundial
+    Probe("Sundial folder missing", _sundial_folder("folder"),
+          "sundial-base-128m not found; pass the folder downloaded from the Hugging Face hub "
+          "(thuml/sundial-base-128m: config.json and model.safetensors)",
+          shows="`--model Sundial --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("Sundial folder without its weights", _sundial_folder("model.safetensors"),
+          "sundial-base-128m is a partial Sundial folder: model.safetensors missing; download both files of the "
+          "release (thuml/sundial-base-128m)", shows="a Sundial folder holding config.json only"),
+    Probe("Sundial folder without config.json", _sundial_folder("config.json"),
+          "sundial-base-128m is a partial Sundial folder: config.json missing; download both files of the release "
+          "(thuml/sundial-base-128m)", shows="a Sundial folder holding model.safetensors only"),
+    Probe("Sundial weights missing a tensor", _sundial_folder(drop="flow_loss.net.final_layer.linear.weight"),
+          "converted) does not fit model Sundial: missing: flow.final_layer.linear.weight",
+          shows="a Sundial folder whose model.safetensors lacks flow_loss.net.final_layer.linear.weight"),
+    Probe("Sundial folder of another model",
+          _sundial_folder(config={"model_type": "time_moe", "architectures": ["TimeMoeForPrediction"]}),
+          "config.json is the config of another model (TimeMoeForPrediction, model_type time_moe; Time-MoE: --model "
+          "TimeMoE), not Sundial's (SundialForPrediction, model_type sundial)",
+          shows="`--model Sundial --pretrain_model_path` a folder whose config.json is Time-MoE's"),
+    Probe("context shorter than one Sundial token", lambda f: [*_sundial_folder()(f), "--seq_len", 3, "--label_len", 2],
+          "Sundial reads tokens of 4 steps and --seq_len 3 is shorter than one",
+          shows="`--seq_len 3` from a Sundial folder whose tokens are 4 steps (released: 16)"),
     # issue 40: Moirai2
     Probe("Moirai 2.0 weights folder missing", _moirai2_folder("folder"),
           "moirai-2.0-R-small not found; pass the folder downloaded from the Hugging Face hub "
