@@ -28,7 +28,8 @@ fine-tuning leaves them as they are: declared in unused_parameters).
 
 Dropout: nn.Dropout modules after attention and in the feed-forward, and the attention weights' through
 layers.dropout.attention, the dropout that follows the sample (keyed by window inside the experiment); the
-release's rates are 0 (Moirai2Forecast sets them to 0 for inference too).
+release's rates are 0 (Moirai2Forecast sets them to 0 for inference too). A folder's config.json gives the
+rates (attn_dropout_p, dropout_p); --dropout only without a folder.
 
 All channels of a batch are one call: [B, seq_len, C] -> B*C univariate series -> [B, pred_len, C, 9].
 

@@ -173,9 +173,20 @@ TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learnin
         "--test_every_epoch", "false"]
 
 
+def with_dropout(folder, rate=0.1):
+    """A copy of the fixture whose config.json sets attn_dropout_p and dropout_p (the release's are 0, and a
+    folder's config.json, not --dropout, gives the rates)."""
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((FIXTURE / "model.safetensors").read_bytes())
+    config = json.loads((FIXTURE / "config.json").read_text()) | {"attn_dropout_p": rate, "dropout_p": rate}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_release(etth1, tmp_path):
-    """Dropout 0.1 on (the release's is 0): every mask keyed by window, attention weights' included."""
-    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", FIXTURE, "--dropout", 0.1, *TUNE]
+    """Dropout 0.1 on (a config.json that sets it): every mask keyed by window, attention weights' included."""
+    release = with_dropout(tmp_path / "release")
+    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", release, *TUNE]
     (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
     initial = ours(FIXTURE, 96, 48).state_dict()
     assert set(one) == set(initial)
@@ -191,7 +202,7 @@ def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_
     written = load_file(exported / "model.safetensors")
     assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
     assert json.loads((exported / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text()) | {
-        "max_seq_len": 512}  # the one field no weight shows, written as released
+        "max_seq_len": 512}  # the fields no weight shows (max_seq_len, dropout 0) written as released
     tuned = Moirai2.Model(configs(FIXTURE, 96, 48))
     tuned.load_state_dict(one)
     windows = torch.randn(2, 96, 3, generator=torch.Generator().manual_seed(3)).cumsum(1)

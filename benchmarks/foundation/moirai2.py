@@ -22,8 +22,9 @@ packed attention mask, recursive multi-quantile decoding); the only thing the ne
 numerics of torch's kernels, which both sides share, and ours is written separately from the facts.
 
 crosscheck(): our quantiles (the folder loaded through utils.checkpoint.load_weights) against
-Moirai2Forecast(...).predict(series) on the same windows: contexts of 512 (whole patches) and 1680 (GIFT-Eval's
-context, 1680 = 105 patches) and 500 (left-padded), horizons of 4 tokens (one forward) and of more (rolled out);
+Moirai2Forecast(...).predict(series) on the same windows: contexts of 512 (whole patches), 500 (left-padded) and
+4000 (the context of GIFT-Eval's official notebook, notebooks/moirai2.ipynb), horizons of 4 tokens (one forward)
+and of more (rolled out: 96 steps, and ETT's long horizon 720, 45 tokens);
 then our export read back by Moirai2Module.from_pretrained.
 speed(): zero-shot over the same windows, one CPU process, 64 series a batch: ours (one call) against
 Moirai2Forecast.predict, medians of interleaved rounds."""
@@ -38,7 +39,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "golden" / "foundation" / "moirai2"
-CASES = ((512, 64), (500, 64), (512, 96), (1680, 336))  # (seq_len, pred_len): 4 tokens, padded, rolled out
+CASES = ((512, 64), (500, 64), (512, 96), (4000, 720))  # (seq_len, pred_len): 4 tokens, padded, rolled out
 SPEED = {"cases": ((512, 64), (512, 96)), "series": 64, "rounds": 5}
 # The tests' fixture: the released architecture at a tiny size (1 head of 64, patch 4, 2 tokens a step).
 TINY = {"attn_dropout_p": 0.0, "d_ff": 16, "d_model": 64, "dropout_p": 0.0, "max_seq_len": 64, "num_layers": 2,
@@ -136,7 +137,7 @@ def crosscheck():
                           "our export read by Moirai2Module.from_pretrained"))
     lines += ["", "Ours: the folder read by utils.checkpoint.load_weights into models/Moirai2.py, one call for the 6 "
               "series (B*C rows); the reference: uni2ts 2.0.0's Moirai2Forecast(...).predict(list of series), its own "
-              "prediction path (CPU, float32). 96 and 336 steps are 6 and 21 tokens: the 4 of the first forward, the "
+              "prediction path (CPU, float32). 96 and 720 steps are 6 and 45 tokens: the 4 of the first forward, the "
               "rest by recursive multi-quantile decoding (9 paths, 81 values a step collapsed to 9 quantiles)."]
     return lines
 
