@@ -306,7 +306,6 @@ def _hf_decoder(prefix_embedding, ffn):
 LACKING = {
     "moirai": ({"encoder.attn_layers.0.attention.inner_attention.attn_bias.emb.weight": torch.zeros(2, 2),
                 "embedding.weight": torch.zeros(8, 4)}, "OpenLTM's Moirai"),
-    "timemoe": (_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), "Time-MoE"),
     "ttm": ({"backbone.patcher.weight": torch.zeros(8, 4)}, "OpenLTM's TTM"),
     "gpt4ts": ({"gpt2.h.0.attn.c_attn.weight": torch.zeros(8, 24), "in_layer.weight": torch.zeros(8, 4)},
                "OpenLTM's GPT4TS"),
@@ -329,6 +328,17 @@ def test_run_py_refuses_a_model_we_lack_in_one_line(tmp_path):
                    tmp_path / "ttm.pth")
     assert_one_error_line(proc, "cannot fine-tune from --pretrain_model_path: checkpoint ")
     assert "holds OpenLTM's TTM" in proc.stderr and not (tmp_path / "results" / "results.jsonl").exists()
+
+
+def test_timemoes_release_given_to_timerxl_is_named_with_model_timemoe(tmp_path):
+    """Maple728/TimeMoE-*'s weights are --model TimeMoE's (utils/time_moe.py): given to TimerXL they are named and
+    refused in one line that says which model reads them."""
+    save_atomic(_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), tmp_path / "c.pth")
+    with pytest.raises(UserError) as refused:
+        load_weights(TimerXL(configs()), tmp_path / "c.pth")
+    message = str(refused.value)
+    assert "\n" not in message and "holds Time-MoE's released checkpoint (Maple728/TimeMoE-*" in message
+    assert message.endswith("load it with --model TimeMoE, not TimerXL"), message
 
 
 SUNDIAL = {**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),

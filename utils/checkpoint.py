@@ -13,6 +13,7 @@ import torch
 from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timer_hf, timesfm, tirex
 from utils import moirai2
 from utils import sundial
+from utils import time_moe
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
@@ -76,6 +77,7 @@ EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chr
                   "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
 EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # issue 40: Moirai 2.0 (Salesforce/moirai-2.0-R-small)
 EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # issue 40: Sundial (thuml/sundial-base-128m)
+EXPORT_FORMATS["time-moe"] = time_moe.ADAPTERS  # issue 40: Time-MoE (Maple728/TimeMoE-50M, -200M)
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)

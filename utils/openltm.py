@@ -108,10 +108,9 @@ def _translate(key, model, to_openltm):
 # thuml's models we have none of (OpenLTM's, and the Hugging Face releases): named when a file fits no model.
 # Timer as released on Hugging Face (thuml/timer-base-84m) is --model TimerBase: its adapter (utils/timer_hf.py)
 # names such a file given to Timer or TimerXL and says to load it with --model TimerBase; Sundial's release
-# (thuml/sundial-base-128m) likewise names --model Sundial (utils/sundial.py).
+# (thuml/sundial-base-128m) likewise names --model Sundial (utils/sundial.py), and Time-MoE's (Maple728/TimeMoE-*)
+# --model TimeMoE (utils/time_moe.py).
 LACKING = tuple(Lacking(pattern, what, why_not) for pattern, what, why_not in (
-    (r"\.ffn_layer\.experts\.|^model\.embed_layer\.emb_layer\.", "Time-MoE (Hugging Face Maple728/TimeMoE-*: "
-     "model.layers.N.ffn_layer.experts)", "a mixture-of-experts decoder we have no model for"),
     (r"^encoder\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.", "OpenLTM's Moirai (models/moirai.py: "
      "encoder.attn_layers.N; OpenLTM's Timer-XL before 2024-11-04 had this layout too)",
      "a masked encoder we have no model for"),
