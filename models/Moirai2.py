@@ -224,7 +224,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # fused; the same numbers here (float32)
 
 
 class Encoder(nn.Module):
@@ -293,25 +293,29 @@ class Attention(nn.Module):
         self.attn_dropout = nn.Dropout(attn_dropout)
 
     def rotary_tables(self, positions):
-        """(cos, sin) [T, width]: each frequency twice in a row, for the interleaved pairs; the angles in float32
-        whatever the network's dtype (as the reference's tables), the tables then in it."""
+        """(cos, sin) [T, 1, pairs]: one angle per pair of the rotated half and time id, in float32 whatever the
+        network's dtype (as the reference's tables), the tables then in it."""
         width = self.head_dim // 2  # the rotated half; theta_i = 10000^(-2i / width), float32 as uni2ts's buffer
         theta = 1.0 / torch.pow(10000, torch.arange(0, width, 2, dtype=torch.float, device=positions.device) / width)
-        angles = (positions.float()[:, None] * theta[None]).repeat_interleave(2, -1)
+        angles = (positions.float()[:, None] * theta[None]).unsqueeze(1)
         return angles.cos().to(self.q_proj.weight.dtype), angles.sin().to(self.q_proj.weight.dtype)
 
-    def rotate(self, x, rotary):
+    @staticmethod
+    def rotate(x, rotary):
+        """x [B, T, heads, head_dim]: each pair (x0, x1) of the first half turned to (x0 cos - x1 sin, x1 cos +
+        x0 sin), the reference's cos * x + sin * (-x1, x0) term for term; the second half as it is."""
         cos, sin = rotary
-        width = cos.shape[-1]
-        part, rest = x[..., :width], x[..., width:]
-        pairs = part.unflatten(-1, (-1, 2))
-        turned = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)  # (x0, x1) -> (-x1, x0)
-        return torch.cat([part * cos + turned * sin, rest], -1)
+        pairs = x[..., :2 * cos.shape[-1]].unflatten(-1, (-1, 2))
+        first, second = pairs[..., 0], pairs[..., 1]
+        turned = torch.stack([first * cos - second * sin, second * cos + first * sin], -1).flatten(-2)
+        return torch.cat([turned, x[..., turned.shape[-1]:]], -1)
 
     def forward(self, x, rotary):
+        """Norms and rotation on [B, T, heads, dim], contiguous, before the heads move forward for attention."""
         batch, length, _ = x.shape
-        q, k, v = (proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        q, k, v = (proj(x).view(batch, length, self.heads, self.head_dim)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self.rotate(self.q_norm(q), rotary), self.rotate(self.k_norm(k), rotary)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = attention(q, k, v, self.attn_dropout, is_causal=True, scale=self.head_dim ** -0.5)
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))
