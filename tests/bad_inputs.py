@@ -410,6 +410,38 @@ def _moirai2_folder(lacking=None, config=None, drop=None):
     return build
 
 
+
+# issue 40: TimeMoE (Maple728/TimeMoE-50M's folder: config.json and model.safetensors, as Time-MoE's save_pretrained
+# writes it; tests/golden/foundation/time_moe is one at a tiny size)
+TIME_MOE_FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "time_moe"
+
+
+def _time_moe_folder(lacking=None, config=None, drop=None):
+    """run.py arguments evaluating TimeMoE zero-shot from a copy of the committed tiny release (max_position_embeddings
+    4096): `lacking` "folder" (none at all) or a file of it; `config` a config.json in place of its own; `drop` a
+    tensor taken out of model.safetensors."""
+    def build(folder):
+        import shutil
+
+        release = folder / "TimeMoE-50M"
+        argv = [*SMALL, "--model", "TimeMoE", "--is_training", 0, "--pretrain_model_path", release]
+        if lacking == "folder":
+            return argv
+        release.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            if name != lacking:
+                shutil.copy(TIME_MOE_FIXTURE / name, release / name)
+        if config is not None:
+            (release / "config.json").write_text(json.dumps(config))
+        if drop:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(release / "model.safetensors")
+            del tensors[drop]
+            save_file(tensors, release / "model.safetensors")
+        return argv
+    return build
+
 def _has_gpu():
     import torch
 
@@ -745,6 +777,30 @@ PROBES = [
           "Moirai 2.0 reads at most 64 tokens of 4 steps (max_seq_len): --seq_len 240 + --pred_len 24 make 66",
           shows="`--seq_len 240 --pred_len 24` from a Moirai 2.0 folder of max_seq_len 64 tokens of 4 steps "
                 "(released: 512 of 16)"),
+    # issue 40: TimeMoE
+    Probe("Time-MoE folder missing", _time_moe_folder("folder"),
+          "TimeMoE-50M not found; pass the folder downloaded from the Hugging Face hub (Maple728/TimeMoE-50M or "
+          "Maple728/TimeMoE-200M: config.json and model.safetensors)",
+          shows="`--model TimeMoE --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("Time-MoE folder without its weights", _time_moe_folder("model.safetensors"),
+          "TimeMoE-50M is a partial Time-MoE folder: model.safetensors missing; download both files of the release "
+          "(e.g. Maple728/TimeMoE-50M)", shows="a Time-MoE folder holding config.json only"),
+    Probe("Time-MoE folder without config.json", _time_moe_folder("config.json"),
+          "TimeMoE-50M is a partial Time-MoE folder: config.json missing; download both files of the release "
+          "(e.g. Maple728/TimeMoE-50M)", shows="a Time-MoE folder holding model.safetensors only"),
+    Probe("Time-MoE weights missing a tensor", _time_moe_folder(drop="model.layers.1.ffn_layer.experts.3.up_proj.weight"),
+          "converted) does not fit model TimeMoE: missing: layers.1.moe.experts.3.up.weight",
+          shows="a Time-MoE folder whose model.safetensors lacks model.layers.1.ffn_layer.experts.3.up_proj.weight"),
+    Probe("Time-MoE folder of another model",
+          _time_moe_folder(config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
+          "config.json is the config of another model (SundialForPrediction, model_type sundial), not Time-MoE's "
+          "(TimeMoeForPrediction, model_type time_moe); --model TimeMoE reads Maple728/TimeMoE-50M / "
+          "Maple728/TimeMoE-200M folders", shows="`--model TimeMoE --pretrain_model_path` a folder whose config.json "
+                                                 "is Sundial's"),
+    Probe("context and horizon past Time-MoE's positions",
+          lambda f: [*_time_moe_folder()(f), "--seq_len", 4090, "--synthetic_rows", 6000],
+          "Time-MoE reads at most 4096 positions (max_position_embeddings of config.json of",
+          shows="`--seq_len 4090 --pred_len 24` from a Time-MoE folder of max_position_embeddings 4096 (as released)"),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),
