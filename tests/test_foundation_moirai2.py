@@ -228,3 +228,14 @@ def test_a_rollout_keeps_the_first_forwards_tokens():
         short, long = ours(FIXTURE, SEQ_LEN, 8)(windows), ours(FIXTURE, SEQ_LEN, 21)(windows)
     assert torch.equal(long[:, :8], short)
     assert math.isfinite(float(long.sum()))
+
+
+def test_a_bfloat16_copy_rolls_out_near_the_float32_forecast(expected):
+    """The rollout's torch.quantile runs on float32 levels whatever the model's dtype (a bfloat16 buffer of levels
+    would be rounded, and torch.quantile refuses mixed dtypes)."""
+    windows = expected["windows"]
+    with torch.no_grad():
+        full = ours(FIXTURE, SEQ_LEN, 21)(windows)
+        half = ours(FIXTURE, SEQ_LEN, 21).to(torch.bfloat16)(windows.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and half.shape == full.shape
+    assert (half.float() - full).abs().max() <= 0.05 * full.abs().max()
