@@ -17,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = {"ChronosBolt": "chronos_bolt", "Chronos2": "chronos2", "TimesFM25": "timesfm25", "TiRex": "tirex"}
+MODULES["TimerBase"] = "timer_base"  # issue 40: run in /work/venvs/timer (transformers 4.40.1; recreate: benchmarks/foundation/timer_base.py)
 MODULES["Moirai2"] = "moirai2"  # issue 40: run in /work/venvs/uni2ts (official uni2ts 2.0.0 without its pins; recreate: benchmarks/foundation/moirai2.py)
 MODULES["TimeMoE"] = "time_moe"  # issue 40: run in /work/venvs/timemoe (transformers 4.40.1 + Time-MoE's own code; recreate: benchmarks/foundation/time_moe.py)
 MODULES["Sundial"] = "sundial"  # issue 40: run in /work/venvs/sundial (transformers 4.40.1; recreate: benchmarks/foundation/sundial.py)

@@ -19,7 +19,8 @@ What it computes (docs/foundation.md ## TimerBase):
   the cache that is only the new tokens); the step's forecast is scaled back with those; the head is the one of
   the longest output_token_lens not past the steps still wanted (the first otherwise), cut to them.
 One deliberate difference: a constant context (standard deviation 0) divides by 1 here, where the release divides
-by 0 and forecasts NaN.
+by 0 and forecasts NaN. The forecasts are batch invariant (the comment at ROPE_BASE below says how), so zero-shot
+metrics are the same at any --eval_batch_size and number of processes.
 
 Training (`computes_loss`): next-token MSE over every token of the window's context ++ future (the release's
 calc_ar_loss: token i predicts the next output_token_len steps after it, squared error averaged per token, then
@@ -42,11 +43,14 @@ ROPE_BASE = 10000.0  # the release's TimeMoeRotaryEmbedding is built without its
 # elementwise op 2 vectors at a time and the few elements left at the end of its range one by one, by another
 # formula (F.silu's scalar exp rounds otherwise than the vectorised one), so which elements are left over would
 # depend on the batch. SiLU therefore runs on blocks of whole rows, each under ATen's grain size (run serially, in
-# one range) and a multiple of 32 elements (2 AVX-512 vectors: nothing left over). And a GEMM of fewer than ~5 rows
-# sums in another order than a larger one (measured, x86 CPU), so fewer than MIN_ROWS series are padded to it.
+# one range) and a multiple of 32 elements (2 AVX-512 vectors: nothing left over). And MKL's GEMM sums a row in
+# another order when the rows are not a multiple of 4 and few (under 4 rows on one thread; 5-11 on 2 or 8 threads,
+# also 17-27 on 16: measured, x86 CPU), so in evaluation the series are padded to a multiple of ROW_MULTIPLE rows
+# (not in training, where the rows must stay the windows' for the dropout masks keyed by them). The roll-out's
+# attention to the cache is matrix products (Attention.after_cache), not scaled_dot_product_attention.
 SERIAL_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: a smaller elementwise op runs in one thread, one range
 VECTOR_PAIR = 32
-MIN_ROWS = 8
+ROW_MULTIPLE = 4
 
 
 class Rotary(nn.Module):
@@ -85,13 +89,22 @@ class Attention(nn.Module):
                    for proj in (self.q, self.k, self.v))
         past = 0 if cache is None else cache[0].shape[2]
         q, k = self.rotary(q, past), self.rotary(k, past)
-        if cache is not None:
+        if cache is None:
+            out = sdpa(q, k, v, self.weights_dropout, is_causal=steps > 1)
+        else:
             k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
-        mask = None
-        if past and steps > 1:  # new tokens see every cached one and those of theirs before them
-            mask = torch.ones(steps, past + steps, dtype=torch.bool, device=x.device).tril(past)
-        out = sdpa(q, k, v, self.weights_dropout, attn_mask=mask, is_causal=not past and steps > 1)
+            out = self.after_cache(q, k, v, past)
         return self.out(out.transpose(1, 2).reshape(batch, steps, -1)), (k, v)
+
+    def after_cache(self, q, k, v, past):
+        """Attention of new tokens (positions past, past + 1, ...) to the cached ones and theirs before them, as
+        matrix products: PyTorch's CPU scaled_dot_product_attention sums a one-token query in an order that depends
+        on the batch (measured: 1e-7 apart at 4 and 20 series), these do not."""
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if q.shape[2] > 1:  # several new tokens: each sees the cache and the new ones up to itself
+            allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(past)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        return self.weights_dropout(torch.softmax(scores, dim=-1)) @ v
 
 
 class FeedForward(nn.Module):
@@ -104,7 +117,14 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x):
-        return self.down(silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate(x), self.up(x)
+        if gate.shape[-1] % VECTOR_PAIR or (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+            return self.down(silu(gate) * up)
+        # forecasting: the same values, in place block by block (a third of the memory traffic of silu(g) * u)
+        per_call = max(1, SERIAL_ELEMENTS // gate.shape[-1])
+        for gates, ups in zip(gate.view(-1, gate.shape[-1]).split(per_call), up.view(-1, up.shape[-1]).split(per_call)):
+            F.silu(gates, inplace=True).mul_(ups)
+        return self.down(gate)
 
 
 class Layer(nn.Module):
@@ -180,10 +200,12 @@ class Model(nn.Module):
         batch, length, channels = x_enc.shape
         context = length // self.token * self.token  # whole tokens, the oldest steps left out (as generate)
         rows = batch * channels
-        series = _padded(x_enc[:, length - context:].transpose(1, 2).reshape(rows, context))
+        series = x_enc[:, length - context:].transpose(1, 2).reshape(rows, context)
         if target is not None:  # training: each window's next-token MSE
-            future = _padded(target.transpose(1, 2).reshape(rows, -1))
-            return self.loss(series, future)[:rows].view(batch, channels).mean(1)
+            future = target.transpose(1, 2).reshape(rows, -1)
+            return self.loss(series, future).view(batch, channels).mean(1)
+        if not self.training:  # padding rows would unkey training's dropout masks (rows sample-major)
+            series = _padded(series)
         forecast = self.forecast(series)[:rows]  # [B*C, pred_len]
         return forecast.view(batch, channels, -1).transpose(1, 2)
 
@@ -245,9 +267,9 @@ def silu(x):
 
 
 def _padded(series):
-    """`series` [N, T] with copies of its first row up to MIN_ROWS rows (the module's batch invariance)."""
-    short = MIN_ROWS - series.shape[0]
-    return torch.cat((series, series[:1].expand(short, -1))) if short > 0 else series
+    """`series` [N, T] with copies of its first row up to a multiple of ROW_MULTIPLE rows (batch invariance)."""
+    short = -series.shape[0] % ROW_MULTIPLE
+    return torch.cat((series, series[:1].expand(short, -1))) if short else series
 
 
 def _statistics(steps):

@@ -350,6 +350,33 @@ def _tirex_folder(lacking=None, hyper=None, drop=None, train_ctx_len=256, other=
     return build
 
 
+
+# issue 40: TimerBase (thuml/timer-base-84m's folder, config.json and model.safetensors: the committed tiny fixture)
+def _timer_base_folder(lacking=None, config=None, drop=None):
+    """run.py arguments evaluating TimerBase zero-shot from a copy of tests/golden/foundation/timer_base (written by
+    the release's code at a tiny size: tokens of 8 steps) without the file `lacking` ("folder": no folder at all),
+    with another model's `config` (config.json), or without the tensor `drop`."""
+    def build(folder):
+        release = folder / "timer-base-84m"
+        argv = [*SMALL, "--model", "TimerBase", "--is_training", 0, "--pretrain_model_path", release]
+        if lacking == "folder":
+            return argv
+        release.mkdir()
+        fixture = Path(__file__).resolve().parent / "golden" / "foundation" / "timer_base"
+        for name in ("config.json", "model.safetensors"):
+            if name != lacking:
+                (release / name).write_bytes((fixture / name).read_bytes())
+        if config:
+            (release / "config.json").write_text(json.dumps(config))
+        if drop:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(release / "model.safetensors")
+            del tensors[drop]
+            save_file(tensors, release / "model.safetensors")
+        return argv
+    return build
+
 # issue 40: Sundial (thuml/sundial-base-128m's folder, config.json and model.safetensors: the committed tiny fixture)
 def _sundial_folder(lacking=None, config=None, drop=None):
     """run.py arguments evaluating Sundial zero-shot from a copy of tests/golden/foundation/sundial (written by the
@@ -730,6 +757,27 @@ PROBES = [
     Probe("horizon past TiRex's window", lambda f: [*_tirex_folder(train_ctx_len=64)(f), "--pred_len", 96],
           "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
           shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
+    # issue 40: TimerBase
+    Probe("TimerBase folder missing", _timer_base_folder("folder"),
+          "timer-base-84m not found; download thuml/timer-base-84m (config.json and model.safetensors) and pass its "
+          "folder", shows="`--model TimerBase --is_training 0 --pretrain_model_path` a folder that is not there"),
+    Probe("TimerBase folder without its weights", _timer_base_folder("model.safetensors"),
+          "timer-base-84m is a partial Timer folder: model.safetensors missing; download both files of "
+          "thuml/timer-base-84m", shows="a Timer folder holding config.json only"),
+    Probe("TimerBase folder without config.json", _timer_base_folder("config.json"),
+          "timer-base-84m is a partial Timer folder: config.json missing; download both files of thuml/timer-base-84m",
+          shows="a Timer folder holding model.safetensors only"),
+    Probe("TimerBase weights missing a tensor", _timer_base_folder(drop="lm_heads.0.weight"),
+          "converted) does not fit model TimerBase: missing: heads.0.weight",
+          shows="a Timer folder whose model.safetensors lacks lm_heads.0.weight"),
+    Probe("TimerBase folder of another model",
+          _timer_base_folder(config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
+          "config.json is the config of another model (sundial / ['SundialForPrediction']; --model Sundial reads it), "
+          "not Timer's (model_type timer, thuml/timer-base-84m)",
+          shows="`--model TimerBase --pretrain_model_path` a folder whose config.json is Sundial's"),
+    Probe("context shorter than one Timer token", lambda f: [*_timer_base_folder()(f), "--seq_len", 4, "--label_len", 2],
+          "Timer reads whole tokens of 8 steps", shows="`--seq_len 4` from a Timer folder whose tokens are 8 steps "
+          "(released: 96)"),
     # issue 40: Sundial
     Probe("Sundial folder missing", _sundial_folder("folder"),
           "sundial-base-128m not found; pass the folder downloaded from the Hugging Face hub "

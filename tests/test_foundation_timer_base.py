@@ -85,6 +85,46 @@ def test_the_head_is_picked_as_the_release_picks_it():
     assert [model.head_for(r) for r in (4, 8, 15, 16, 31, 32, 100)] == [0, 0, 0, 1, 1, 2, 2]
 
 
+def test_the_feed_forward_gives_each_row_the_same_value_in_any_batch():
+    """ATen's F.silu computes the elements left over after its vectors by another formula, so which elements those
+    are (the batch's size decides) changes their last bit; TimerBase.silu leaves none over (one thread: MKL's GEMM
+    sums alike from 4 rows on)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(4)
+        ffn = TimerBase.FeedForward(16, 24)
+        x = torch.randn(64, 16, generator=generator) * 4
+        with torch.no_grad():
+            whole = ffn(x)
+            assert all(torch.equal(ffn(x[:rows]), whole[:rows]) for rows in range(4, 64))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.allclose(TimerBase.silu(x), torch.nn.functional.silu(x), rtol=1e-6, atol=1e-7)
+    wide = TimerBase.FeedForward(16, 64)  # d_ff a multiple of 32: forecasting takes the in-place path, same values
+    with torch.no_grad():
+        in_place = wide(x)
+    assert torch.equal(in_place, wide(x).detach())
+
+
+def test_a_fed_back_token_attends_alike_in_any_batch():
+    """The roll-out's one-token query against the cache: the same for a series in a batch of 4 or of 20 (on 2 threads
+    PyTorch's CPU scaled_dot_product_attention sums it in a batch-dependent order, 1e-7 apart)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        attention = TimerBase.Attention(1024, 8, 0.0).eval()
+        generator = torch.Generator().manual_seed(5)
+        token, keys, values = (torch.randn(*shape, generator=generator)
+                               for shape in ((20, 1, 1024), (20, 8, 7, 128), (20, 8, 7, 128)))
+        with torch.no_grad():
+            whole = attention(token, (keys, values))[0]
+            parts = torch.cat([attention(token[i:i + 4], (keys[i:i + 4], values[i:i + 4]))[0] for i in range(0, 20, 4)])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(parts, whole)
+
+
 def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs():
     model = TimerBase.Model(configs(FIXTURE, 40, 8, d_model=64, n_heads=4, e_layers=3))
     assert (model.token, model.horizons, len(model.layers), model.embedding.out_features,

@@ -19,7 +19,8 @@ TimerForPrediction.from_pretrained(folder).generate(context, max_new_tokens=pred
 same windows: one token (96) and rolled out (192, 250), contexts 672 and 2880 (and 700, not whole tokens); the
 training objective against the reference's forward(labels=...) loss; our export read back by the reference.
 speed(): zero-shot, one CPU process, 64 series a batch, ours against the reference's generate, interleaved rounds.
---write-fixture: tests/golden/foundation/timer_base/, the same at a tiny size, for tests/test_foundation_timer_base.py."""
+--write-fixture: tests/golden/foundation/timer_base/, the same at a tiny size, for
+tests/test_foundation_timer_base.py."""
 import json
 import statistics
 import sys
