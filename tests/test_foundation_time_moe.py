@@ -105,9 +105,27 @@ def test_a_series_forecast_does_not_depend_on_its_batch():
         whole = forecast(model, series)
         for rows in (1, 2, 5):
             assert torch.equal(forecast(model, series[:rows]), whole[:rows]), rows
-        windows = series.view(3, 3, 96).transpose(1, 2)  # 3 windows of 3 channels: one window's channels are a view
+        windows = series.view(3, 3, 96).transpose(1, 2).contiguous()  # 3 windows of 3 channels, as loaded: [B, L, C]
         with torch.no_grad():
             assert torch.equal(model(windows[:1]), model(windows)[:1])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_projections_rows_do_not_depend_on_how_many_it_is_given():
+    """At the released widths (hidden 384): a row alone or among 2 ... 39 gets the bits it gets among 64, for a
+    one-column output (the shared expert's gate, the 1-step head) and a wide one (an expert's projection)."""
+    generator = torch.Generator().manual_seed(5)
+    rows = torch.randn(64, 384, generator=generator)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for width in (1, 768):
+            layer = TimeMoE.Linear(384, width, bias=False)
+            with torch.no_grad():
+                whole = layer(rows)
+                for count in range(1, 40):
+                    assert torch.equal(layer(rows[:count]), whole[:count]), (width, count)
     finally:
         torch.set_num_threads(threads)
 
