@@ -31,9 +31,12 @@ is a function of the whole micro-batch, as in the reference (per batch), so 1 x 
 trains as 2 processes x 4 do, while 1 x 8 differs from 2 x 4 by it (tests/test_foundation_time_moe.py).
 
 Exactness across evaluation batch sizes: a CPU matrix product of fewer than 12 rows (or of one output column)
-sums in another order than the same rows inside a larger one, and the experts see a number of tokens that depends
-on the batch; every projection here pads such small inputs to 12 rows and computes one-column outputs as a
-product and sum, so a series' forecast does not depend on what else is in the batch.
+sums a row in another order than the same row inside a larger one, the experts see a number of tokens that depends
+on the batch, ATen computes exp-like functions on the loop's tail elements by a scalar formula that rounds otherwise,
+and its fused attention sums a short query in a batch-dependent order on several threads. So every projection pads
+such small inputs to 12 rows and computes one-column outputs as a product and sum, SiLU / sigmoid / rsqrt run on
+whole vectors, and the new tokens of a rolled-out step attend to the cache through matrix products: a series'
+forecast does not depend on what else is in the batch (tests/test_foundation_time_moe.py, 1 and 2 threads).
 
 Shapes: with --pretrain_model_path a released folder every size comes from its config.json; without one, the
 released architecture with --d_model, --d_ff, --e_layers, --n_heads and --dropout (the attention dropout) in place
@@ -112,6 +115,15 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def cached_attention(q, k, v, mask):
+    """Softmax attention of a few new queries to the cache, as matrix products: PyTorch's CPU
+    scaled_dot_product_attention sums a short query's scores in an order that depends on the batch when it
+    runs on several threads (the reference, too, multiplies and takes the softmax itself)."""
+    scores = torch.matmul(q, k.transpose(2, 3)) / q.shape[-1] ** 0.5
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
 class Attention(nn.Module):
     def __init__(self, width, heads, kv_heads, dropout):
         super().__init__()
@@ -141,7 +153,8 @@ class Attention(nn.Module):
         else:  # new tokens after cached ones: token t sees every cached position and the new ones up to itself
             seen = k.shape[2] - steps
             mask = torch.arange(k.shape[2], device=x.device) <= seen + torch.arange(steps, device=x.device)[:, None]
-            out = dropout_attention(q, k, v, self.dropout, attn_mask=mask)
+            out = cached_attention(q, k, v, mask) if not self.training else \
+                dropout_attention(q, k, v, self.dropout, attn_mask=mask)
         return self.out(out.transpose(1, 2).reshape(n, steps, -1)), (keys, values)
 
 

@@ -3,7 +3,8 @@
 and written back by `python -m utils.checkpoint export --to time-moe` so that Time-MoE's own code
 (time_moe/models/modeling_time_moe.py, TimeMoeForPrediction.from_pretrained) reads it.
 
-The key table (`{i}` a layer, `{j}` an expert, `{k}` an output head, `{p}` weight or bias):
+The key table (`{i}` a layer, `{j}` an expert, `{k}` an output head, `{p}` weight or bias, `{part}` gate, up
+or down):
 
 | ours | released model.safetensors |
 |---|---|
@@ -13,10 +14,10 @@ The key table (`{i}` a layer, `{j}` an expert, `{k}` an output head, `{p}` weigh
 | `layers.{i}.attention.out.weight` | `model.layers.{i}.self_attn.o_proj.weight` |
 | `layers.{i}.ffn_norm.weight` | `model.layers.{i}.post_attention_layernorm.weight` |
 | `layers.{i}.moe.router.weight` | `model.layers.{i}.ffn_layer.gate.weight` |
-| `layers.{i}.moe.experts.{j}.{gate,up,down}.weight` | `model.layers.{i}.ffn_layer.experts.{j}.{gate,up,down}_proj.weight` |
-| `layers.{i}.moe.shared.{gate,up,down}.weight` | `model.layers.{i}.ffn_layer.shared_expert.{gate,up,down}_proj.weight` |
+| `layers.{i}.moe.experts.{j}.{part}.weight` | `model.layers.{i}.ffn_layer.experts.{j}.{part}_proj.weight` |
+| `layers.{i}.moe.shared.{part}.weight` | `model.layers.{i}.ffn_layer.shared_expert.{part}_proj.weight` |
 | `layers.{i}.moe.shared_gate.weight` | `model.layers.{i}.ffn_layer.shared_expert_gate.weight` |
-| `layers.{i}.mlp.{gate,up,down}.weight` (use_dense) | `model.layers.{i}.ffn_layer.{gate,up,down}_proj.weight` |
+| `layers.{i}.mlp.{part}.weight` (use_dense) | `model.layers.{i}.ffn_layer.{part}_proj.weight` |
 | `norm.weight` | `model.norm.weight` |
 | `heads.{k}.weight` | `lm_heads.{k}.out_layer.weight` |
 | `release_fields` | (config.json) |
@@ -222,7 +223,8 @@ class TimeMoeAdapter(CheckpointAdapter):
         config = check_config(config, "config.json")
         out = {}
         for key, value in state.items():
-            out[_rename(key, to_release=False) or key] = value  # an unknown key keeps its name: the strict load names it
+            # an unknown key keeps its name: the strict load names it
+            out[_rename(key, to_release=False) or key] = value
         out[FIELDS_KEY] = fields_tensor(config)
         return out
 
