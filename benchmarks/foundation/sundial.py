@@ -258,25 +258,30 @@ def speed():
         folder = reference_folder(Path(root) / "sundial")
         reference, model = reference_model(folder), ours(folder, seq_len, pred_len, samples)
         batch = windows(count, seq_len, 1)
-        times = {"ours": [], "reference": []}
+        times, cpu = {"ours": [], "reference": []}, {"ours": [], "reference": []}
+        runs = {"ours": lambda: model(batch),
+                "reference": lambda: reference.generate(batch[..., 0], max_new_tokens=pred_len, num_samples=samples,
+                                                        revin=True)}
         for _ in range(rounds):
-            started = time.perf_counter()
-            with torch.inference_mode():
-                model(batch)
-            times["ours"].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            with torch.no_grad():
-                reference.generate(batch[..., 0], max_new_tokens=pred_len, num_samples=samples, revin=True)
-            times["reference"].append(time.perf_counter() - started)
+            for name, run in runs.items():
+                started, started_cpu = time.perf_counter(), time.process_time()
+                with torch.inference_mode():
+                    run()
+                times[name].append(time.perf_counter() - started)
+                cpu[name].append(time.process_time() - started_cpu)  # this process's threads: less the others' load
     median = {name: statistics.median(values) for name, values in times.items()}
+    median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
     lines = [f"{count} windows of {seq_len} steps, horizon {pred_len}, {samples} samples, 50 sampling steps, "
-             f"{torch.get_num_threads()} threads, {rounds} interleaved rounds (median; range)", "",
-             "| path | seconds | windows/s | rounds (s) |", "|---|---|---|---|"]
+             f"{torch.get_num_threads()} threads, {rounds} interleaved rounds (median; each round's seconds)", "",
+             "| path | seconds | windows/s | CPU seconds | rounds (s) |", "|---|---|---|---|---|"]
     for name, label in (("ours", "ours: Model(x) [64, 512, 1] -> 9 quantiles of 20 samples"),
                         ("reference", "reference: generate(num_samples=20, revin=True)")):
-        spread = ", ".join(f"{v:.2f}" for v in times[name])
-        lines.append(f"| {label} | {median[name]:.2f} | {count / median[name]:.2f} | {spread} |")
-    lines += ["", f"ours / reference windows/s: {median['reference'] / median['ours']:.2f}. The same decoder pass; "
+        spread = ", ".join(f"{v:.1f}" for v in times[name])
+        lines.append(f"| {label} | {median[name]:.2f} | {count / median[name]:.2f} | {median_cpu[name]:.1f} | "
+                     f"{spread} |")
+    ratios = ", ".join(f"{r / o:.2f}" for o, r in zip(times["ours"], times["reference"]))
+    lines += ["", f"ours / reference windows/s: {median['reference'] / median['ours']:.2f} (rounds: {ratios}; CPU "
+              f"seconds: {median_cpu['reference'] / median_cpu['ours']:.2f}). The same decoder pass; "
               "the flow head's modulations (adaLN of time + condition) depend on the series and the step only, so "
               "ours computes them once per series, the reference once per sample row (20 times)."]
     return lines
