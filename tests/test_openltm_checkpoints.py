@@ -172,7 +172,7 @@ def test_none_of_our_models_is_taken_for_a_foreign_layout():
     from utils.arguments import parse_args
 
     args = parse_args(["--seq_len", "96", "--pred_len", "24", "--input_token_len", "24", "--output_token_len", "24",
-                       "--d_model", "16", "--d_ff", "16"])
+                       "--d_model", "16", "--d_ff", "16", "--n_heads", "4"])  # head size 4: rotary pairs of half a head
     args.enc_in = args.dec_in = args.c_out = 3
     args.mark_dim = 4  # derived from the data in a run
     for name in available_models():
