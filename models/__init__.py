@@ -6,6 +6,7 @@ and `-` (OpenLTM's `timer_xl` and `timer` are TimerXL and Timer, `dlinear` is DL
 """
 import importlib
 import pkgutil
+import traceback
 from pathlib import Path
 
 from utils.errors import UserError
@@ -17,6 +18,12 @@ FORWARD_INPUTS = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
 # is held to the model contract, and is told what joining the zoo takes (models/README.md#joining-the-zoo).
 ZOO = ("DLinear", "NLinear", "PatchTST", "TSMixer", "TiDE", "TimeMixer", "Timer", "TimerXL", "TimesNet",
        "Transformer", "iTransformer")
+# Import name -> the pip package that provides it, where the two differ: the packages TSLib's model files
+# and layers import that this project does not install. A name not listed is taken to be its own package.
+PIP_NAMES = {"mamba_ssm": "mamba-ssm", "reformer_pytorch": "reformer-pytorch", "pywt": "PyWavelets",
+             "sklearn": "scikit-learn", "chronos": "chronos-forecasting", "tirex": "tirex-ts",
+             "causal_conv1d": "causal-conv1d", "local_attention": "local-attention", "yaml": "PyYAML",
+             "PIL": "Pillow", "cv2": "opencv-python", "patoolib": "patool", "sktime": "sktime"}
 
 
 def available_models():
@@ -60,11 +67,30 @@ def get_model_class(name):
         if missing.name is None or missing.name == f"models.{name}":
             raise
         top = missing.name.split(".")[0]
-        fix = (f"a module this codebase does not have (TSLib's layers/ files are not part of it); add {top}/"
-               f"{missing.name.split('.', 1)[-1].replace('.', '/')}.py or change the import" if top == "layers"
-               else "which is not installed; install the package that provides it")
-        raise UserError(f"models/{name}.py imports {missing.name}, {fix}") from None
+        if top == "layers":
+            fix = (f"a module this codebase does not have; add {top}/{missing.name.split('.', 1)[-1].replace('.', '/')}"
+                   ".py or change the import")
+        else:
+            fix = f"which is not installed: {pip_command(missing.name)}"
+        raise UserError(f"models/{name}.py imports {missing.name}{_through(missing, name)}, {fix}") from None
     return module.Model
+
+
+def pip_command(module_name):
+    """`pip install <package>` for the package that provides import `module_name` (PIP_NAMES, else its own name)."""
+    top = module_name.split(".")[0]
+    return f"pip install {PIP_NAMES.get(top, top)}"
+
+
+def _through(missing, name):
+    """' (through layers/X.py)' when the failed import is in a file the model file imports, not the model file
+    itself (TSLib's WPMixer needs pywt through layers/DWT_Decomposition.py); else ''."""
+    root = _HERE.parent
+    files = [Path(frame.filename) for frame in traceback.extract_tb(missing.__traceback__)]
+    files = [file for file in files if file.is_relative_to(root) and file != Path(__file__)]  # not importlib's
+    if not files or files[-1] == _HERE / f"{name}.py":
+        return ""
+    return f" (through {files[-1].relative_to(root).as_posix()})"
 
 
 def inputs_used(model_class):

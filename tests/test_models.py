@@ -1,4 +1,5 @@
 """Fast CPU tests for DLinear, TimerXL, TimesNet's block, TimeMixer's calendar pairing and their layers."""
+import sys
 import types
 
 import pytest
@@ -462,21 +463,44 @@ def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
 
 
 @pytest.mark.parametrize("imports, message", [
-    ("from layers.Autoformer_EncDec import series_decomp",
-     "models/Borrowed.py imports layers.Autoformer_EncDec, a module this codebase does not have (TSLib's layers/ "
-     "files are not part of it); add layers/Autoformer_EncDec.py or change the import"),
-    ("import reformer_pytorch_not_here",
-     "models/Borrowed.py imports reformer_pytorch_not_here, which is not installed; install the package that provides it"),
+    ("from layers.Not_In_TSLib import series_decomp",
+     "models/Borrowed.py imports layers.Not_In_TSLib, a module this codebase does not have; add "
+     "layers/Not_In_TSLib.py or change the import"),
+    ("from mamba_ssm import Mamba",
+     "models/Borrowed.py imports mamba_ssm, which is not installed: pip install mamba-ssm"),
+    ("from reformer_pytorch import LSHSelfAttention",
+     "models/Borrowed.py imports reformer_pytorch, which is not installed: pip install reformer-pytorch"),
+    ("import no_such_package_here.ops",  # a package the table does not know: its import name
+     "models/Borrowed.py imports no_such_package_here, which is not installed: pip install no_such_package_here"),
+    ("from borrowed_layer import Decomposition",  # TSLib's WPMixer: pywt through layers/DWT_Decomposition.py
+     "models/Borrowed.py imports pywt (through models/borrowed_layer.py), which is not installed: "
+     "pip install PyWavelets"),
 ])
 def test_a_model_file_importing_what_is_not_here_is_named_in_one_line(tmp_path, monkeypatch, imports, message):
-    """A TSLib model file dropped in unchanged (SegRNN imports TSLib's layers.Autoformer_EncDec) ends in one
-    line naming the missing module, not an import traceback."""
+    """A TSLib model file dropped in unchanged that imports a layer we lack or a package not installed (TSLib's
+    Mamba imports mamba_ssm) ends in one line naming the module and the pip command, not an import traceback."""
     import models
     from utils.errors import UserError
 
-    (tmp_path / "Borrowed.py").write_text(f"{imports}\n\n\nclass Model(object):\n    pass\n")
-    monkeypatch.setattr(models, "_HERE", tmp_path)
-    monkeypatch.setattr(models, "__path__", [str(tmp_path), *models.__path__])
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "Borrowed.py").write_text(f"{imports}\n\n\nclass Model(object):\n    pass\n")
+    (folder / "borrowed_layer.py").write_text("import pywt\n")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setitem(models.PIP_NAMES, "pywt", "PyWavelets")  # the table's entry, whatever the table becomes
+    monkeypatch.setitem(sys.modules, "pywt", None)  # not installed, even where it is
+    monkeypatch.setattr(models, "_HERE", folder)
+    monkeypatch.setattr(models, "__path__", [str(folder), *models.__path__])
     with pytest.raises(UserError) as refused:
         models.get_model_class("Borrowed")
     assert str(refused.value) == message
+
+
+def test_pip_names_of_the_packages_tslibs_files_import():
+    """TSLib's model files and layers import packages whose pip names differ from their import names."""
+    from models import pip_command
+
+    assert pip_command("mamba_ssm.ops.selective_scan_interface") == "pip install mamba-ssm"
+    assert pip_command("reformer_pytorch") == "pip install reformer-pytorch"
+    assert pip_command("pywt") == "pip install PyWavelets"
+    assert pip_command("einops") == "pip install einops"
