@@ -15,7 +15,7 @@ import torch
 from data_provider.data_factory import prepared_data
 from exp.adaptation import check_adaptation_args
 from exp.scoring import check_mase_history
-from models import FORWARD_INPUTS, get_model_class, inputs_used
+from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
 from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights
@@ -255,6 +255,10 @@ def build_model(args):
         model = model_class(args)(widened(args, width))
     except ValueError as exc:
         raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
+    except ModuleNotFoundError as missing:  # a layer importing its package when built (TSLib's ReformerLayer)
+        if missing.name is None:
+            raise
+        raise UserError(missing_module_line(args.model, missing)) from None
     if width > 1 or getattr(args, "native_quantiles", None):
         _require_widened_output(model, args, width)
     return model

@@ -66,14 +66,20 @@ def get_model_class(name):
     except ModuleNotFoundError as missing:  # a file written for another codebase (TSLib's layers) or package
         if missing.name is None or missing.name == f"models.{name}":
             raise
-        top = missing.name.split(".")[0]
-        if top == "layers":
-            fix = (f"a module this codebase does not have; add {top}/{missing.name.split('.', 1)[-1].replace('.', '/')}"
-                   ".py or change the import")
-        else:
-            fix = f"which is not installed: {pip_command(missing.name)}"
-        raise UserError(f"models/{name}.py imports {missing.name}{_through(missing, name)}, {fix}") from None
+        raise UserError(missing_module_line(name, missing)) from None
     return module.Model
+
+
+def missing_module_line(name, missing):
+    """The one line refusing model `name`, whose file (or a layer it imports or builds) imports the module that
+    ModuleNotFoundError `missing` names: a package with its pip command, or a layers/ module we lack."""
+    top = missing.name.split(".")[0]
+    if top == "layers":
+        fix = f"a module this codebase does not have; add layers/{missing.name.split('.', 1)[-1].replace('.', '/')}.py " \
+              "or change the import"
+    else:
+        fix = f"which is not installed: {pip_command(missing.name)}"
+    return f"models/{name}.py imports {missing.name}{_through(missing, name)}, {fix}"
 
 
 def pip_command(module_name):

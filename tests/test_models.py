@@ -496,6 +496,31 @@ def test_a_model_file_importing_what_is_not_here_is_named_in_one_line(tmp_path, 
     assert str(refused.value) == message
 
 
+def test_a_layer_importing_its_package_when_built_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A layer module that imports its package only when a layer is built (so that importing the module works
+    for everyone, as TSLib's ReformerLayer needs reformer_pytorch) ends the run in the same one line when the
+    model is built, naming that layer's file and the pip command."""
+    import models
+    from helpers import make_args, make_experiment
+    from utils.errors import UserError
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (tmp_path / "lazy_layer.py").write_text("class Lazy:\n    def __init__(self):\n"
+                                            "        from reformer_pytorch import LSHSelfAttention\n")
+    (folder / "Lazy.py").write_text("from torch import nn\n\nfrom lazy_layer import Lazy\n\n\n"
+                                    "class Model(nn.Module):\n    def __init__(self, configs):\n"
+                                    "        super().__init__()\n        Lazy()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "reformer_pytorch", None)  # not installed, even where it is
+    monkeypatch.setattr(models, "_HERE", folder)
+    monkeypatch.setattr(models, "__path__", [str(folder), *models.__path__])
+    with pytest.raises(UserError) as refused:
+        make_experiment(make_args("--model", "Lazy", "--num_threads", 1))
+    assert str(refused.value) == ("models/Lazy.py imports reformer_pytorch (through lazy_layer.py), which is not "
+                                  "installed: pip install reformer-pytorch")
+
+
 def test_pip_names_of_the_packages_tslibs_files_import():
     """TSLib's model files and layers import packages whose pip names differ from their import names."""
     from models import pip_command
