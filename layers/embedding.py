@@ -1,6 +1,8 @@
 """Input embeddings shared by the Transformer-family forecasters (TSLib's Embed.py, written once).
 
-The classes are named for what they do, not with TSLib's names (DataEmbedding, ...), which TSLib's own layers keep.
+The classes are named for what they do; layers/Embed.py offers TSLib's classes (DataEmbedding, ...) under
+TSLib's names and state_dict keys, built on this module's functions (sinusoid_table, circular_token_conv,
+cut_patches), so both sets compute with one implementation and keep their own checkpoints' key names.
 
 Time features (`x_mark`) come from the data provider: `configs.mark_dim` columns per step, 0 for
 undated data, in which case the temporal term is left out.
@@ -11,17 +13,37 @@ import torch
 from torch import nn
 
 
+def sinusoid_table(rows: int, d_model: int) -> torch.Tensor:
+    """[rows, d_model]: row i holds sin / cos of i at geometrically spaced frequencies (Vaswani et al. 2017),
+    the positions of every Transformer here and the fixed calendar tables of TSLib's FixedEmbedding."""
+    position = torch.arange(rows, dtype=torch.float32).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+    table = torch.zeros(rows, d_model)
+    table[:, 0::2] = torch.sin(position * div_term)
+    table[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+    return table
+
+
+def circular_token_conv(c_in: int, d_model: int) -> nn.Conv1d:
+    """The width-3 circular convolution that embeds a step's values with its neighbours' (TSLib's
+    TokenEmbedding), Kaiming-normal initialised as there."""
+    conv = nn.Conv1d(c_in, d_model, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+    nn.init.kaiming_normal_(conv.weight, mode="fan_in", nonlinearity="leaky_relu")
+    return conv
+
+
+def cut_patches(series: torch.Tensor, pad: nn.Module, patch_len: int, stride: int) -> torch.Tensor:
+    """[..., L] -> [..., N, patch_len]: the end padded by `pad` (a ReplicationPad1d), then a patch every
+    `stride` steps (PatchTST, Nie et al., ICLR 2023)."""
+    return pad(series.unsqueeze(1)).squeeze(1).unfold(-1, patch_len, stride)
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions, [1, L, d_model] for an input of length L."""
 
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
-        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
-        div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)
-        table[:, 0::2] = torch.sin(position * div_term)
-        table[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
-        self.register_buffer("table", table.unsqueeze(0), persistent=False)
+        self.register_buffer("table", sinusoid_table(max_len, d_model).unsqueeze(0), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.table[:, : x.shape[1]]
@@ -32,8 +54,7 @@ class ConvValueEmbedding(nn.Module):
 
     def __init__(self, c_in: int, d_model: int):
         super().__init__()
-        self.conv = nn.Conv1d(c_in, d_model, kernel_size=3, padding=1, padding_mode="circular", bias=False)
-        nn.init.kaiming_normal_(self.conv.weight, mode="fan_in", nonlinearity="leaky_relu")
+        self.conv = circular_token_conv(c_in, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, C] -> [B, L, d_model]
         return self.conv(x.transpose(1, 2)).transpose(1, 2)
@@ -104,6 +125,5 @@ class PatchTokenEmbedding(nn.Module):
         return (seq_len + stride - patch_len) // stride + 1
 
     def forward(self, series: torch.Tensor) -> torch.Tensor:
-        patches = self.pad(series.unsqueeze(1)).squeeze(1).unfold(-1, self.patch_len, self.stride)
-        tokens = self.value(patches)
+        tokens = self.value(cut_patches(series, self.pad, self.patch_len, self.stride))
         return self.dropout(tokens + self.position(tokens))

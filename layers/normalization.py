@@ -1,10 +1,19 @@
 """Instance normalisation over time (RevIN without, or with, a learned affine map).
 
 Used by the channel-independent and Transformer forecasters: each window is z-scored per
-channel with its own statistics before the network, and the forecast is mapped back.
+channel with its own statistics before the network, and the forecast is mapped back. TSLib's
+layers/StandardNorm.Normalize (its names and keys) computes with this module's window_statistics.
 """
 import torch
 from torch import nn
+
+
+def window_statistics(x: torch.Tensor, eps: float, dims=(1,)):
+    """Mean and standard deviation (biased, eps inside the root) of x over `dims`, kept for broadcasting and
+    detached: RevIN's statistics (Kim et al., ICLR 2022), InstanceNorm's and TSLib's StandardNorm.Normalize's."""
+    mean = x.mean(dims, keepdim=True).detach()
+    std = torch.sqrt(x.var(dims, keepdim=True, unbiased=False) + eps).detach()
+    return mean, std
 
 
 class InstanceNorm(nn.Module):
@@ -23,8 +32,7 @@ class InstanceNorm(nn.Module):
             self.bias = nn.Parameter(torch.zeros(num_features))
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
-        self.mean = x.mean(1, keepdim=True).detach()
-        self.std = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + self.eps).detach()
+        self.mean, self.std = window_statistics(x, self.eps)
         x = (x - self.mean) / self.std
         return x * self.weight + self.bias if self.affine else x
 
