@@ -16,7 +16,7 @@ FORWARD_INPUTS = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
 # The models this project ships. Each has golden outputs (tests/test_model_outputs.py) and a script per data
 # set (tests/test_scripts.py), which the suite requires of them; any other models/<Name>.py runs all the same,
 # is held to the model contract, and is told what joining the zoo takes (models/README.md#joining-the-zoo).
-ZOO = ("DLinear", "NLinear", "PatchTST", "TSMixer", "TiDE", "TimeMixer", "Timer", "TimerXL", "TimesNet",
+ZOO = ("DLinear", "NLinear", "PatchTST", "TSMixer", "TiDE", "TimeMixer", "TimeXer", "Timer", "TimerXL", "TimesNet",
        "Transformer", "iTransformer")
 # Import name -> the pip package that provides it, where the two differ: the packages TSLib's model files
 # and layers import that this project does not install. A name not listed is taken to be its own package.
