@@ -75,8 +75,8 @@ def missing_module_line(name, missing):
     ModuleNotFoundError `missing` names: a package with its pip command, or a layers/ module we lack."""
     top = missing.name.split(".")[0]
     if top == "layers":
-        fix = f"a module this codebase does not have; add layers/{missing.name.split('.', 1)[-1].replace('.', '/')}.py " \
-              "or change the import"
+        module_path = missing.name.split(".", 1)[-1].replace(".", "/")
+        fix = f"a module this codebase does not have; add layers/{module_path}.py or change the import"
     else:
         fix = f"which is not installed: {pip_command(missing.name)}"
     return f"models/{name}.py imports {missing.name}{_through(missing, name)}, {fix}"

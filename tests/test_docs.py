@@ -44,6 +44,7 @@ def model_spec_from(source, folder, name="MyModel"):
 def check_whole_contract(spec, folder, undated_args):
     """Every clause of tests/test_model_contract.py, as it holds each models/<Name>.py to them."""
     contract.check_template(spec)
+    contract.check_house_style(spec)
     for features, batch_size, undated in contract.SHAPE_CASES.values():
         contract.check_output_shape(spec, features, batch_size, undated_args if undated else ())
     contract.check_gradients(spec)
@@ -67,8 +68,8 @@ def test_a_template_with_required_forward_arguments_is_caught(tmp_path):
     source = template_source(TEMPLATE_DOC.read_text())
     broken = re.sub(r"def forward\(self, [^)]*\)", "def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec)", source)
     assert broken != source, "the template has no forward(self, ...) to break"
-    with pytest.raises(contract.ContractViolation, match="template and CPU"):
-        contract.check_template(model_spec_from(broken, tmp_path, name="OldTemplate"))
+    with pytest.raises(contract.ContractViolation, match="house style"):
+        contract.check_house_style(model_spec_from(broken, tmp_path, name="OldTemplate"))
 
 
 def test_there_is_one_model_template():

@@ -26,13 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from exp.forward import forward, training_loss as exp_training_loss
 from helpers import make_args, make_experiment, run_on_ranks
-from models import available_models
+from models import ZOO, available_models
 
 # One small configuration for every model; each model reads the fields it needs.
 CONTRACT_ARGS = [
     "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 1, "--d_layers", 1,
     "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--input_token_len", 8, "--output_token_len", 8,
-    "--patch_len", 8, "--stride", 4, "--top_k", 2, "--num_kernels", 2,
+    "--patch_len", 8, "--stride", 4, "--top_k", 2, "--num_kernels", 2, "--seg_len", 24,  # SegRNN: divides both
     "--down_sampling_layers", 1, "--down_sampling_window", 2, "--down_sampling_method", "avg",
     "--dropout", 0, "--data", "synthetic", "--synthetic_rows", 400, "--synthetic_channels", 7,
     "--batch_size", 4, "--num_threads", 1, "--use_gpu", "false",
@@ -481,18 +481,18 @@ def check_half_precision(spec):
 
 
 def check_template(spec):
-    """Module docstring, bool `autoregressive`, forward(x_enc, x_mark_enc, x_dec, x_mark_dec), runs on CPU."""
+    """forward(x_enc, x_mark_enc, x_dec, x_mark_dec) (defaults None for a token model, which gets None for the
+    decoder inputs), `autoregressive` a bool where set (unset: direct, as in TSLib's files), runs on CPU."""
     title = "template and CPU"
     with clause(spec, title, "the model file must import"):
         cls = model_class(spec)
-    if not (inspect.getdoc(inspect.getmodule(cls)) or "").strip():
-        raise violation(spec, title, "the module has no docstring; say in 2-4 lines what the model does and cite the paper")
-    if not isinstance(getattr(cls, "autoregressive", None), bool):
-        raise violation(spec, title, f"class attribute autoregressive is {getattr(cls, 'autoregressive', None)!r}; "
-                        "set autoregressive = False (True only for token models like Timer)")
+    autoregressive = getattr(cls, "autoregressive", False)  # as exp.settings reads it
+    if not isinstance(autoregressive, bool):
+        raise violation(spec, title, f"class attribute autoregressive is {autoregressive!r}; "
+                        "set autoregressive = False (True only for token models like Timer), or leave it out")
     parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
     names = [p.name for p in parameters[:4]]
-    optional = all(p.default is None for p in parameters[1:4])
+    optional = not autoregressive or all(p.default is None for p in parameters[1:4])
     required_extra = [p.name for p in parameters[4:] if p.default is inspect.Parameter.empty
                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if names != ["x_enc", "x_mark_enc", "x_dec", "x_mark_dec"] or not optional or required_extra:
@@ -508,6 +508,23 @@ def check_template(spec):
         output = eval_output(exp, exp.raw_model, first_windows(exp, "train", 2))
         if output.device.type != "cpu":
             raise violation(spec, title, f"output is on {output.device}")
+
+
+def check_house_style(spec):
+    """What the zoo's files and the template carry beyond what runs (a file dropped in from TSLib need not):
+    a module docstring, `autoregressive` set, forward's inputs after x_enc defaulting to None."""
+    title = "house style"
+    with clause(spec, title, "the model file must import"):
+        cls = model_class(spec)
+    if not (inspect.getdoc(inspect.getmodule(cls)) or "").strip():
+        raise violation(spec, title, "the module has no docstring; say in 2-4 lines what the model does and cite the paper")
+    if not isinstance(getattr(cls, "autoregressive", None), bool):
+        raise violation(spec, title, f"class attribute autoregressive is {getattr(cls, 'autoregressive', None)!r}; "
+                        "set autoregressive = False (True only for token models like Timer)")
+    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    if not all(p.default is None for p in parameters[1:4]):
+        raise violation(spec, title, f"forward{inspect.signature(cls.forward)}; write "
+                        "forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None)")
 
 
 # ---------------------------------------------------------------- the tests, one per clause and model
@@ -600,6 +617,11 @@ def test_template_and_cpu(name):
     check_template(ModelSpec(name))
 
 
+@pytest.mark.parametrize("name", [name for name in MODELS if name in ZOO])
+def test_house_style(name):
+    check_house_style(ModelSpec(name))
+
+
 # ---------------------------------------------------------------- the suite catches breakage
 
 BROKEN_TEMPLATE = '''"""{doc}"""
@@ -634,6 +656,7 @@ BROKEN_MODELS = {
     "Unsaved": dict(init="        self.scale = torch.rand(1) + 0.5  # a plain attribute: not in the state_dict\n",
                     forward="        out = out * self.scale\n"),
     "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
+    "TSLibStyle": dict(doc="", attributes="", inputs="x_enc, x_mark_enc, x_dec, x_mark_dec, mask=None"),
     "BatchMixing": dict(forward="        out = out - out.mean(0, keepdim=True)  # statistics over the batch\n"),
     "HalfFFT": dict(forward="        out = out + torch.fft.rfft(x_enc, dim=1).abs().mean()  # no fp32 cast\n"),
     "EmptyBatchReason": dict(attributes='    autoregressive = False\n    batch_dependent = ""\n'),
@@ -664,7 +687,8 @@ BREAKAGE_CASES = {
     "Unseeded": (check_same_seed, "same seed, same output", "disagree"),
     "Unsaved": (lambda spec: check_state_dict_round_trip(spec, Path(spec.path).parent), "state_dict round trip",
                 "output differs"),
-    "NoTemplate": (check_template, "template and CPU", "no docstring"),
+    "NoTemplate": (check_template, "template and CPU", "write forward(self, x_enc, x_mark_enc=None"),
+    "TSLibStyle": (check_house_style, "house style", "no docstring"),
     "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
     "BatchMixing": (check_windows_independent, "windows are independent", "changes with the other windows"),
     "HalfFFT": (check_half_precision, "runs in half precision", "Unsupported dtype BFloat16"),
@@ -718,6 +742,14 @@ def test_zoo_models_import_layers_dropout_only_for_a_measured_faster_path():
             assert "measured faster path" in doc or "dropout that follows the sample" in doc, (
                 f"models/{name}.py imports layers.dropout without naming the measured faster path it keeps, "
                 "or the dropout it keys itself so that it follows the sample")
+
+
+def test_contract_runs_a_tslib_style_file(broken_models):
+    """TSLib's files carry no module docstring and no `autoregressive`, and their forward's inputs have no
+    defaults: the experiment runs them as direct models, so only the zoo's house style asks for those."""
+    spec = broken_models["TSLibStyle"]
+    check_template(spec)
+    check_output_shape(spec)
 
 
 def test_contract_accepts_a_declared_unused_parameter(broken_models):
