@@ -14,17 +14,29 @@ LAYER_NORM = "layer"
 FINAL_NORM = "batch"
 
 
-class PatchFlattenHead(nn.Module):
-    """[B * C, N, d_model] -> [B * C, pred_len]: one linear map over all of a series' patch features."""
+class FlattenHead(nn.Module):
+    """[..., d_model, N] -> [..., target_window]: one linear map over a series' flattened patch features,
+    d_model-major. TSLib's signature and keys: TSLib's Crossformer imports it from models.PatchTST."""
+
+    def __init__(self, n_vars, nf, target_window, head_dropout=0):
+        super().__init__()
+        self.n_vars = n_vars
+        self.flatten = nn.Flatten(start_dim=-2)
+        self.linear = nn.Linear(nf, target_window)
+        self.dropout = nn.Dropout(head_dropout)
+
+    def forward(self, x):
+        return self.dropout(self.linear(self.flatten(x)))
+
+
+class PatchFlattenHead(FlattenHead):
+    """FlattenHead on the encoder's [B * C, N, d_model] tokens -> [B * C, pred_len]."""
 
     def __init__(self, n_features: int, pred_len: int, dropout: float):
-        super().__init__()
-        self.linear = nn.Linear(n_features, pred_len)
-        self.dropout = nn.Dropout(dropout)
+        super().__init__(None, n_features, pred_len, dropout)
 
     def forward(self, tokens):
-        # d_model-major flattening ([d_model, N] per series), the layout of TSLib's head weights.
-        return self.dropout(self.linear(tokens.transpose(1, 2).flatten(1)))
+        return super().forward(tokens.transpose(1, 2))  # d_model-major, the layout of TSLib's head weights
 
 
 class Model(nn.Module):
