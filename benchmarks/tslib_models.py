@@ -1,0 +1,309 @@
+"""TSLib's long-term-forecasting model files, each dropped unchanged into a scratch copy of this repository.
+
+    git clone https://github.com/thuml/Time-Series-Library /path/to/TSLib
+    python benchmarks/tslib_models.py --tslib /path/to/TSLib                       # every LTF model file
+    python benchmarks/tslib_models.py --tslib /path/to/TSLib --models SegRNN Informer --jobs 2
+    python benchmarks/tslib_models.py --tslib /path/to/TSLib --out benchmarks/results/tslib_models.md
+
+The drop-in promise of TSLib-style codebases (Wu et al., "TimesNet", ICLR 2023, and the Time-Series-Library
+that ships its models): a paper's `models/X.py` runs wherever TSLib's `layers/` and `configs` are. For each
+file under the checkout's `models/` this script decides by reading it whether it is a long-term-forecasting
+model file (a `long_term_forecast` branch, or no task switch at all). Wrappers of released foundation models
+(Chronos, Moirai, TimesFM, ...: they download weights through a package and train nothing) and files without a
+forecasting branch are listed as excluded, with the reason. Each LTF file is copied ALONE into its own copy of
+this repository's working tree (tracked and untracked files, outside the repository; nothing of TSLib is
+copied into the repository itself) as `models/<Name>.py`, replacing ours of that name, and there:
+
+  1. trains one epoch with `--global_batch_size 8` on 1 process and on 2 (`--ddp --nproc_per_node 2`): the
+     largest relative difference of every metric and loss `metrics.json` records, which must be <= 1e-6;
+  2. reloads the 1-process checkpoint with `--is_training 0`: the test metrics must be the training run's;
+  3. runs the model contract on it (`tests/test_model_contract.py`, which holds every file in `models/` to it).
+
+A file whose run is refused in one line (a package that is not installed: `pip install ...`) is listed as
+refused with that line. Sizes are tiny (synthetic data, d_model 16, one layer): seconds per step, so every
+file takes well under a minute and the whole checkout some minutes. Prints `N of M model files run unchanged`
+and the table, and writes it to `--out` as markdown.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from utils.errors import UserError, require  # noqa: E402
+
+TOLERANCE = 1e-6
+# One small configuration for every file, the model contract's shapes (each file reads the fields it needs;
+# TSLib's defaults for the rest, which utils/arguments.py shares). seg_len 24 divides seq_len and pred_len
+# (SegRNN's segments); dropout stays at TSLib's 0.1 so that 1 vs 2 processes tests the keyed masks.
+RUN_ARGS = [
+    "--data", "synthetic", "--synthetic_rows", "400", "--synthetic_channels", "7", "--features", "M",
+    "--seq_len", "48", "--label_len", "24", "--pred_len", "24", "--seg_len", "24",
+    "--d_model", "16", "--d_ff", "32", "--n_heads", "2", "--e_layers", "1", "--d_layers", "1",
+    "--top_k", "2", "--num_kernels", "2", "--patch_len", "8", "--stride", "4",
+    "--down_sampling_layers", "1", "--down_sampling_window", "2", "--down_sampling_method", "avg",
+    "--train_epochs", "1", "--global_batch_size", "8", "--num_threads", "1", "--seed", "2021", "--no_plots",
+]
+METRICS = ("mse", "mae", "rmse", "mape", "mspe", "vali_loss")
+HISTORY = ("train_loss", "vali_loss", "test_loss")
+# Packages through which TSLib's wrappers of released foundation models download their weights.
+FOUNDATION_PACKAGES = ("chronos", "uni2ts", "timesfm", "transformers", "tirex")
+STEP_TIMEOUT = 600
+
+
+# ---------------------------------------------------------------- which files are long-term forecasting
+
+def imported_packages(source):
+    """Top-level names of the modules a file imports (`from x.y import z`, `import x as y`)."""
+    names = re.findall(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", source, flags=re.M)
+    return {(a or b).split(".")[0] for a, b in names}
+
+
+def classify(path):
+    """('ltf', '') for a long-term-forecasting model file, else ('excluded', why)."""
+    source = Path(path).read_text()
+    foundation = sorted(imported_packages(source) & set(FOUNDATION_PACKAGES))
+    if foundation:
+        return "excluded", (f"wraps a released foundation model whose weights {foundation[0]} downloads "
+                            "(zero-shot; no model file to train)")
+    if "class Model" not in source:
+        return "excluded", "defines no Model class"
+    if "task_name" in source and "long_term_forecast" not in source:
+        tasks = sorted(set(re.findall(r"task_name\s*(?:==|in)\s*\[?\s*'(\w+)'", source)))
+        return "excluded", f"no long-term forecasting branch (its tasks: {', '.join(tasks) or 'none named'})"
+    return "ltf", ""
+
+
+def model_files(tslib):
+    root = Path(tslib)
+    require((root / "models").is_dir() and (root / "layers").is_dir(),
+            f"--tslib {tslib} has no models/ and layers/: give the root of a Time-Series-Library checkout")
+    return sorted(p for p in (root / "models").glob("*.py") if not p.name.startswith("_"))
+
+
+# ---------------------------------------------------------------- a scratch copy with one file dropped in
+
+def working_tree_files(repo):
+    """This repository's tracked files and the untracked ones git does not ignore (the working tree as it is)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                            capture_output=True, text=True, check=True).stdout
+    return [name for name in listed.split("\0") if name and (Path(repo) / name).is_file()]
+
+
+def scratch_copy(repo, folder, model_file):
+    """A copy of `repo`'s working tree in `folder` with `model_file` alone added as models/<its name>."""
+    for name in working_tree_files(repo):
+        target = Path(folder) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(repo) / name, target)
+    shutil.copy2(model_file, Path(folder) / "models" / Path(model_file).name)
+    return Path(folder)
+
+
+def scratch_env(scratch):
+    env = dict(os.environ, PYTHONPATH=str(scratch), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
+        env.pop(name, None)
+    return env
+
+
+def run_py(scratch, name, outputs, *extra, nproc=None):
+    """`python run.py` in the scratch copy (`--ddp --nproc_per_node N` for N processes): (CompletedProcess,
+    metrics.json or None)."""
+    launch = ["--ddp", "--nproc_per_node", str(nproc)] if nproc else []
+    argv = [sys.executable, "run.py", "--model", name, *RUN_ARGS, *launch, *extra,
+            "--checkpoints", str(outputs / "checkpoints"), "--results_dir", str(outputs / "results")]
+    proc = subprocess.run(argv, cwd=scratch, env=scratch_env(scratch), capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT)
+    found = sorted((outputs / "results").glob("*/metrics.json"))
+    return proc, (json.loads(found[0].read_text()) if proc.returncode == 0 and found else None)
+
+
+def one_line(proc):
+    """What a failed run said: its `error:` line, else the last line of its traceback."""
+    lines = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    lines = [re.sub(r"/\S*/repo/", "", line) for line in lines]  # paths inside the scratch copy, shortened
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [f"exit {proc.returncode}, no output"])[-1][:400]
+
+
+# ---------------------------------------------------------------- the checks
+
+def relative_difference(a, b):
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def metrics_difference(a, b, keys=METRICS, history=True):
+    """The largest relative difference over `keys` and every epoch's losses, and the key where it is."""
+    pairs = [(key, a[key], b[key]) for key in keys if a.get(key) is not None]
+    if history:
+        for epoch_a, epoch_b in zip(a["history"], b["history"], strict=True):
+            pairs += [(f"{key}@{epoch_a['epoch']}", epoch_a[key], epoch_b[key]) for key in HISTORY
+                      if epoch_a.get(key) is not None]
+    return max(((relative_difference(x, y), key) for key, x, y in pairs), default=(0.0, "-"))
+
+
+def collect_contract(scratch):
+    """The node ids of tests/test_model_contract.py in the scratch copy."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_model_contract.py", "--collect-only", "-q",
+                           "-p", "no:cacheprovider"], cwd=scratch, env=scratch_env(scratch),
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    return [line.strip() for line in proc.stdout.splitlines() if "::" in line]
+
+
+def contract_tests(node_ids, name):
+    """The tests parametrised with model `name`: not the suite's self-tests, nor the zoo's house style
+    (docstring, `autoregressive` set), which a file dropped in from TSLib need not have, though it takes the
+    name of a zoo model (DLinear, PatchTST, ...)."""
+    mine = re.compile(rf"\[(?:[^\]]*-)?{re.escape(name)}(?:-[^\]]*)?\]$")
+    return [node for node in node_ids if mine.search(node) and "::test_house_style[" not in node]
+
+
+def run_contract(scratch, name, outputs):
+    """(passed, total, [failing clause messages]) of the model contract for `name` in the scratch copy."""
+    ids = contract_tests(collect_contract(scratch), name)
+    if not ids:
+        return 0, 0, ["no contract test collected"]
+    report = outputs / "contract.xml"
+    subprocess.run([sys.executable, "-m", "pytest", *ids, "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+                   cwd=scratch, env=scratch_env(scratch), capture_output=True, text=True, timeout=STEP_TIMEOUT)
+    if not report.is_file():
+        return 0, len(ids), ["pytest wrote no report"]
+    failures = []
+    cases = list(ElementTree.parse(report).iter("testcase"))
+    for case in cases:
+        for bad in [*case.iter("failure"), *case.iter("error")]:
+            message = (bad.get("message") or "").splitlines()[0] if bad.get("message") else bad.tag
+            message = message.split("ContractViolation: ", 1)[-1].replace(f"{scratch}/", "")
+            failures.append(message[:300])
+    return len(cases) - len(failures), len(cases), failures
+
+
+def check_file(repo, model_file, keep=None):
+    """Every check on one TSLib model file in its own scratch copy: a dict, one row of the table."""
+    name = Path(model_file).stem
+    row = dict(file=f"models/{name}.py", status="fails", difference="", reload="", contract="", note="")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"tslib_{name}_", dir=keep) as folder:
+        scratch = scratch_copy(repo, Path(folder) / "repo", model_file)
+        outputs = Path(folder) / "outputs"
+        single, one = run_py(scratch, name, outputs / "1")
+        if one is None:
+            line = one_line(single)
+            row.update(status="refused" if "pip install" in line else "fails", note=line)
+            return finish(row, started)
+        pair, two = run_py(scratch, name, outputs / "2", nproc=2)
+        if two is None:
+            row.update(note=f"2 processes: {one_line(pair)}")
+        else:
+            difference, where = metrics_difference(one, two)
+            row["difference"] = f"{difference:.1e} ({where})" if difference else "0"
+            row["equal"] = difference <= TOLERANCE and two["world_size"] == 2
+        reload_proc, reloaded = run_py(scratch, name, outputs / "1", "--is_training", "0")
+        if reloaded is None:
+            row.update(reload="fails", note=f"--is_training 0: {one_line(reload_proc)}")
+        else:
+            difference, _ = metrics_difference(one, reloaded, history=False)
+            row["reload"] = "same metrics" if difference <= TOLERANCE else f"differs by {difference:.1e}"
+        passed, total, failures = run_contract(scratch, name, outputs)
+        row["contract"] = f"{passed}/{total}"
+        if failures:
+            row["note"] = "; ".join(filter(None, [row["note"], *dict.fromkeys(failures)]))[:600]
+        if row.get("equal") and row["reload"] == "same metrics" and total and not failures:
+            row["status"] = "runs"
+    return finish(row, started)
+
+
+def finish(row, started):
+    row["seconds"] = f"{time.perf_counter() - started:.0f}"
+    print(f"  {row['file']}: {row['status']} {row['difference']} {row['reload']} {row['contract']} "
+          f"({row['seconds']} s) {row['note']}", flush=True)
+    return row
+
+
+# ---------------------------------------------------------------- the report
+
+def cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rows, excluded, tslib, seconds):
+    runs = sum(row["status"] == "runs" for row in rows)
+    refused = sum(row["status"] == "refused" for row in rows)
+    lines = [f"# TSLib's long-term-forecasting model files, dropped in unchanged", "",
+             f"`python benchmarks/tslib_models.py --tslib PATH`, TSLib {checkout_version(tslib)}; torch "
+             f"{torch_version()}, CPU, {seconds:.0f} s in all.", "",
+             f"**{runs} of {len(rows)} model files run unchanged**; {refused} refused in one line for a package "
+             "that is not installed.", "",
+             "Each file was copied alone into a scratch copy of this repository. *1 vs 2*: the largest relative "
+             "difference of the metrics and losses of one epoch with `--global_batch_size 8` on 1 and on 2 "
+             f"processes (at most {TOLERANCE:g} to pass); *reload*: the checkpoint tested again with "
+             "`--is_training 0`; *contract*: clauses of tests/test_model_contract.py passed.", "",
+             "| file | status | 1 vs 2 | reload | contract | seconds | refusal or failure |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {row['file']} | {row['status']} | {row['difference']} | {row['reload']} | {row['contract']} | "
+              f"{row['seconds']} | {cell(row['note'])} |" for row in rows]
+    lines += ["", "Not long-term-forecasting model files:", "", "| file | why excluded |", "|---|---|"]
+    lines += [f"| models/{name}.py | {cell(why)} |" for name, why in excluded]
+    return "\n".join(lines) + "\n"
+
+
+def checkout_version(tslib):
+    proc = subprocess.run(["git", "log", "-1", "--format=%h (%cs)"], cwd=tslib, capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else "(not a git checkout)"
+
+
+def torch_version():
+    import torch
+
+    return torch.__version__
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tslib", required=True, help="root of a Time-Series-Library checkout (outside this repository)")
+    parser.add_argument("--models", nargs="*", help="only these file names (default: every LTF file)")
+    parser.add_argument("--jobs", type=int, default=1, help="files checked at once (each runs up to 2 processes)")
+    parser.add_argument("--out", help="write the markdown table here (e.g. benchmarks/results/tslib_models.md)")
+    parser.add_argument("--keep", help="make the scratch copies under this folder (default: the system's temp)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    tslib = Path(args.tslib).resolve()
+    require(not tslib.is_relative_to(REPO), f"--tslib {args.tslib} is inside this repository: keep TSLib outside it")
+    files = model_files(tslib)
+    if args.models:
+        unknown = sorted(set(args.models) - {path.stem for path in files})
+        require(not unknown, f"--models {' '.join(unknown)}: not in {tslib / 'models'}")
+        files = [path for path in files if path.stem in args.models]
+    kinds = {path: classify(path) for path in files}
+    excluded = [(path.stem, why) for path, (kind, why) in kinds.items() if kind != "ltf"]
+    chosen = [path for path, (kind, _) in kinds.items() if kind == "ltf"]
+    print(f"{len(chosen)} long-term-forecasting model files in {tslib / 'models'}, {len(excluded)} excluded", flush=True)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(lambda path: check_file(REPO, path, args.keep), chosen))
+    text = markdown(rows, excluded, tslib, time.perf_counter() - started)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return rows
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,89 @@
+"""benchmarks/tslib_models.py's pieces on a fake TSLib checkout (CI has no real one): which files are
+long-term forecasting, the scratch copy with one file dropped in, the refusal of a file whose package is not
+installed, the contract tests it selects, and the metrics it compares."""
+import pytest
+
+from benchmarks import tslib_models
+
+FORECASTER = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, configs):
+        super(Model, self).__init__()
+        self.task_name = configs.task_name
+        self.linear = nn.Linear(configs.seq_len, configs.pred_len)
+
+    def forecast(self, x_enc):
+        return self.linear(x_enc.permute(0, 2, 1)).permute(0, 2, 1)
+
+    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec, mask=None):
+        if self.task_name == 'long_term_forecast':
+            return self.forecast(x_enc)
+        return None
+'''
+FILES = {
+    "Linear": FORECASTER,
+    "iLinear": FORECASTER,  # its name holds Linear: the contract tests of Linear must not select it
+    "NoTask": "import torch.nn as nn\n\n\nclass Model(nn.Module):\n    pass\n",  # PAttn: forecasts, no switch
+    "Needy": "import torch\nfrom no_such_package_here import Block\n\n\nclass Model(torch.nn.Module):\n"
+             "    def __init__(self, configs):\n        self.task_name = 'long_term_forecast'\n",
+    "Classifier": "class Model:\n    def __init__(self, configs):\n        if configs.task_name in ['classification']:\n"
+                  "            pass\n",
+    "Released": "from chronos import BaseChronosPipeline\n\n\nclass Model:\n    task_name = 'zero_shot_forecast'\n",
+}
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("Time-Series-Library")
+    (root / "layers").mkdir()
+    (root / "models").mkdir()
+    (root / "models" / "__init__.py").write_text("")
+    for name, source in FILES.items():
+        (root / "models" / f"{name}.py").write_text(source)
+    return root
+
+
+def test_long_term_forecasting_files_are_told_from_the_rest(checkout):
+    kinds = {path.stem: tslib_models.classify(path) for path in tslib_models.model_files(checkout)}
+    assert [name for name, (kind, _) in kinds.items() if kind == "ltf"] == ["Linear", "Needy", "NoTask", "iLinear"]
+    assert kinds["Classifier"] == ("excluded", "no long-term forecasting branch (its tasks: classification)")
+    assert "foundation model" in kinds["Released"][1] and "chronos" in kinds["Released"][1]
+
+
+def test_a_file_whose_package_is_missing_is_refused_in_one_line(checkout, tmp_path):
+    """The file alone goes into a scratch copy of this working tree; run.py there refuses it, naming the pip
+    command, and the row says so (nothing after the refusal runs)."""
+    row = tslib_models.check_file(tslib_models.REPO, checkout / "models" / "Needy.py", keep=tmp_path)
+    assert row["status"] == "refused", row
+    assert row["note"] == ("error: models/Needy.py imports no_such_package_here, which is not installed: "
+                           "pip install no_such_package_here")
+    assert list(tmp_path.iterdir()) == []  # the scratch copy is gone
+
+
+def test_the_scratch_copy_holds_the_working_tree_and_the_one_file(checkout, tmp_path):
+    scratch = tslib_models.scratch_copy(tslib_models.REPO, tmp_path / "repo", checkout / "models" / "Linear.py")
+    assert (scratch / "models" / "Linear.py").read_text() == FORECASTER
+    assert not (scratch / "models" / "iLinear.py").exists()
+    for name in ("run.py", "models/DLinear.py", "tests/test_model_contract.py", "benchmarks/tslib_models.py"):
+        assert (scratch / name).is_file(), name
+    (scratch / "models" / "iLinear.py").write_text(FORECASTER)
+    collected = tslib_models.collect_contract(scratch)
+    ids = tslib_models.contract_tests(collected, "Linear")
+    assert ids and all("Linear" in node and "iLinear" not in node for node in ids), ids
+    assert any("test_output_shape[" in node for node in ids) and any("test_ddp_training_step[" in node for node in ids)
+    assert any("test_house_style[DLinear]" in node for node in collected)
+    zoo_name = tslib_models.contract_tests(collected, "DLinear")  # TSLib's DLinear.py replaces ours
+    assert zoo_name and not any("house_style" in node for node in zoo_name)  # the zoo's style, not a drop-in's
+
+
+def test_metrics_are_compared_relative_and_epoch_by_epoch():
+    one = dict(mse=0.5, mae=0.25, history=[dict(epoch=1, train_loss=1.0, vali_loss=0.75, test_loss=0.5)])
+    two = dict(mse=0.5, mae=0.25, history=[dict(epoch=1, train_loss=1.0 + 3e-6, vali_loss=0.75, test_loss=0.5)])
+    difference, where = tslib_models.metrics_difference(one, two)
+    assert where == "train_loss@1" and difference == pytest.approx(3e-6, rel=1e-3)
+    assert tslib_models.metrics_difference(one, two, history=False) == (0.0, "mse")
+    with pytest.raises(ValueError):  # a run that stopped after another number of epochs is not the same run
+        tslib_models.metrics_difference(one, dict(two, history=two["history"] * 2))
