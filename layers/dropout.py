@@ -326,6 +326,12 @@ def _unkeyable_input(x, samples):
             f"{samples} samples")
 
 
+def _samples_behind_a_leading_one(x):
+    """Whether x is [1, samples * k, ...] for several samples: a recurrent layer's hidden state [layers, B, d]
+    of one layer keeps the samples in its second dimension."""
+    return x.dim() > 1 and x.shape[0] == 1 and _keys.samples > 1 and _unkeyable_input(x[0], _keys.samples) is None
+
+
 class KeyedDropout(nn.Dropout):
     """nn.Dropout whose masks follow the sample inside masks_follow_samples (module docstring); the same rate,
     state_dict and repr. `qualified_name` and `report` (a DropoutReport) are set by convert."""
@@ -360,8 +366,11 @@ class KeyedDropout(nn.Dropout):
         return why is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and self.p > 0.0 and _keys is not None and not self.keyable(x):
-            return F.dropout(x, self.p, True, self.inplace)
+        if self.training and self.p > 0.0 and _keys is not None:
+            if _samples_behind_a_leading_one(x):  # an RNN's [1, B * k, d] state (TSLib's SegRNN)
+                return self.forward(x[0]).unsqueeze(0)
+            if not self.keyable(x):
+                return F.dropout(x, self.p, True, self.inplace)
         return dropout(x, self.p, self.training)
 
     def attend(self, query, key, value, attn_mask=None, is_causal=False, scale=None):

@@ -206,6 +206,23 @@ def test_a_converted_dropout_keys_each_sample_however_the_batch_is_cut():
     assert torch.equal(whole, torch.cat([run(0, 4), run(4, 4)]))
 
 
+def test_a_one_layer_hidden_state_is_keyed_along_its_second_dimension():
+    """TSLib's SegRNN drops out its GRU's last hidden state, [1, B * C * segments, d_model]: the samples lie
+    behind a leading 1, and each gets its masks however the batch is cut (and the report calls it exact)."""
+    report = DropoutReport(warn=lambda line: None)
+    layer = KeyedDropout(0.5, qualified_name="predict.0", report=report).train()
+    x = torch.ones(1, 8 * 3, 50)
+
+    def run(first, samples):
+        with masks_follow_samples(5, first, samples):
+            return layer(x[:, first * 3:(first + samples) * 3])
+
+    whole = run(0, 8)
+    assert whole.shape == x.shape and set(whole.unique().tolist()) == {0.0, 2.0}
+    assert torch.equal(whole, torch.cat([run(0, 2), run(2, 6)], dim=1))
+    assert report.exact == {"predict.0": True}
+
+
 def test_an_input_without_the_samples_in_front_falls_back_once_named():
     """A [features, B] input (12 rows for 8 samples) gets ordinary dropout; the report warns once, names the
     module, and records it as not exact; the next module keeps its call number (its masks stay keyed)."""
