@@ -10,7 +10,10 @@ the comparison) on the same inputs at several shapes, the global generator resee
 (ProbAttention samples keys with it), and are differentiated against the same random cotangent. A row per
 case: the largest relative difference (max |ours - theirs| / max |theirs|) of the outputs, and of the
 gradients of every input and parameter (the worst named; a gradient that is zero in exact arithmetic,
-such as an attention key bias's, is measured against the layer's largest gradient, see _rounding_floor), pass at the case's tolerance: 1e-5 in float32,
+such as an attention key bias's, is measured against the layer's largest gradient, see _rounding_floor)
+and whether it passes. A difference over the tolerance passes only where TSLib's float32 is itself that
+far from exact: ours' worst error against TSLib's layer run in float64 at most twice TSLib's float32 worst
+(compare_shape; the row says how many quantities passed so: gradients summed with cancellation)., pass at the case's tolerance: 1e-5 in float32,
 looser only with a stated reason (FFTs and wavelets sum in another order).
 
 Adding cases: call `case(...)` here (the registry below the driver), or in a module benchmarks/tslib_layers_<topic>.py, which this
@@ -20,12 +23,15 @@ Packages TSLib's modules import at the top and we do not install (reformer_pytor
 TSLib's side only (STUBBED): importing then works, building the class that needs them does not.
 """
 import argparse
+import contextlib
+import copy
 import importlib
 import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -52,15 +58,16 @@ class Case:
     tolerance: float = 1e-5
     reason: str = ""  # why a looser tolerance
     outputs: Callable = None  # forward's result -> the tensors compared (default: every tensor in it)
+    uses: tuple = ()  # other modules the build takes from lib (a block built around another module's)
 
 
 CASES = []
 
 
-def case(name, module, build, inputs, shapes, tolerance=1e-5, reason="", outputs=None):
+def case(name, module, build, inputs, shapes, tolerance=1e-5, reason="", outputs=None, uses=()):
     """Register a case (see Case); returns it."""
     require(tolerance <= 1e-5 or reason, f"case {name}: a tolerance above 1e-5 needs a reason")
-    registered = Case(name, module, build, inputs, list(shapes), tolerance, reason, outputs)
+    registered = Case(name, module, build, inputs, list(shapes), tolerance, reason, outputs, tuple(uses))
     CASES.append(registered)
     return registered
 
@@ -121,13 +128,26 @@ def _relative(ours, theirs, floor=0.0):
     return gap / scale if scale > 0 else gap
 
 
-def _inputs(a_case, shape, seed):
-    """Two identical copies of the case's inputs, the floating tensors requiring gradients."""
+def _map(value, fn):
+    """value with fn applied to every tensor in it (nested tuples and lists kept)."""
+    if torch.is_tensor(value):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map(item, fn) for item in value)
+    return value
+
+
+def _inputs(a_case, shape, seed, dtype=None):
+    """Two identical copies of the case's inputs (in `dtype`, if given), the floating tensors requiring
+    gradients."""
+    def fresh(t):
+        t = t.detach().to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+        return t.requires_grad_(t.is_floating_point())
+
     copies = []
     for _ in range(2):
         args, kwargs = a_case.inputs(shape, torch.Generator().manual_seed(seed))
-        args = tuple(a.clone().requires_grad_(a.is_floating_point()) if torch.is_tensor(a) else a for a in args)
-        copies.append((args, kwargs))
+        copies.append((_map(args, fresh), {key: _map(value, fresh) for key, value in kwargs.items()}))
     return copies
 
 
@@ -139,13 +159,46 @@ def _run(layer, args, kwargs, seed, pick):
     total = sum((out * torch.randn(out.shape, generator=generator)).sum() for out in outputs if out.requires_grad)
     if torch.is_tensor(total):
         total.backward()
-    grads = {f"input{i}": a.grad for i, a in enumerate(args) if torch.is_tensor(a) and a.grad is not None}
+    grads = {f"input{i}": a.grad for i, a in enumerate(_tensors(args)) if a.grad is not None}
     grads.update({name: p.grad for name, p in layer.named_parameters() if p.grad is not None})
     return outputs, grads
 
 
+@contextlib.contextmanager
+def _as_tslib_draws():
+    """Our ProbAttention draws its eval key sample from a fixed generator (TSLib: the global one, so that an
+    eval forecast varies from call to call); for the comparison it draws from the global one, as TSLib."""
+    with mock.patch.object(importlib.import_module("layers.SelfAttention_Family"), "eval_key_generator",
+                           lambda: None):
+        yield
+
+
+def _gaps(outs, grads, ref_outs, ref_grads):
+    """{quantity: relative difference} of outputs ("output") and gradients against a reference's."""
+    largest = max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
+    gaps = {"output": max((_relative(a, b) for a, b in zip(outs, ref_outs)), default=0.0)}
+    gaps.update({name: _relative(grads[name], ref_grads[name], _rounding_floor(ref_grads[name], largest))
+                 for name in ref_grads})
+    return gaps
+
+
+def _exact(a_case, theirs, shape, seed, pick):
+    """TSLib's layer in float64 on the same inputs: the exact result float32 rounding is measured against."""
+    exact = copy.deepcopy(theirs).double()
+    args, kwargs = _inputs(a_case, shape, seed, torch.float64)[0]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # tensors the layer makes in forward (torch.zeros, ...) too
+    try:
+        return _run(exact, args, kwargs, seed, pick)
+    finally:
+        torch.set_default_dtype(default)
+
+
 def compare_shape(a_case, theirs_lib, ours_lib, shape, seed=0):
-    """(output difference, {gradient name: difference}) at one shape; raises on a structural mismatch."""
+    """{quantity: (difference from TSLib's float32, passed)} at one shape; raises on a structural mismatch.
+    Differences above the tolerance pass when ours is about as near TSLib's float64 result as TSLib's own
+    float32 is (the worst quantity's error at most twice TSLib's worst, or within the tolerance): rounding
+    amplified by a cancellation (a gradient much smaller than the products summed into it) in both codes."""
     torch.manual_seed(seed)
     theirs = a_case.build(theirs_lib, shape).eval()
     torch.manual_seed(seed)
@@ -154,16 +207,21 @@ def compare_shape(a_case, theirs_lib, ours_lib, shape, seed=0):
     (their_args, their_kwargs), (our_args, our_kwargs) = _inputs(a_case, shape, seed)
     pick = a_case.outputs or _tensors
     their_out, their_grads = _run(theirs, their_args, their_kwargs, seed, pick)
-    our_out, our_grads = _run(ours, our_args, our_kwargs, seed, pick)
+    with _as_tslib_draws():
+        our_out, our_grads = _run(ours, our_args, our_kwargs, seed, pick)
     if len(their_out) != len(our_out) or any(a.shape != b.shape for a, b in zip(our_out, their_out)):
         raise AssertionError(f"outputs {[tuple(t.shape) for t in our_out]} vs TSLib's "
                              f"{[tuple(t.shape) for t in their_out]}")
     if set(their_grads) != set(our_grads):
         raise AssertionError(f"gradients of {sorted(set(their_grads) ^ set(our_grads))} on one side only")
-    out_gap = max((_relative(a, b) for a, b in zip(our_out, their_out)), default=0.0)
-    largest = max((g.abs().max().item() for g in their_grads.values() if g.numel()), default=0.0)
-    return out_gap, {name: _relative(our_grads[name], their_grads[name], _rounding_floor(their_grads[name], largest))
-                     for name in their_grads}
+    gaps = _gaps(our_out, our_grads, their_out, their_grads)
+    if max(gaps.values()) <= a_case.tolerance:
+        return {name: (gap, True) for name, gap in gaps.items()}
+    exact_out, exact_grads = _exact(a_case, theirs, shape, seed, pick)
+    ours_error = max(_gaps(our_out, our_grads, exact_out, exact_grads).values())
+    theirs_error = max(_gaps(their_out, their_grads, exact_out, exact_grads).values())
+    rounding = ours_error <= max(a_case.tolerance, 2 * theirs_error)
+    return {name: (gap, gap <= a_case.tolerance or rounding) for name, gap in gaps.items()}
 
 
 def _rounding_floor(grad, largest):
@@ -175,21 +233,25 @@ def _rounding_floor(grad, largest):
 
 
 def check_case(a_case, theirs, ours):
-    """One row: {name, shapes, output, gradient, worst, gradients, passed, error}."""
+    """One row: {name, shapes, output, gradient, worst, gradients, rounding, passed, error}; `rounding`
+    counts the quantities over the tolerance that passed as TSLib's own float32 rounding (compare_shape)."""
     row = {"name": a_case.name, "shapes": len(a_case.shapes), "output": 0.0, "gradient": 0.0, "worst": "",
-           "gradients": 0, "error": ""}
+           "gradients": 0, "rounding": 0, "error": "", "passed": True}
     lib_theirs, lib_ours = theirs.__getitem__, ours.__getitem__
     try:
         for index, shape in enumerate(a_case.shapes):
-            out_gap, grad_gaps = compare_shape(a_case, lib_theirs, lib_ours, shape, seed=index)
-            row["output"] = max(row["output"], out_gap)
-            row["gradients"] = max(row["gradients"], len(grad_gaps))
-            for name, gap in grad_gaps.items():
-                if gap >= row["gradient"]:
+            gaps = compare_shape(a_case, lib_theirs, lib_ours, shape, seed=index)
+            row["gradients"] = max(row["gradients"], len(gaps) - 1)
+            for name, (gap, passed) in gaps.items():
+                row["passed"] &= passed
+                row["rounding"] += passed and gap > a_case.tolerance
+                if name == "output":
+                    row["output"] = max(row["output"], gap)
+                elif gap >= row["gradient"]:
                     row["gradient"], row["worst"] = gap, name
     except Exception as error:  # a row that cannot run is a failed row, named, and the others go on
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
-    row["passed"] = not row["error"] and max(row["output"], row["gradient"]) <= a_case.tolerance
+        row["passed"] = False
     return row
 
 
@@ -203,6 +265,8 @@ def table(rows, cases):
         a_case = tolerance[row["name"]]
         limit = f"{a_case.tolerance:.0e}" + (f" ({a_case.reason})" if a_case.reason else "")
         result = "pass" if row["passed"] else f"FAIL {row['error']}".strip()
+        if row["passed"] and row["rounding"]:
+            result += f" ({row['rounding']} as near float64 as TSLib's float32)"
         lines.append(f"| {row['name']} | {row['shapes']} | {row['output']:.1e} | {row['gradient']:.1e} "
                      f"({row['gradients']}) | {row['worst']} | {limit} | {result} |")
     return lines
@@ -388,7 +452,7 @@ def main(argv=None):
     load_case_modules()
     cases = [c for c in CASES if c.name.startswith(args.only)]
     require(cases, f"no case starts with --only {args.only!r}; cases: {', '.join(c.name for c in CASES)}")
-    names = sorted({c.module for c in cases})
+    names = sorted({name for c in cases for name in (c.module, *c.uses)})
     theirs = tslib_modules(args.tslib, names)
     ours = our_modules(names)
     rows = []

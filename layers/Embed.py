@@ -90,6 +90,11 @@ class TimeFeatureEmbedding(nn.Module):
         return self.embed(x)
 
 
+def _dated(x_mark):
+    """Whether x_mark holds time features: undated data gives None or [B, L, 0] (the temporal term is left out)."""
+    return x_mark is not None and x_mark.shape[-1] > 0
+
+
 def _temporal(d_model, embed_type, freq):
     if embed_type == 'timeF':
         return TimeFeatureEmbedding(d_model=d_model, embed_type=embed_type, freq=freq)
@@ -108,7 +113,7 @@ class DataEmbedding(nn.Module):
 
     def forward(self, x, x_mark):
         out = self.value_embedding(x)
-        if x_mark is not None:
+        if _dated(x_mark):
             out = out + self.temporal_embedding(x_mark)
         return self.dropout(out + self.position_embedding(x))
 
@@ -123,7 +128,7 @@ class DataEmbedding_inverted(nn.Module):
 
     def forward(self, x, x_mark):
         x = x.transpose(1, 2)  # [B, variates, time]
-        if x_mark is not None:
+        if _dated(x_mark):
             x = torch.cat([x, x_mark.transpose(1, 2)], 1)
         return self.dropout(self.value_embedding(x))
 
@@ -141,7 +146,7 @@ class DataEmbedding_wo_pos(nn.Module):
 
     def forward(self, x, x_mark):
         out = self.value_embedding(x)
-        if x_mark is not None:
+        if _dated(x_mark):
             out = out + self.temporal_embedding(x_mark)
         return self.dropout(out)
 

@@ -16,9 +16,18 @@ import math
 import torch
 from torch import nn
 
-from layers.dropout import attention
+from layers.dropout import attention, sample_seeds
 from utils.errors import UserError
 from utils.masking import ProbMask, TriangularCausalMask
+
+
+KEY_SAMPLE_SEED = 2021  # ProbAttention's keys in eval mode: one fixed draw
+
+
+def eval_key_generator():
+    """The generator of ProbAttention's key sample in eval mode: seeded afresh at each call (None: the global
+    one, as TSLib; benchmarks/tslib_layers.py compares so)."""
+    return torch.Generator().manual_seed(KEY_SAMPLE_SEED)
 
 
 def _scale(scale, head_dim):
@@ -86,8 +95,8 @@ class DSAttention(nn.Module):
 class ProbAttention(nn.Module):
     """ProbSparse attention: only the u = factor * ceil(ln L_Q) queries whose scores against a random sample
     of factor * ceil(ln L_K) keys are least uniform (max minus mean) attend; the other queries take the mean
-    of the values (the running mean's numerator, the cumulative sum, when causal). The key sample comes from
-    the global generator (torch.randint), as in TSLib. No dropout: TSLib builds one and never applies it."""
+    of the values (their cumulative sum when causal). The key sample is random in training, fixed in eval
+    (_key_sample). No dropout: TSLib builds one and never applies it."""
 
     def __init__(self, mask_flag=True, factor=5, scale=None, attention_dropout=0.1, output_attention=False):
         super().__init__()
@@ -97,12 +106,28 @@ class ProbAttention(nn.Module):
         self.output_attention = output_attention
         self.dropout = nn.Dropout(attention_dropout)
 
+    def _key_sample(self, Q, L_K, sample_k):
+        """The keys each query is scored against: [L_Q, sample_k] shared by the batch, or [B, L_Q, sample_k].
+        Training in the experiment (masks_follow_samples), each sample draws its own from its key, so a
+        window gets the same sample on any number of processes; training elsewhere, one draw from the global
+        generator, as TSLib; in eval, one fixed draw (KEY_SAMPLE_SEED): forecasts do not vary from call to call."""
+        B, L_Q = Q.shape[0], Q.shape[2]
+        seeds = sample_seeds(Q) if self.training else None
+        if seeds is not None:
+            rows = B // len(seeds)
+            return torch.cat([torch.randint(L_K, (rows, L_Q, sample_k), generator=torch.Generator().manual_seed(s))
+                              for s in seeds]).to(Q.device)
+        generator = None if self.training else eval_key_generator()
+        return torch.randint(L_K, (L_Q, sample_k), generator=generator).to(Q.device)
+
     def _prob_QK(self, Q, K, sample_k, n_top):
         """Q, K [B, H, L, E] -> (scores of the n_top chosen queries against every key, their indices)."""
         B, H, L_K, _ = K.shape
-        L_Q = Q.shape[2]
-        sampled = torch.randint(L_K, (L_Q, sample_k))  # the keys each query is scored against
-        K_sample = K[:, :, sampled, :]  # [B, H, L_Q, sample_k, E]
+        sampled = self._key_sample(Q, L_K, sample_k)
+        if sampled.dim() == 2:
+            K_sample = K[:, :, sampled, :]  # [B, H, L_Q, sample_k, E]
+        else:
+            K_sample = K[torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None], sampled[:, None]]
         Q_K_sample = torch.matmul(Q.unsqueeze(-2), K_sample.transpose(-2, -1)).squeeze(-2)
         sparsity = Q_K_sample.max(-1)[0] - Q_K_sample.sum(-1) / L_K
         top = sparsity.topk(n_top, sorted=False)[1]  # [B, H, n_top]

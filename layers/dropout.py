@@ -274,6 +274,15 @@ def keyed() -> bool:
     return _keys is not None
 
 
+def sample_seeds(x: torch.Tensor):
+    """Inside masks_follow_samples and for an x whose first dimension holds the samples' rows: one seed per
+    sample, for a random draw other than a dropout mask that must follow the sample too (ProbAttention's key
+    sample); it takes a call number, as a mask does. None elsewhere."""
+    if _keys is None or _unkeyable_input(x, _keys.samples) is not None:
+        return None
+    return _sample_seeds(_next_call_key(), _keys.first, _keys.samples)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool, noise: torch.Tensor | None = None,
             batch_dim: int = 0) -> torch.Tensor:
     """F.dropout(x, p, training) with this module's masks; `noise`: that mask, drawn already (dropout_noises);
