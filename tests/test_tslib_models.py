@@ -32,6 +32,9 @@ FILES = {
     "Classifier": "class Model:\n    def __init__(self, configs):\n        if configs.task_name in ['classification']:\n"
                   "            pass\n",
     "Released": "from chronos import BaseChronosPipeline\n\n\nclass Model:\n    task_name = 'zero_shot_forecast'\n",
+    "Unfinished": "class Model:\n    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec):\n"  # TSLib's KANAD
+                  "        if self.task_name == 'long_term_forecast':\n"
+                  "            raise NotImplementedError('forecasting is not supported yet')\n",
 }
 
 
@@ -51,6 +54,25 @@ def test_long_term_forecasting_files_are_told_from_the_rest(checkout):
     assert [name for name, (kind, _) in kinds.items() if kind == "ltf"] == ["Linear", "Needy", "NoTask", "iLinear"]
     assert kinds["Classifier"] == ("excluded", "no long-term forecasting branch (its tasks: classification)")
     assert "foundation model" in kinds["Released"][1] and "chronos" in kinds["Released"][1]
+    assert kinds["Unfinished"] == ("excluded", "its long_term_forecast branch raises NotImplementedError: "
+                                               "forecasting is not supported yet")
+
+
+def test_a_files_own_settings_reach_its_runs_and_its_contract(tmp_path):
+    """TSLib's TemporalFusionTransformer knows only ETTh1's and ETTm1's columns: its runs get an ETTh1-shaped
+    file written into the scratch copy, and the contract reads the same settings from TSL_CONTRACT_ARGS."""
+    import shlex
+    import subprocess
+    import sys
+
+    arguments = tslib_models.file_args("TemporalFusionTransformer", tmp_path)
+    folder = arguments[arguments.index("--root_path") + 1]
+    assert (tmp_path / "dataset" / "ETTh1-shaped" / "ETTh1.csv").is_file() and folder.startswith(str(tmp_path))
+    assert tslib_models.file_args("DLinear", tmp_path) == []
+    env = dict(tslib_models.scratch_env(tslib_models.REPO), TSL_CONTRACT_ARGS=shlex.join(["--seq_len", "96"]))
+    shown = subprocess.run([sys.executable, "-c", "import test_model_contract as c; print(c.CONTRACT_ARGS[-2:])"],
+                           cwd=tslib_models.REPO / "tests", env=env, capture_output=True, text=True)
+    assert shown.stdout.strip() == "['--seq_len', '96']", shown.stderr
 
 
 def test_a_file_whose_package_is_missing_is_refused_in_one_line(checkout, tmp_path):
