@@ -10,26 +10,22 @@ the data's last column, is the one endogenous series and the other columns are i
 (the output is [B, pred_len, 1]); with --features M (or S) every column is endogenous and every column
 is also an exogenous token (TSLib's forecast_multi), so each series' global token reads all of them.
 
-Differences from TSLib's file, none in what is computed: the blocks are this repository's (layers.encoder's
-MultiHeadAttention and FeedForward, whose kernel-size-1 convolutions are Linear maps, layers.embedding's
-positions and variate tokens), so the state_dict keys differ from TSLib's (TSLIB_KEYS maps them); the
-positional table is a non-persistent buffer; patches are cut from the first step and a remainder of
-seq_len % patch_len trailing steps is dropped, as TSLib's unfold does.
+The blocks are TSLib's, from this repository's layers/ (Embed.PositionalEmbedding, Embed.DataEmbedding_inverted,
+SelfAttention_Family.AttentionLayer around FullAttention, PatchTST.FlattenHead), built in TSLib's order, so the
+state_dict keys are TSLib's (a TSLib TimeXer checkpoint loads strictly) and a seed gives TSLib's initial weights.
+The feed-forward keeps TSLib's kernel-size-1 Conv1d parameters and applies them as linear maps (the same
+function; the Conv1d call is slower on [tokens, d_model]). Patches are cut from the first step; a remainder of
+seq_len % patch_len trailing steps is dropped, as TSLib's unfold drops it.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from layers.embedding import SinusoidalPositions, VariateTokenEmbedding
-from layers.encoder import FeedForward, MultiHeadAttention
+from layers.encoder import activation_fn
+from layers.Embed import DataEmbedding_inverted, PositionalEmbedding
 from layers.normalization import InstanceNorm
-
-# TSLib parameter name fragments -> ours, for loading a TSLib TimeXer checkpoint (benchmarks, tests).
-TSLIB_KEYS = (("ex_embedding.value_embedding.", "ex_embedding.linear."),
-              ("_attention.query_projection.", "_attention.query."),
-              ("_attention.key_projection.", "_attention.key."),
-              ("_attention.value_projection.", "_attention.value."),
-              ("_attention.out_projection.", "_attention.out."),
-              (".conv1.", ".feed_forward.linear1."), (".conv2.", ".feed_forward.linear2."))
+from layers.SelfAttention_Family import AttentionLayer, FullAttention
+from models.PatchTST import FlattenHead
 
 
 def exogenous_mode(configs) -> bool:
@@ -46,37 +42,44 @@ class EndogenousEmbedding(nn.Module):
         self.patch_len = patch_len
         self.value_embedding = nn.Linear(patch_len, d_model, bias=False)
         self.glb_token = nn.Parameter(torch.randn(1, n_vars, 1, d_model))
-        self.position = SinusoidalPositions(d_model)
+        self.position_embedding = PositionalEmbedding(d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, series: torch.Tensor) -> torch.Tensor:
         batch, n_vars, _ = series.shape
         patches = self.value_embedding(series.unfold(-1, self.patch_len, self.patch_len))  # [B, n, P, d]
-        patches = patches + self.position(patches[0])  # positions over the patches, as TSLib's
+        patches = patches + self.position_embedding(patches[0])  # positions over the patches, as TSLib's
         tokens = torch.cat([patches, self.glb_token.expand(batch, -1, -1, -1)], dim=2)
         return self.dropout(tokens.flatten(0, 1))
+
+
+def _attention(configs) -> AttentionLayer:
+    inner = FullAttention(False, configs.factor, attention_dropout=configs.dropout, output_attention=False)
+    return AttentionLayer(inner, configs.d_model, configs.n_heads)
 
 
 class TimeXerBlock(nn.Module):
     """Patch-wise self-attention over a series' tokens, variate-wise cross-attention from its global
     token to the exogenous tokens, then the feed-forward network on every token; post-norm throughout."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, activation: str):
+    def __init__(self, self_attention, cross_attention, d_model: int, d_ff: int, dropout: float, activation: str):
         super().__init__()
-        self.self_attention = MultiHeadAttention(d_model, n_heads, dropout)
-        self.cross_attention = MultiHeadAttention(d_model, n_heads, dropout)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.self_attention, self.cross_attention = self_attention, cross_attention
+        self.conv1 = nn.Conv1d(in_channels=d_model, out_channels=d_ff, kernel_size=1)
+        self.conv2 = nn.Conv1d(in_channels=d_ff, out_channels=d_model, kernel_size=1)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
+        self.activation = activation_fn(activation)
 
     def forward(self, x: torch.Tensor, exogenous: torch.Tensor) -> torch.Tensor:
         """x [B * n_vars, P + 1, d_model] (global token last), exogenous [B, N_ex, d_model]."""
-        x = self.norm1(x + self.dropout(self.self_attention(x, x, x)))
+        x = self.norm1(x + self.dropout(self.self_attention(x, x, x, None)[0]))
         batch, d_model = exogenous.shape[0], x.shape[-1]
         glb = x[:, -1:].reshape(batch, -1, d_model)  # a sample's global tokens are its cross-attention queries
-        glb = glb + self.dropout(self.cross_attention(glb, exogenous, exogenous))
+        glb = glb + self.dropout(self.cross_attention(glb, exogenous, exogenous, None)[0])
         x = torch.cat([x[:, :-1], self.norm2(glb).reshape(-1, 1, d_model)], dim=1)
-        return self.norm3(x + self.feed_forward(x))
+        hidden = self.dropout(self.activation(F.linear(x, self.conv1.weight.squeeze(-1), self.conv1.bias)))
+        return self.norm3(x + self.dropout(F.linear(hidden, self.conv2.weight.squeeze(-1), self.conv2.bias)))
 
 
 class Model(nn.Module):
@@ -98,14 +101,14 @@ class Model(nn.Module):
         n_vars = 1 if self.exogenous else configs.enc_in
         d_model, patch_num = configs.d_model, configs.seq_len // configs.patch_len
         self.en_embedding = EndogenousEmbedding(n_vars, d_model, configs.patch_len, configs.dropout)
-        self.ex_embedding = VariateTokenEmbedding(configs.seq_len, d_model, configs.dropout)
+        self.ex_embedding = DataEmbedding_inverted(configs.seq_len, d_model, configs.embed, configs.freq,
+                                                   configs.dropout)
         self.encoder = nn.ModuleDict({
-            "layers": nn.ModuleList(TimeXerBlock(d_model, configs.n_heads, configs.d_ff, configs.dropout,
-                                                 configs.activation) for _ in range(configs.e_layers)),
+            "layers": nn.ModuleList(TimeXerBlock(_attention(configs), _attention(configs), d_model, configs.d_ff,
+                                                 configs.dropout, configs.activation)
+                                    for _ in range(configs.e_layers)),
             "norm": nn.LayerNorm(d_model)})
-        self.head = nn.Sequential()
-        self.head.add_module("linear", nn.Linear(d_model * (patch_num + 1), configs.pred_len))
-        self.head.add_module("dropout", nn.Dropout(configs.dropout))
+        self.head = FlattenHead(configs.enc_in, d_model * (patch_num + 1), configs.pred_len, configs.dropout)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
         if x_enc.shape[1] != self.seq_len:
@@ -119,9 +122,8 @@ class Model(nn.Module):
         for layer in self.encoder["layers"]:
             x = layer(x, cross)
         x = self.encoder["norm"](x)
-        # TSLib flattens [d_model, patch_num + 1] per series (d_model major): the head's weight layout
-        tokens = x.reshape(x_enc.shape[0], endogenous.shape[-1], *x.shape[1:]).transpose(-1, -2)
-        out = self.head(tokens.flatten(-2)).transpose(1, 2)  # [B, pred_len, n_vars]
+        tokens = x.reshape(x_enc.shape[0], endogenous.shape[-1], *x.shape[1:]).transpose(-1, -2)  # [B, n, d, P+1]
+        out = self.head(tokens).transpose(1, 2)  # [B, pred_len, n_vars]
         if self.use_norm:
             out = self.normalizer.denorm(out)  # the last n_vars columns' statistics: the target's with MS
         return out

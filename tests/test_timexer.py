@@ -15,7 +15,8 @@ TINY = ["--model", "TimeXer", "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--
 
 def _configs(**changes):
     fields = dict(features="MS", covariate=False, seq_len=48, pred_len=24, patch_len=8, enc_in=5, d_model=16,
-                  n_heads=2, d_ff=32, dropout=0.0, activation="gelu", e_layers=2, use_norm=1)
+                  n_heads=2, d_ff=32, dropout=0.0, activation="gelu", e_layers=2, use_norm=1, factor=3,
+                  embed="timeF", freq="h")
     return types.SimpleNamespace(**(fields | changes))
 
 
@@ -35,8 +36,8 @@ def test_the_other_columns_reach_the_target_only_through_cross_attention(mode):
     assert base.shape == (3, 24, 1)  # the target alone is forecast
     assert not torch.allclose(_forecast(model, other_exogenous), base)  # the exogenous columns inform it
     for layer in model.encoder["layers"]:  # cut the cross-attention: they no longer can
-        torch.nn.init.zeros_(layer.cross_attention.out.weight)
-        torch.nn.init.zeros_(layer.cross_attention.out.bias)
+        torch.nn.init.zeros_(layer.cross_attention.out_projection.weight)
+        torch.nn.init.zeros_(layer.cross_attention.out_projection.bias)
     base = _forecast(model, x)
     torch.testing.assert_close(_forecast(model, other_exogenous), base, rtol=0, atol=0)
     assert not torch.allclose(_forecast(model, other_target), base)  # the target's own patches still do
@@ -61,7 +62,7 @@ def test_exogenous_training_is_exact_on_1_and_2_processes(tmp_path):
     for key in one:
         # a key bias adds the same score to every key of a query: its gradient is zero up to rounding, which
         # Adam scales to a whole step, so it is noise on any number of processes and changes no forecast
-        if not key.endswith("attention.key.bias"):
+        if not key.endswith("attention.key_projection.bias"):
             assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
     for key in ("vali_loss", "mse", "mae"):
         assert second[key] == pytest.approx(first[key], rel=1e-6), key
