@@ -1,6 +1,6 @@
 """TimeXer with exogenous variables (--features MS, --covariate): the target is the one endogenous series, the
 other columns reach it only through its global token's cross-attention, and training is exact on 1 and 2
-processes. Its function against TSLib's own TimeXer is docs/reproducing.md#timexer's check."""
+processes. Its function against TSLib's own TimeXer: benchmarks/tslib_timexer.py --tslib PATH."""
 import types
 
 import pytest
@@ -54,8 +54,8 @@ def test_exogenous_training_is_exact_on_1_and_2_processes(tmp_path):
     """The ETT columns as exogenous variables of OT: 3 steps of a global batch of 8 with dropout 0.1 give the
     same weights and test metrics on 1 process and on 2 (every dropout mask keyed by window)."""
     root = write_etth1_shaped(tmp_path / "ETT-small")
-    argv = [*TINY, "--features", "MS", "--data", "ETTh1", "--root_path", root, "--data_path", "ETTh1.csv", "--train_steps", 3,
-            "--global_batch_size", 8, "--dropout", 0.1, "--learning_rate", 1e-3]
+    argv = [*TINY, "--features", "MS", "--data", "ETTh1", "--root_path", root, "--data_path", "ETTh1.csv",
+            "--train_steps", 3, "--global_batch_size", 8, "--dropout", 0.1, "--learning_rate", 1e-3]
     (first, _, one), (second, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
     assert (first["world_size"], second["world_size"]) == (1, 2)
     assert all(first["dropout_keyed"].values()) and len(first["dropout_keyed"]) >= 5, first["dropout_keyed"]
