@@ -78,12 +78,13 @@ class AutoCorrelation(nn.Module):
             values, keys = torch.cat([values, zeros], dim=1), torch.cat([keys, zeros], dim=1)
         else:
             values, keys = values[:, :length], keys[:, :length]
-        q_fft = torch.fft.rfft(queries.permute(0, 2, 3, 1).contiguous(), dim=-1)
-        k_fft = torch.fft.rfft(keys.permute(0, 2, 3, 1).contiguous(), dim=-1)
+        # the FFTs in float32 (half precision has none on the CPU); the result in the inputs' dtype
+        q_fft = torch.fft.rfft(queries.permute(0, 2, 3, 1).float(), dim=-1)
+        k_fft = torch.fft.rfft(keys.permute(0, 2, 3, 1).float(), dim=-1)
         corr = torch.fft.irfft(q_fft * torch.conj(k_fft), dim=-1)  # [B, H, E, L]: every lag at once
         aggregate = self.time_delay_agg_training if self.training else self.time_delay_agg_inference
-        out = aggregate(values.permute(0, 2, 3, 1).contiguous(), corr).permute(0, 3, 1, 2)
-        return out.contiguous(), (corr.permute(0, 3, 1, 2) if self.output_attention else None)
+        out = aggregate(values.permute(0, 2, 3, 1).contiguous(), corr).permute(0, 3, 1, 2).to(values.dtype)
+        return out.contiguous(), (corr.permute(0, 3, 1, 2).to(values.dtype) if self.output_attention else None)
 
 
 class AutoCorrelationLayer(nn.Module):

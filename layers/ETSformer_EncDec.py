@@ -52,9 +52,10 @@ def conv1d_fft(f, g, dim=-1):
     """Correlation of f (length N) with the kernel g along dim, through FFTs, keeping N outputs."""
     length = f.size(dim)
     fast_len = next_fast_len(length + g.size(dim) - 1)
-    product = fft.rfft(f, fast_len, dim=dim) * fft.rfft(g, fast_len, dim=dim).conj()
+    # float32 FFTs (half precision has none on the CPU); the result in f's dtype
+    product = fft.rfft(f.float(), fast_len, dim=dim) * fft.rfft(g.float(), fast_len, dim=dim).conj()
     out = fft.irfft(product, fast_len, dim=dim).roll((-1,), dims=(dim,))
-    return out.narrow(dim, fast_len - length, length)
+    return out.narrow(dim, fast_len - length, length).to(f.dtype)
 
 
 class ExponentialSmoothing(nn.Module):
@@ -74,7 +75,7 @@ class ExponentialSmoothing(nn.Module):
         if aux_values is not None:
             aux_weight = weight / (1 - self.weight) * self.weight
             output = output + conv1d_fft(self.aux_dropout(aux_values), aux_weight)  # TSLib: along the last dim
-        return output
+        return output.to(values.dtype)  # the float32 powers promote a half-precision model's values
 
     def get_exponential_weight(self, T):
         """(alpha^(t+1) for t < T, (1 - alpha) alpha^(T-1-t)) shaped [1, T, H, 1]."""
@@ -140,11 +141,11 @@ class FourierLayer(nn.Module):
     def forward(self, x):
         batch, length, channels = x.shape
         end = -1 if length % 2 == 0 else None  # the Nyquist term of an even length is left out
-        x_freq = fft.rfft(x, dim=1)[:, self.low_freq:end]
+        x_freq = fft.rfft(x.float(), dim=1)[:, self.low_freq:end]  # float32: see conv1d_fft
         f = fft.rfftfreq(length)[self.low_freq:end].to(x_freq.device)
         x_freq, index_tuple = self.topk_freq(x_freq)
         f = torch.gather(f.view(1, -1, 1).expand(batch, -1, channels), 1, index_tuple)
-        return self.extrapolate(x_freq, f.unsqueeze(2), length)
+        return self.extrapolate(x_freq, f.unsqueeze(2), length).to(x.dtype)
 
     def extrapolate(self, x_freq, f, t):
         x_freq = torch.cat([x_freq, x_freq.conj()], dim=1)

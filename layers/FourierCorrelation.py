@@ -23,7 +23,12 @@ def get_frequency_modes(seq_len, modes=64, mode_select_method='random'):
 
 
 def _complex_weights(weights1, weights2):
-    return torch.complex(weights1, weights2)
+    return torch.complex(weights1.float(), weights2.float())
+
+
+def _rfft(x):
+    """rfft over the last dim in float32 (half precision has no CPU FFT); blocks return their input's dtype."""
+    return torch.fft.rfft(x.float(), dim=-1)
 
 
 def _select_modes(x_ft, index):
@@ -62,7 +67,7 @@ class FourierBlock(nn.Module):
 
     def forward(self, q, k, v, mask):
         length = q.shape[1]
-        x_ft = torch.fft.rfft(q.permute(0, 2, 3, 1), dim=-1)  # [B, H, E, L // 2 + 1]
+        x_ft = _rfft(q.permute(0, 2, 3, 1))  # [B, H, E, L // 2 + 1]
         # TSLib writes the w-th kept mode's output to frequency w (not to the mode's own frequency).
         kept = [w for w, i in enumerate(self.index) if i < x_ft.shape[-1] and w < x_ft.shape[-1]]
         out_ft = x_ft.new_zeros(x_ft.shape)
@@ -70,7 +75,7 @@ class FourierBlock(nn.Module):
             selected = x_ft[..., [self.index[w] for w in kept]]
             weights = _complex_weights(self.weights1, self.weights2)[..., kept]
             out_ft[..., kept] = torch.einsum("bhim,hiom->bhom", selected, weights)
-        return torch.fft.irfft(out_ft, n=length), None
+        return torch.fft.irfft(out_ft, n=length).to(q.dtype), None
 
 
 class FourierCrossAttention(nn.Module):
@@ -91,12 +96,12 @@ class FourierCrossAttention(nn.Module):
 
     def forward(self, q, k, v, mask):
         length = q.shape[1]
-        xq_ft = _select_modes(torch.fft.rfft(q.permute(0, 2, 3, 1), dim=-1), self.index_q)
-        xk_ft = _select_modes(torch.fft.rfft(k.permute(0, 2, 3, 1), dim=-1), self.index_kv)
+        xq_ft = _select_modes(_rfft(q.permute(0, 2, 3, 1)), self.index_q)
+        xk_ft = _select_modes(_rfft(k.permute(0, 2, 3, 1)), self.index_kv)
         xqkv_ft = _attend(xq_ft, xk_ft, self.activation)
         xqkvw = torch.einsum("bhex,heox->bhox", xqkv_ft, _complex_weights(self.weights1, self.weights2))
         out_ft = xqkvw.new_zeros(*xqkvw.shape[:-1], length // 2 + 1)
         kept = [i for i, j in enumerate(self.index_q) if j < out_ft.shape[-1]]
         if kept:
             out_ft[..., [self.index_q[i] for i in kept]] = xqkvw[..., kept]
-        return torch.fft.irfft(out_ft / self.in_channels / self.out_channels, n=length), None
+        return torch.fft.irfft(out_ft / self.in_channels / self.out_channels, n=length).to(q.dtype), None

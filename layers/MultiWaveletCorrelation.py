@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from scipy.special import eval_legendre
 
+from layers.FourierCorrelation import _attend, _complex_weights, _rfft
+
 
 # ---------- Legendre multiwavelet filters (float64 NumPy, built once per block) ----------
 # Every function here is a polynomial of degree < k on each half of [0, 1], so it is represented by its
@@ -117,12 +119,12 @@ class sparseKernelFT1d(nn.Module):
 
     def forward(self, x):
         batch, length, c, k = x.shape
-        x_fft = torch.fft.rfft(x.reshape(batch, length, -1).permute(0, 2, 1))
+        x_fft = torch.fft.rfft(x.reshape(batch, length, -1).permute(0, 2, 1).float())  # float32: see _rfft
         kept = min(self.modes1, length // 2 + 1)
-        weights = torch.complex(self.weights1, self.weights2)[:, :, :kept]
+        weights = _complex_weights(self.weights1, self.weights2)[:, :, :kept]
         out_ft = x_fft.new_zeros(batch, c * k, length // 2 + 1)
         out_ft[:, :, :kept] = torch.einsum("bix,iox->box", x_fft[:, :, :kept], weights)
-        return torch.fft.irfft(out_ft, n=length).permute(0, 2, 1).reshape(batch, length, c, k)
+        return torch.fft.irfft(out_ft, n=length).permute(0, 2, 1).reshape(batch, length, c, k).to(x.dtype)
 
 
 class MWT_CZ1d(_WaveletFilters):
@@ -187,15 +189,14 @@ class FourierCrossAttentionW(nn.Module):
         self.activation = activation
 
     def forward(self, q, k, v, mask):
-        from layers.FourierCorrelation import _attend
         length = q.shape[1]
-        xq_ft = torch.fft.rfft(q.permute(0, 3, 2, 1), dim=-1)[..., :min(length // 2, self.modes1)]
-        xk_ft = torch.fft.rfft(k.permute(0, 3, 2, 1), dim=-1)[..., :min(v.shape[1] // 2, self.modes1)]
+        xq_ft = _rfft(q.permute(0, 3, 2, 1))[..., :min(length // 2, self.modes1)]
+        xk_ft = _rfft(k.permute(0, 3, 2, 1))[..., :min(v.shape[1] // 2, self.modes1)]
         xqkv_ft = _attend(xq_ft, xk_ft, self.activation)
         out_ft = xqkv_ft.new_zeros(*xqkv_ft.shape[:-1], length // 2 + 1)
         out_ft[..., :xqkv_ft.shape[-1]] = xqkv_ft
         out = torch.fft.irfft(out_ft / self.in_channels / self.out_channels, n=length)
-        return out.permute(0, 3, 2, 1), None
+        return out.permute(0, 3, 2, 1).to(q.dtype), None
 
 
 class MultiWaveletCross(_WaveletFilters):
