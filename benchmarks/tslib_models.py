@@ -328,6 +328,9 @@ def parse_args(argv=None):
     parser.add_argument("--jobs", type=int, default=1, help="files checked at once (each runs up to 2 processes)")
     parser.add_argument("--out", help="write the markdown table here (e.g. benchmarks/results/tslib_models.md)")
     parser.add_argument("--keep", help="make the scratch copies under this folder (default: the system's temp)")
+    parser.add_argument("--json", help="also write the rows here, for --merge")
+    parser.add_argument("--merge", nargs="*", default=[],
+                        help="rows of earlier runs (--json files) under this run's; a file checked again replaces them")
     return parser.parse_args(argv)
 
 
@@ -347,11 +350,26 @@ def main(argv=None):
     started = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(lambda path: check_file(REPO, path, args.keep), chosen))
-    text = markdown(rows, excluded, tslib, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows=rows, seconds=seconds), indent=1))
+    rows, seconds = merged(rows, seconds, args.merge)
+    text = markdown(rows, excluded, tslib, seconds)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return rows
+
+
+def merged(rows, seconds, earlier):
+    """`rows` with those of earlier runs' --json files for the files not checked here, in file order."""
+    by_file = {}
+    for path in earlier:
+        run = json.loads(Path(path).read_text())
+        by_file.update({row["file"]: row for row in run["rows"]})
+        seconds += run["seconds"]
+    by_file.update({row["file"]: row for row in rows})
+    return [by_file[name] for name in sorted(by_file, key=str.lower)], seconds
 
 
 if __name__ == "__main__":
