@@ -33,6 +33,11 @@ def _rolled_sum(values, delays, weights):
 class AutoCorrelation(nn.Module):
     """Period-based dependency discovery and time-delay aggregation on [B, L, H, E] heads."""
 
+    # A layer's word for what a model's `batch_dependent` says (tests/test_model_contract.py): TSLib's
+    # model files cannot declare it, the layer they build does.
+    batch_dependent = ("in training the top lags are chosen from the correlation averaged over the batch "
+                       "(TSLib's AutoCorrelation), so a window's gradient depends on its batch-mates")
+
     def __init__(self, mask_flag=True, factor=1, scale=None, attention_dropout=0.1, output_attention=False):
         super().__init__()
         self.factor = factor
