@@ -10,7 +10,6 @@ ICLR 2023). Dropout is a plain nn.Dropout: the experiment keys it by the sample 
 import torch
 from torch import nn
 
-from data_provider.timefeatures import normalise_freq, time_features
 from layers.embedding import circular_token_conv, cut_patches, sinusoid_table
 
 # TSLib's `timeF` feature count per --freq; other spellings (15min, 10s) go by their unit.
@@ -74,9 +73,13 @@ class TemporalEmbedding(nn.Module):
 
 def time_feature_count(freq):
     """How many `timeF` features a step of frequency `freq` has (TSLib's table; 15min counts as t)."""
-    if freq in TIME_FEATURES:
-        return TIME_FEATURES[freq]
-    return time_features([0], normalise_freq(freq)).shape[1]
+    unit = freq.lstrip("0123456789").lower()  # '15min' counts as 't', as the data provider's calendar does
+    unit = {"min": "t", "ms": "s"}.get(unit, unit)
+    if unit == "y":  # not in TSLib's table: the data provider gives a yearly series no calendar feature
+        return 0
+    if unit not in TIME_FEATURES:
+        raise ValueError(f"unknown freq '{freq}'; use one of {', '.join(TIME_FEATURES)}, optionally with a multiplier")
+    return TIME_FEATURES[unit]
 
 
 class TimeFeatureEmbedding(nn.Module):
