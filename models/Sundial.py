@@ -31,7 +31,11 @@ weighted 1/k at the k-th step, inputs normalised per series as the reference's f
 one loss per window (the mean over its scored rows).
 
 Shapes: with --pretrain_model_path DIR the architecture is DIR/config.json's; without it the released one with
---d_model, --n_heads, --e_layers, --d_ff and --dropout in place of the released sizes."""
+--d_model, --n_heads, --e_layers, --d_ff and --dropout in place of the released sizes.
+
+The attention weights' dropout runs through layers.dropout.attention: a dropout that follows the sample (keyed
+by the window, so fine-tuning is the same on any number of processes), where the fused kernel's dropout_p would
+draw from each process's generator."""
 import contextlib
 import math
 

@@ -41,7 +41,11 @@ forecast does not depend on what else is in the batch (tests/test_foundation_tim
 Shapes: with --pretrain_model_path a released folder every size comes from its config.json; without one, the
 released architecture with --d_model, --d_ff, --e_layers, --n_heads and --dropout (the attention dropout) in place
 of the released sizes. A --seq_len + --pred_len beyond max_position_embeddings (4096 released, the longest
-context Time-MoE was trained on) is refused."""
+context Time-MoE was trained on) is refused.
+
+The attention weights' dropout runs through layers.dropout.attention: a dropout that follows the sample (keyed
+by the window, so fine-tuning is the same on any number of processes), where the fused kernel's dropout_p would
+draw from each process's generator."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -29,7 +29,11 @@ forecasting normalises it; a last token whose label runs past the future is scor
 
 Shapes: with --pretrain_model_path a release folder every size comes from its config.json (utils/timer_hf.py);
 without one, the release's architecture at --d_model, --n_heads, --e_layers, --d_ff, --input_token_len and one
-head of --output_token_len, --dropout as the attention weights' dropout (the release's attention_dropout, 0.0)."""
+head of --output_token_len, --dropout as the attention weights' dropout (the release's attention_dropout, 0.0).
+
+The attention weights' dropout runs through layers.dropout.attention: a dropout that follows the sample (keyed
+by the window, so fine-tuning is the same on any number of processes), where the fused kernel's dropout_p would
+draw from each process's generator."""
 import torch
 import torch.nn.functional as F
 from torch import nn
