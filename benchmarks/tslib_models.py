@@ -292,11 +292,12 @@ def cell(text):
 def markdown(rows, excluded, tslib, seconds):
     runs = sum(row["status"] == "runs" for row in rows)
     refused = sum(row["status"] == "refused" for row in rows)
+    unchecked = sum(row["status"] == "not run" for row in rows)  # a merged run that ended before them
     lines = [f"# TSLib's long-term-forecasting model files, dropped in unchanged", "",
              f"`python benchmarks/tslib_models.py --tslib PATH`, TSLib {checkout_version(tslib)}; torch "
              f"{torch_version()}, CPU, {seconds:.0f} s in all.", "",
              f"**{runs} of {len(rows)} model files run unchanged**; {refused} refused in one line for a package "
-             "that is not installed.", "",
+             "that is not installed" + (f"; {unchecked} not run" if unchecked else "") + ".", "",
              "Each file was copied alone into a scratch copy of this repository. *1 vs 2*: the largest relative "
              "difference of the metrics and losses of one epoch with `--global_batch_size 8` on 1 and on 2 "
              f"processes (at most {TOLERANCE:g} to pass); *reload*: the checkpoint tested again with "
