@@ -759,13 +759,14 @@ PROBES = [
           shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
     # issue 40: TimerBase
     Probe("TimerBase folder missing", _timer_base_folder("folder"),
-          "timer-base-84m not found; download thuml/timer-base-84m (config.json and model.safetensors) and pass its "
-          "folder", shows="`--model TimerBase --is_training 0 --pretrain_model_path` a folder that is not there"),
+          "timer-base-84m not found; pass the folder downloaded from the Hugging Face hub (thuml/timer-base-84m: "
+          "config.json and model.safetensors)", shows="`--model TimerBase --is_training 0 --pretrain_model_path` a folder that is not there"),
     Probe("TimerBase folder without its weights", _timer_base_folder("model.safetensors"),
-          "timer-base-84m is a partial Timer folder: model.safetensors missing; download both files of "
-          "thuml/timer-base-84m", shows="a Timer folder holding config.json only"),
+          "timer-base-84m is a partial Timer folder: model.safetensors missing; download both files of the "
+          "release (thuml/timer-base-84m)", shows="a Timer folder holding config.json only"),
     Probe("TimerBase folder without config.json", _timer_base_folder("config.json"),
-          "timer-base-84m is a partial Timer folder: config.json missing; download both files of thuml/timer-base-84m",
+          "timer-base-84m is a partial Timer folder: config.json missing; download both files of the release "
+          "(thuml/timer-base-84m)",
           shows="a Timer folder holding model.safetensors only"),
     Probe("TimerBase weights missing a tensor", _timer_base_folder(drop="lm_heads.0.weight"),
           "converted) does not fit model TimerBase: missing: heads.0.weight",
@@ -832,10 +833,10 @@ PROBES = [
           shows="`--model TimeMoE --is_training 0 --pretrain_model_path` a folder that is not there"),
     Probe("Time-MoE folder without its weights", _time_moe_folder("model.safetensors"),
           "TimeMoE-50M is a partial Time-MoE folder: model.safetensors missing; download both files of the release "
-          "(e.g. Maple728/TimeMoE-50M)", shows="a Time-MoE folder holding config.json only"),
+          "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding config.json only"),
     Probe("Time-MoE folder without config.json", _time_moe_folder("config.json"),
           "TimeMoE-50M is a partial Time-MoE folder: config.json missing; download both files of the release "
-          "(e.g. Maple728/TimeMoE-50M)", shows="a Time-MoE folder holding model.safetensors only"),
+          "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding model.safetensors only"),
     Probe("Time-MoE weights missing a tensor", _time_moe_folder(drop="model.layers.1.ffn_layer.experts.3.up_proj.weight"),
           "converted) does not fit model TimeMoE: missing: layers.1.moe.experts.3.up.weight",
           shows="a Time-MoE folder whose model.safetensors lacks model.layers.1.ffn_layer.experts.3.up_proj.weight"),

@@ -171,6 +171,30 @@ def read_config_json(path, what):
     return config
 
 
+def release_config_path(path, model, hub):
+    """The config.json of the released folder `path` names (the folder, or its model.safetensors); None for any
+    other file (a checkpoint of ours, whose shapes come from the model arguments). One line for a path that is
+    not there, a folder lacking either file, or a model.safetensors without config.json beside it: `model` names
+    the release ("Sundial"), `hub` where it is downloaded ("thuml/sundial-base-128m")."""
+    if not os.path.exists(path):
+        raise UserError(f"--pretrain_model_path {path} not found; pass the folder downloaded from the Hugging Face "
+                        f"hub ({hub}: config.json and {SAFETENSORS_NAME})")
+    if os.path.isdir(path):
+        folder = path
+        lacking = [name for name in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, name))]
+        if lacking:
+            raise UserError(f"--pretrain_model_path {path} is a partial {model} folder: {' and '.join(lacking)} "
+                            f"missing; download both files of the release ({hub})")
+    elif str(path).endswith(".safetensors"):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; {model}'s sizes are in "
+                            "the config.json of the release")
+    else:
+        return None
+    return os.path.join(folder, "config.json")
+
+
 def describe_config(config):
     """A few fields of a Hugging Face config.json, for messages."""
     shown = [f"{k} {config[k]}" for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",

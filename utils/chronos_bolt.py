@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
 from utils.errors import UserError
 
 ARCHITECTURE = "ChronosBoltModelForForecasting"  # config.json "architectures" of every released folder
@@ -93,23 +93,9 @@ def folder_config(path):
     """The config.json of the Chronos-Bolt checkpoint `path` names (a downloaded folder, or its
     model.safetensors), checked to be Chronos-Bolt's; None when `path` is a checkpoint file of ours (.pth),
     whose shapes come from the model arguments. A UserError names what is missing or what the folder is."""
-    if not os.path.exists(path):
-        raise UserError(f"--pretrain_model_path {path} not found; pass the folder downloaded from the Hugging Face "
-                        f"hub (e.g. {HUB_IDS[2]}: config.json and {SAFETENSORS_NAME})")
-    if os.path.isdir(path):
-        folder = path
-        lacking = [name for name in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, name))]
-        if lacking:
-            raise UserError(f"--pretrain_model_path {path} is a partial Chronos-Bolt folder: {' and '.join(lacking)} "
-                            f"missing; download both files of the release (e.g. {HUB_IDS[2]})")
-    elif str(path).endswith(".safetensors"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; Chronos-Bolt's shapes are "
-                            "in the config.json of the release")
-    else:
+    config_path = release_config_path(path, "Chronos-Bolt", f"e.g. {HUB_IDS[2]}")
+    if config_path is None:
         return None
-    config_path = os.path.join(folder, "config.json")
     config = read_config_json(config_path, "a Chronos-Bolt release (" + ", ".join(HUB_IDS) + ")")
     check_config(config, config_path)
     return config

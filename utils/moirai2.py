@@ -35,7 +35,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "Salesforce/moirai-2.0-R-small"
@@ -71,24 +71,9 @@ def folder_config(path):
     model.safetensors), checked to be Moirai 2.0's, with `num_heads` added; None when `path` is a checkpoint
     file of ours (.pth), whose shapes come from the model arguments. A UserError names what is missing or what
     the folder is instead."""
-    if not os.path.exists(path):
-        raise UserError(f"--pretrain_model_path {path} not found; pass the folder downloaded from the Hugging Face "
-                        f"hub ({HUB_ID}: config.json and {SAFETENSORS_NAME}; huggingface-cli download {HUB_ID} "
-                        "--local-dir DIR)")
-    if os.path.isdir(path):
-        folder = path
-        lacking = [name for name in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, name))]
-        if lacking:
-            raise UserError(f"--pretrain_model_path {path} is a partial Moirai 2.0 folder: {' and '.join(lacking)} "
-                            f"missing; download both files of the release ({HUB_ID})")
-    elif str(path).endswith(".safetensors"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; Moirai 2.0's shapes are "
-                            "in the config.json of the release")
-    else:
+    config_path = release_config_path(path, "Moirai 2.0", HUB_ID)
+    if config_path is None:
         return None
-    config_path = os.path.join(folder, "config.json")
     config = read_config_json(config_path, f"a Moirai 2.0 release ({HUB_ID})")
     check_config(config, config_path)
     return {**RELEASED, **config, "num_heads": int(config["d_model"]) // HEAD_DIM}

@@ -21,7 +21,7 @@ for `export --to sundial` and for naming a Sundial folder given to another model
 import json
 import os
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "thuml/sundial-base-128m"
@@ -66,23 +66,9 @@ def folder_config(path):
     """The config of the Sundial release `path` names (a downloaded folder, or its model.safetensors), with
     SundialConfig's defaults filled in; None for a checkpoint file of ours (.pth), whose shapes come from the
     model arguments. One line naming what is missing, or what the folder is instead."""
-    if not os.path.exists(path):
-        raise UserError(f"--pretrain_model_path {path} not found; pass the folder downloaded from the Hugging Face "
-                        f"hub ({HUB_ID}: config.json and {SAFETENSORS_NAME})")
-    if os.path.isdir(path):
-        folder = path
-        lacking = [name for name in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, name))]
-        if lacking:
-            raise UserError(f"--pretrain_model_path {path} is a partial Sundial folder: {' and '.join(lacking)} "
-                            f"missing; download both files of the release ({HUB_ID})")
-    elif str(path).endswith(".safetensors"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; Sundial's sizes are in "
-                            "the config.json of the release")
-    else:
+    where = release_config_path(path, "Sundial", HUB_ID)
+    if where is None:
         return None
-    where = os.path.join(folder, "config.json")
     return check_config(read_config_json(where, f"a Sundial release ({HUB_ID})"), where)
 
 

@@ -38,7 +38,7 @@ import re
 
 import torch
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_IDS = ("Maple728/TimeMoE-50M", "Maple728/TimeMoE-200M")
@@ -81,23 +81,9 @@ def generic_config(configs):
 def folder_config(path):
     """The checked config.json of the Time-MoE folder `path` names (or of the folder of its model.safetensors);
     None for a checkpoint file of ours (.pth), whose shapes come from the model arguments."""
-    if not os.path.exists(path):
-        raise UserError(f"--pretrain_model_path {path} not found; pass the folder downloaded from the Hugging Face "
-                        f"hub ({' or '.join(HUB_IDS)}: config.json and {SAFETENSORS_NAME})")
-    if os.path.isdir(path):
-        folder = path
-        lacking = [name for name in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, name))]
-        if lacking:
-            raise UserError(f"--pretrain_model_path {path} is a partial Time-MoE folder: {' and '.join(lacking)} "
-                            f"missing; download both files of the release (e.g. {HUB_IDS[0]})")
-    elif str(path).endswith(".safetensors"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; Time-MoE's shapes are in "
-                            "the config.json of the release")
-    else:
+    where = release_config_path(path, "Time-MoE", " or ".join(HUB_IDS))
+    if where is None:
         return None
-    where = os.path.join(folder, "config.json")
     return check_config(read_config_json(where, "a Time-MoE release (" + ", ".join(HUB_IDS) + ")"), where)
 
 

@@ -21,7 +21,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "thuml/timer-base-84m"
@@ -79,23 +79,9 @@ def shape_from_config(config, where):
 def folder_config(path):
     """(config.json as a dict, its path) of the release `path` names (its folder, or its model.safetensors); None
     for a checkpoint file of ours (.pth), whose shapes come from the model arguments."""
-    if not os.path.exists(path):
-        raise UserError(f"--pretrain_model_path {path} not found; download {HUB_ID} (config.json and "
-                        f"{SAFETENSORS_NAME}) and pass its folder")
-    if os.path.isdir(path):
-        folder = path
-        lacking = [n for n in ("config.json", SAFETENSORS_NAME) if not os.path.isfile(os.path.join(path, n))]
-        if lacking:
-            raise UserError(f"--pretrain_model_path {path} is a partial Timer folder: {' and '.join(lacking)} "
-                            f"missing; download both files of {HUB_ID}")
-    elif str(path).endswith(".safetensors"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise UserError(f"--pretrain_model_path {path}: config.json missing beside it; Timer's sizes are in the "
-                            f"release's config.json ({HUB_ID})")
-    else:
+    where = release_config_path(path, "Timer", HUB_ID)
+    if where is None:
         return None
-    where = os.path.join(folder, "config.json")
     return read_config_json(where, f"Timer ({HUB_ID})"), where
 
 
