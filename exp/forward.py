@@ -50,8 +50,10 @@ def window_draws(seed, stage, dataset):
     numbers = split_numbering(dataset)[0]
 
     def draws(indices):
-        positions = np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)
-        return noise.draws_follow_windows(window_keys(seed, f"{stage} draws", numbers[positions]))
+        def keys():  # at the first draw only: no host copy of the indices for a model that draws nothing
+            positions = np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)
+            return window_keys(seed, f"{stage} draws", numbers[positions])
+        return noise.draws_follow_windows(keys)
     return draws
 
 

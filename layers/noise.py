@@ -26,13 +26,23 @@ _window_keys = None  # the evaluation batch's per-window keys (a list of ints), 
 
 
 class _WindowKeys:
+    """The batch's window keys, computed at the first draw (`keys` a list, or a function giving it): a model
+    that draws nothing costs the evaluation loop no key."""
+
     def __init__(self, keys):
-        self.keys, self.calls = list(keys), 0
+        self._keys, self.calls = keys, 0
+
+    @property
+    def keys(self):
+        if callable(self._keys):
+            self._keys = list(self._keys())
+        return self._keys
 
 
 @contextlib.contextmanager
 def draws_follow_windows(keys):
-    """Within it, randn / rand draw window b's rows from keys[b] (module docstring)."""
+    """Within it, randn / rand draw window b's rows from keys[b] (module docstring); `keys` a list, or a
+    function returning it when the first draw asks."""
     global _window_keys
     previous, _window_keys = _window_keys, _WindowKeys(keys)
     try:
