@@ -1,0 +1,260 @@
+"""GIFT-Eval in one command: forecast every configuration, score it as GIFT-Eval does, write its all_results.csv.
+
+    python -m benchmarks.gift_eval --model seasonal_naive --data_root DIR [--terms short,medium,long]
+        [--datasets electricity/H hospital ...] [--out DIR] [--batch_size 512]
+    torchrun --nproc_per_node 3 -m benchmarks.gift_eval --ddp ...   # the same CSV, byte for byte
+
+DIR holds GIFT-Eval's data as published (huggingface.co/datasets/Salesforce/GiftEval: a folder per data set
+and frequency, e.g. DIR/electricity/15T, DIR/hospital). The rules (prediction length, rolling windows,
+seasonality, univariate scoring of multivariate sets) are benchmarks/gift_eval_data.py's, the 11 columns
+benchmarks/gift_eval_scores.py's; docs/benchmarks.md has the sources and how to submit the result.
+
+Exact on any number of processes: in every configuration each rank forecasts its contiguous share of the test
+windows (utils.distributed.shard_range, nothing padded), rank 0 gathers each window's own sums and adds them
+with math.fsum (correctly rounded in any order), so the CSV does not depend on the processes or the batch
+size. Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a
+run started again with the same arguments skips the configurations already there.
+
+Models: the three baselines written here (seasonal naive, GIFT-Eval's reference, naive and mean), each with
+Gaussian quantiles from its in-sample residuals (Hyndman & Athanasopoulos, Forecasting: Principles and
+Practice, 3rd ed., section 5.5, the benchmark methods' h-step standard deviations).
+"""
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import gift_eval_data as data
+from benchmarks import gift_eval_scores as scores
+from utils import distributed
+from utils.errors import UserError, require
+from utils.files import atomic_write
+from utils.metrics import seasonality
+
+CSV_HEADER = ["dataset", "model", *(f"eval_metrics/{c}" for c in scores.COLUMNS), "domain", "num_variates"]
+Z = np.array([statistics.NormalDist().inv_cdf(q) for q in scores.LEVELS])  # standard normal quantiles
+
+
+def impute(history):
+    """GIFT-Eval's statsforecast predictors' imputation (gluonts LastValueImputation): each NaN takes the last
+    value before it, leading NaNs the first value; an all-NaN (or one-step) history's NaNs become 0."""
+    h = np.asarray(history, np.float64)
+    missing = np.isnan(h)
+    if not missing.any():
+        return h
+    if len(h) == 1 or missing.all():
+        return np.where(missing, 0.0, h)
+    last = np.maximum.accumulate(np.where(missing, 0, np.arange(len(h))))
+    h = h[last]
+    missing = np.isnan(h)  # only a leading run is left
+    h[missing] = h[np.flatnonzero(~missing)[0]]
+    return h
+
+
+def seasonal_naive(history, horizon, season):
+    """The last season repeated; sigma_h = sigma sqrt(k + 1), k full seasons before step h, sigma from the
+    residuals y_t - y_(t-m). A history shorter than a season forecasts as naive."""
+    if len(history) < season or season == 1:
+        return naive(history, horizon, season)
+    steps = np.arange(horizon)
+    point = history[len(history) - season + steps % season]
+    return point, _sigma(history[season:] - history[:-season]) * np.sqrt(steps // season + 1)
+
+
+def naive(history, horizon, season):
+    """The last value; sigma_h = sigma sqrt(h), sigma from the one-step residuals."""
+    return np.full(horizon, history[-1]), _sigma(np.diff(history)) * np.sqrt(np.arange(1, horizon + 1))
+
+
+def mean(history, horizon, season):
+    """The history's mean; sigma_h = s sqrt(1 + 1/T), s its sample standard deviation."""
+    spread = history.std(ddof=1) * math.sqrt(1 + 1 / len(history)) if len(history) > 1 else 0.0
+    return np.full(horizon, history.mean()), np.full(horizon, spread)
+
+
+def _sigma(residuals):
+    return math.sqrt(np.mean(residuals ** 2)) if len(residuals) else 0.0
+
+
+BASELINES = {"seasonal_naive": seasonal_naive, "naive": naive, "mean": mean}
+
+
+def baseline_forecasts(method, histories, horizon, season):
+    """mean [B, P] and quantiles [B, 9, P] at GIFT-Eval's levels (point + z_q sigma_h)."""
+    points, spreads = zip(*(method(impute(h), horizon, season) for h in histories))
+    point, spread = np.stack(points), np.stack(spreads)
+    return point, point[:, None, :] + Z[None, :, None] * spread[:, None, :]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help=f"one of {', '.join(BASELINES)}")
+    p.add_argument("--model_name", default=None, help="the CSV's model column (default: --model)")
+    p.add_argument("--data_root", required=True, help="GIFT-Eval's data: a folder per data set and frequency")
+    p.add_argument("--terms", default="short,medium,long")
+    p.add_argument("--datasets", nargs="+", default=None, help="a subset of GIFT-Eval's 55 data sets")
+    p.add_argument("--out", default=None, help="output folder (default results/gift_eval/<model name>)")
+    p.add_argument("--batch_size", type=int, default=512, help="windows forecast at once")
+    p.add_argument("--ddp", action="store_true", help="under torchrun: share the windows across the processes")
+    p.add_argument("--num_threads", type=int, default=0)
+    for field, default in (("model_type", None), ("model_dtype", "float32"), ("model_link", ""),
+                           ("code_link", ""), ("org", ""), ("testdata_leakage", "No")):
+        p.add_argument(f"--{field}", default=default, help=f"config.json's {field}")
+    args = p.parse_args(argv)
+    require(args.model in BASELINES, f"--model {args.model}: the harness runs {', '.join(BASELINES)} so far")
+    require(args.batch_size >= 1, f"--batch_size must be at least 1, got {args.batch_size}")
+    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
+    bad = [t for t in terms if t not in data.TERMS]
+    require(terms and not bad, f"--terms: {', '.join(bad) or 'none given'}; use short, medium and/or long")
+    args.terms = terms
+    args.model_name = args.model_name or args.model
+    args.model_type = args.model_type or "statistical"
+    args.out = Path(args.out or Path("results") / "gift_eval" / args.model_name)
+    return args
+
+
+def plan(args):
+    """Every configuration's facts, checked before anything is written: [{name, term, csv, horizon, windows,
+    season, freq}]. Bad folders and undefined frequencies stop the run here (UserError)."""
+    configs = data.configurations(args.datasets, args.terms)
+    root = Path(args.data_root)
+    require(root.is_dir(), f"--data_root {root} is not a folder")
+    missing = [name for name in dict.fromkeys(n for n, _ in configs) if not (root / name).is_dir()]
+    require(not missing, f"--data_root {root} lacks {len(missing)} of the data sets ({', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}); download GIFT-Eval there or pick --datasets")
+    facts, cache = [], {}
+    for name, term in configs:
+        if name not in cache:
+            ds = data.read_dataset(root / name)
+            cache = {name: (ds["freq"], data.shortest(ds))}  # one data set's facts at a time
+        freq, shortest = cache[name]
+        horizon = data.prediction_length(name, freq, term)
+        n_windows = data.windows(name, shortest, horizon)
+        require(shortest > horizon * n_windows, f"{name} ({term}): its shortest series ({shortest} steps) has no "
+                f"history before its {n_windows} test window(s) of {horizon} steps")
+        facts.append({"name": name, "term": term, "csv": data.csv_name(name, term), "freq": freq,
+                      "horizon": horizon, "windows": n_windows,
+                      "season": seasonality(freq)})
+    return facts
+
+
+def evaluate(config, series, args):
+    """This rank's windows' sums (model, seasonal naive) for one configuration; every rank calls it."""
+    todo = data.instances(series, config["horizon"], config["windows"])
+    start, stop = distributed.shard_range(len(todo))
+    mine = todo[start:stop]
+    rows, reference = [], []
+    for b in range(0, len(mine), args.batch_size):
+        batch = mine[b:b + args.batch_size]
+        histories = [series[s][:t] for s, _, t in batch]
+        labels = np.stack([series[s][t:t + config["horizon"]] for s, _, t in batch])
+        scale = scores.seasonal_errors(histories, config["season"])
+        point, quantiles = baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"])
+        rows.append(scores.window_sums(labels, point, quantiles, scale))
+        if args.model != "seasonal_naive":  # the leaderboard's reference, for the relative scores
+            point, quantiles = baseline_forecasts(seasonal_naive, histories, config["horizon"], config["season"])
+            reference.append(scores.window_sums(labels, point, quantiles, scale))
+    width = len(scores.FIELDS)
+    return (np.concatenate(rows) if rows else np.zeros((0, width)),
+            np.concatenate(reference) if reference else np.zeros((0, width)), len(todo))
+
+
+def run(args):
+    facts = plan(args)
+    folder = args.out / "configurations"
+    identity = {"model": args.model_name, "method": args.model}
+    done = 0
+    for i, config in enumerate(facts):
+        path = folder / (config["csv"].replace("/", "__") + ".json")
+        if path.exists():  # a killed run's finished configuration: kept if it is this run's
+            saved = json.loads(path.read_text())
+            require(saved["identity"] == identity, f"{path} holds another run's result ({saved['identity']}); "
+                    "use another --out")
+            continue
+        began = time.perf_counter()
+        ds = data.read_dataset(Path(args.data_root) / config["name"])
+        rows, reference, n_windows = evaluate(config, data.univariate_series(ds), args)
+        gathered = distributed.gather_on_main((rows, reference))
+        if distributed.is_main():
+            all_rows = np.concatenate([r for r, _ in gathered])
+            ref_rows = np.concatenate([r for _, r in gathered]) if args.model != "seasonal_naive" else all_rows
+            assert len(all_rows) == n_windows  # every window scored exactly once
+            result = {"identity": identity, "config": config, "windows": n_windows,
+                      "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
+            atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
+            done += 1
+            print(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
+                  f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS {result['metrics'][scores.COLUMNS[-1]]:.4f}, "
+                  f"{time.perf_counter() - began:.1f}s", flush=True)
+    if distributed.is_main():
+        results = [json.loads((folder / (c["csv"].replace("/", "__") + ".json")).read_text()) for c in facts]
+        write_outputs(args, results)
+        print(relative_table(results))
+
+
+def csv_text(results, model_name):
+    """all_results.csv in GIFT-Eval's layout; a metric gluonts could not compute here (a point forecast's
+    CRPS and MSIS) is left empty, never filled."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    for r in results:
+        domain, _, variates = data.PROPERTIES[data.key_of(r["config"]["name"])]
+        values = ["" if r["metrics"][c] is None else r["metrics"][c] for c in scores.COLUMNS]
+        writer.writerow([r["config"]["csv"], model_name, *values, domain, variates])
+    return out.getvalue()
+
+
+def write_outputs(args, results):
+    atomic_write(args.out / "all_results.csv", lambda f: f.write(csv_text(results, args.model_name)), binary=False)
+    config = {"model": args.model_name, "model_type": args.model_type, "model_dtype": args.model_dtype,
+              "model_link": args.model_link, "code_link": args.code_link, "org": args.org,
+              "testdata_leakage": args.testdata_leakage, "replication_code_available": "Yes"}
+    atomic_write(args.out / "config.json", lambda f: f.write(json.dumps(config, indent=4) + "\n"), binary=False)
+
+
+def relative_table(results):
+    """The leaderboard's aggregate: each configuration's MASE and CRPS divided by seasonal naive's, then the
+    geometric mean over all configurations, per term, per domain and per frequency."""
+    groups = {"overall": results}
+    for kind, of in (("term", lambda c: c["term"]), ("domain", lambda c: data.PROPERTIES[data.key_of(c["name"])][0]),
+                     ("frequency", lambda c: c["csv"].split("/")[1])):
+        for r in results:
+            groups.setdefault(f"{kind} {of(r['config'])}", []).append(r)
+    lines = [f"{'geometric mean relative to seasonal naive':44s} {'MASE':>8s} {'CRPS':>8s} configurations"]
+    for group, members in groups.items():
+        cells = [_geometric_mean([m["metrics"][k] / m["seasonal_naive"][k] for m in members])
+                 for k in ("MASE[0.5]", "mean_weighted_sum_quantile_loss")]
+        lines.append(f"{group:44s} {cells[0]:8.4f} {cells[1]:8.4f} {len(members)}")
+    return "\n".join(lines)
+
+
+def _geometric_mean(ratios):
+    ratios = [r for r in ratios if r is not None and math.isfinite(r) and r > 0]
+    return math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios)) if ratios else math.nan
+
+
+def main(argv=None):
+    code = 0
+    try:
+        args = parse_args(argv)
+        distributed.setup(args.ddp, use_gpu=False, gpu=None, timeout_s=1800, threads=args.num_threads)
+        run(args)
+    except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
+        if distributed.is_main():
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        distributed.wait_for_the_message(exc)
+        code = 2
+    distributed.cleanup()
+    distributed.exit_process(code)
+
+
+if __name__ == "__main__":
+    main()
