@@ -150,27 +150,34 @@ def evaluate(config, series, args):
     todo = data.instances(series, config["horizon"], config["windows"])
     start, stop = distributed.shard_range(len(todo))
     mine = todo[start:stop]
-    rows, reference = [], []
+    rows, reference, point_only = [], [], False
     for b in range(0, len(mine), args.batch_size):
         batch = mine[b:b + args.batch_size]
         histories = [series[s][:t] for s, _, t in batch]
         labels = np.stack([series[s][t:t + config["horizon"]] for s, _, t in batch])
         scale = scores.seasonal_errors(histories, config["season"])
-        point, quantiles = baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"])
+        point, quantiles = forecast_batch(args.model, histories, config, [(s, t) for s, _, t in batch])
         rows.append(scores.window_sums(labels, point, quantiles, scale))
+        point_only = quantiles is None
         if args.model != "seasonal_naive":  # the leaderboard's reference, for the relative scores
             point, quantiles = baseline_forecasts(seasonal_naive, histories, config["horizon"], config["season"])
             reference.append(scores.window_sums(labels, point, quantiles, scale))
     width = len(scores.FIELDS)
     return (np.concatenate(rows) if rows else np.zeros((0, width)),
-            np.concatenate(reference) if reference else np.zeros((0, width)), len(todo))
+            np.concatenate(reference) if reference else np.zeros((0, width)), len(todo), point_only)
+
+
+def forecast_batch(model, histories, config, keys):
+    """mean [B, P] and quantiles [B, 9, P] (None for a point forecast) of the windows whose histories are
+    given; keys: each window's (series, start), for forecasts looked up rather than computed."""
+    return baseline_forecasts(BASELINES[model], histories, config["horizon"], config["season"])
 
 
 def run(args):
     facts = plan(args)
     folder = args.out / "configurations"
     identity = {"model": args.model_name, "method": args.model}
-    done = 0
+    warned = False
     for i, config in enumerate(facts):
         path = folder / (config["csv"].replace("/", "__") + ".json")
         if path.exists():  # a killed run's finished configuration: kept if it is this run's
@@ -180,16 +187,20 @@ def run(args):
             continue
         began = time.perf_counter()
         ds = data.read_dataset(Path(args.data_root) / config["name"])
-        rows, reference, n_windows = evaluate(config, data.univariate_series(ds), args)
-        gathered = distributed.gather_on_main((rows, reference))
+        rows, reference, n_windows, point_only = evaluate(config, data.univariate_series(ds), args)
+        gathered = distributed.gather_on_main((rows, reference, point_only))
         if distributed.is_main():
-            all_rows = np.concatenate([r for r, _ in gathered])
-            ref_rows = np.concatenate([r for _, r in gathered]) if args.model != "seasonal_naive" else all_rows
+            all_rows = np.concatenate([g[0] for g in gathered])
+            ref_rows = np.concatenate([g[1] for g in gathered]) if args.model != "seasonal_naive" else all_rows
+            point_only = any(g[2] for g in gathered)
             assert len(all_rows) == n_windows  # every window scored exactly once
-            result = {"identity": identity, "config": config, "windows": n_windows,
+            if point_only and not warned:
+                print(f"warning: {args.model} gives point forecasts, no quantiles: its CRPS "
+                      "(mean_weighted_sum_quantile_loss) and MSIS columns are left empty", file=sys.stderr)
+                warned = True
+            result = {"identity": identity, "config": config, "windows": n_windows, "point_only": point_only,
                       "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
-            done += 1
             print(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
                   f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS {result['metrics'][scores.COLUMNS[-1]]:.4f}, "
                   f"{time.perf_counter() - began:.1f}s", flush=True)
@@ -207,7 +218,8 @@ def csv_text(results, model_name):
     writer.writerow(CSV_HEADER)
     for r in results:
         domain, _, variates = data.PROPERTIES[data.key_of(r["config"]["name"])]
-        values = ["" if r["metrics"][c] is None else r["metrics"][c] for c in scores.COLUMNS]
+        empty = ("MSIS", "mean_weighted_sum_quantile_loss") if r["point_only"] else ()
+        values = ["" if c in empty else r["metrics"][c] for c in scores.COLUMNS]
         writer.writerow([r["config"]["csv"], model_name, *values, domain, variates])
     return out.getvalue()
 

@@ -1,0 +1,217 @@
+"""The GIFT-Eval harness (benchmarks/gift_eval.py, issue 42): GIFT-Eval's rules, its all_results.csv equal to
+gluonts' evaluate_model on fixed forecasts (tests/golden/gift_eval/, written by benchmarks/gift_eval_reference.py
+in a gluonts venv), the same CSV on 1, 2 and 3 gloo processes and any batch size, resuming, point forecasts,
+and bad inputs. Data sets are small synthetic ones in GIFT-Eval's layout (Arrow, as save_to_disk writes it)."""
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from benchmarks import gift_eval, gift_eval_data as data, gift_eval_scores as scores  # noqa: E402
+from helpers import run_command, run_on_ranks  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "gift_eval"
+EXPECTED = json.loads((GOLDEN / "expected.json").read_text())["configurations"]
+
+
+def golden_arrays():
+    with np.load(GOLDEN / "fixtures.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def write_golden_sets(root, arrays):
+    for name, freq in (("hospital", "M"), ("ett1/H", "H")):
+        prefix = f"series__{name.replace('/', '__')}__"
+        targets = [arrays[f"{prefix}{i}"] for i in range(sum(k.startswith(prefix) for k in arrays))]
+        data.write_dataset(root / name, freq, targets)
+
+
+def write_synthetic_sets(root):
+    """Several frequencies, NaN gaps, a multivariate set, series shorter than a season, an m4 set."""
+    rng = np.random.default_rng(0)
+
+    def wave(n, period, level=10.0):
+        return level + 3 * np.sin(2 * np.pi * np.arange(n) / period) + rng.normal(0, 0.5, n)
+
+    hourly = [wave(1100, 24), wave(800, 24), wave(900, 24)]
+    hourly[0][100:105] = np.nan
+    hourly[1][-10] = np.nan
+    data.write_dataset(root / "electricity/H", "H", hourly)
+    data.write_dataset(root / "ett1/15T", "15T", [np.stack([wave(1000, 96, lv) for lv in (1, 5, 20)])
+                                                  for _ in range(2)])
+    data.write_dataset(root / "hospital", "M", [wave(80, 12), wave(30, 12), wave(20, 12)])
+    data.write_dataset(root / "m4_weekly", "W-SUN", [wave(60, 52), wave(100, 52)])
+
+
+SYNTHETIC = ["electricity/H", "ett1/15T", "hospital", "m4_weekly"]
+
+
+def harness_args(root, out, *extra):
+    return gift_eval.parse_args(["--data_root", str(root), "--out", str(out), *map(str, extra)])
+
+
+def csv_rows(path):
+    return list(csv.DictReader(io.StringIO(Path(path).read_text())))
+
+
+def test_rules_are_gift_evals():
+    assert len(data.configurations()) == 97 and len(data.SHORT) == 55 and len(data.MED_LONG) == 21
+    for name, freq, term, length in (("electricity/15T", "15T", "short", 48), ("solar/10T", "10T", "medium", 480),
+                                     ("bizitobs_service", "10S", "long", 900), ("hospital", "M", "short", 12),
+                                     ("hierarchical_sales/W", "W-WED", "short", 8), ("m4_yearly", "A-DEC", "short", 6),
+                                     ("m4_hourly", "H", "short", 48), ("saugeenday/D", "D", "short", 30),
+                                     ("m4_quarterly", "Q-DEC", "short", 8), ("us_births/M", "MS", "short", 12)):
+        assert data.prediction_length(name, freq, term) == length, name
+    assert data.windows("m4_daily", 10_000, 14) == 1
+    assert [data.windows("x", n, 48) for n in (10, 480, 481, 960, 100_000)] == [1, 1, 2, 2, 20]
+    assert data.csv_name("saugeenday/D", "short") == "saugeen/D/short"
+    assert data.csv_name("kdd_cup_2018_with_missing/H", "long") == "kdd_cup_2018/H/long"
+    assert data.csv_name("bizitobs_application", "medium") == "bizitobs_application/10S/medium"
+    with pytest.raises(UserError, match="frequency 'B' is not one GIFT-Eval defines"):
+        data.prediction_length("electricity/B", "B", "short")
+    with pytest.raises(UserError, match="frequency 'Q' is not one"):
+        data.prediction_length("solar/Q", "Q", "short")  # quarters: only the m4 sets
+
+
+def fixed_forecasts(arrays, point_only=False):
+    """A forecast_batch returning the golden forecasts of each window (looked up by series and start)."""
+    index = {c: {tuple(k): i for i, k in enumerate(e["instances"])} for c, e in EXPECTED.items()}
+
+    def forecast_batch(model, histories, config, keys):
+        key = config["csv"].replace("/", "__")
+        rows = [index[config["csv"]][k] for k in keys]
+        mean, quantiles = arrays[f"{key}__mean"][rows], arrays[f"{key}__quantiles"][:, rows].swapaxes(0, 1)
+        return (mean, None) if point_only else (mean, quantiles)
+    return forecast_batch
+
+
+@pytest.fixture
+def golden_run(tmp_path, monkeypatch):
+    arrays = golden_arrays()
+    write_golden_sets(tmp_path / "data", arrays)
+    monkeypatch.setitem(gift_eval.BASELINES, "fixed", None)
+
+    def run(point_only=False):
+        monkeypatch.setattr(gift_eval, "forecast_batch", fixed_forecasts(arrays, point_only))
+        out = tmp_path / ("point" if point_only else "fixed")
+        gift_eval.run(harness_args(tmp_path / "data", out, "--model", "fixed", "--datasets", "hospital", "ett1/H",
+                                   "--terms", "short,medium", "--batch_size", 5))
+        return csv_rows(out / "all_results.csv")
+    return run
+
+
+def test_all_results_equal_gluonts_evaluate_model(golden_run):
+    """Every column of every configuration within 1e-9 of gluonts' figure, and the same windows."""
+    rows = golden_run()
+    assert [r["dataset"] for r in rows] == ["hospital/M/short", "ett1/H/short", "ett1/H/medium"]
+    assert list(rows[0]) == gift_eval.CSV_HEADER and len(gift_eval.CSV_HEADER) == 15
+    for row in rows:
+        expected = EXPECTED[row["dataset"]]
+        for column in scores.COLUMNS:
+            assert float(row[f"eval_metrics/{column}"]) == pytest.approx(expected["figures"][column], rel=1e-9,
+                                                                          abs=0), (row["dataset"], column)
+    arrays = golden_arrays()
+    for c, e in EXPECTED.items():  # the harness's rules give gluonts' windows, in its order
+        key, freq, term = c.split("/")
+        name = "ett1/H" if key == "ett1" else key
+        prefix = f"series__{name.replace('/', '__')}__"
+        series = data.univariate_series({"target": [arrays[f"{prefix}{i}"] for i in range(
+            sum(k.startswith(prefix) for k in arrays))]})
+        assert gift_eval.seasonality(freq) == e["seasonality"]
+        horizon = data.prediction_length(name, freq, term)
+        n_windows = data.windows(name, min(len(s) for s in series), horizon)
+        assert [[s, t] for s, _, t in data.instances(series, horizon, n_windows)] == e["instances"], c
+    assert rows[0]["domain"] == "Healthcare" and rows[1]["num_variates"] == "7"
+
+
+def test_a_point_forecast_leaves_crps_and_msis_empty(golden_run, capsys):
+    rows = golden_run(point_only=True)
+    assert "warning: fixed gives point forecasts" in capsys.readouterr().err
+    for row in rows:
+        assert row["eval_metrics/mean_weighted_sum_quantile_loss"] == "" and row["eval_metrics/MSIS"] == ""
+        assert float(row["eval_metrics/MASE[0.5]"]) > 0
+
+
+def _run_on_rank(rank, world_size, root, out, batch_size):
+    gift_eval.run(harness_args(root, out, "--model", "naive", "--batch_size", batch_size, "--datasets", *SYNTHETIC))
+    return (Path(out) / "all_results.csv").read_text() if rank == 0 else None
+
+
+def test_the_same_csv_on_1_2_3_processes_and_any_batch_size(tmp_path):
+    write_synthetic_sets(tmp_path / "data")
+    texts = []
+    for processes, batch_size in ((1, 512), (1, 1), (2, 3), (3, 2)):
+        out = tmp_path / f"out{processes}_{batch_size}"
+        if processes == 1:
+            texts.append(_run_on_rank(0, 1, tmp_path / "data", out, batch_size))
+        else:
+            texts.append(run_on_ranks(_run_on_rank, processes, tmp_path / "data", out, batch_size)[0])
+    assert all(t == texts[0] for t in texts)
+    rows = csv_rows(tmp_path / "out1_512" / "all_results.csv")
+    assert len(rows) == 8 and all(math.isfinite(float(r["eval_metrics/mean_weighted_sum_quantile_loss"]))
+                                  for r in rows)
+
+
+def test_a_killed_run_resumes_at_the_next_unfinished_configuration(tmp_path, capsys):
+    write_synthetic_sets(tmp_path / "data")
+    args = ("--model", "seasonal_naive", "--datasets", "hospital", "m4_weekly")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", *args))
+    first = (tmp_path / "out" / "all_results.csv").read_text()
+    done = sorted((tmp_path / "out" / "configurations").iterdir())
+    assert len(done) == 2
+    done[1].unlink()  # as if killed before its second configuration was written
+    (tmp_path / "out" / "all_results.csv").unlink()
+    capsys.readouterr()
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", *args))
+    assert (tmp_path / "out" / "all_results.csv").read_text() == first
+    scored = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert len(scored) == 1 and done[1].stem.replace("__", "/") in scored[0]
+    with pytest.raises(UserError, match="holds another run's result"):
+        gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", "naive", "--model_name",
+                                   "seasonal_naive", "--datasets", "hospital"))
+
+
+def test_relative_scores_of_seasonal_naive_are_one(tmp_path, capsys):
+    write_synthetic_sets(tmp_path / "data")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", "seasonal_naive", "--datasets",
+                               "hospital", "ett1/15T", "--model_type", "statistical", "--org", "us"))
+    table = capsys.readouterr().out.split("geometric mean relative to seasonal naive")[1].splitlines()
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["overall", "1.0000"], ["term", "short"], ["term", "medium"], ["term", "long"], ["domain", "Healthcare"],
+        ["domain", "Energy"], ["frequency", "M"], ["frequency", "15T"]]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert set(config) == {"model", "model_type", "model_dtype", "model_link", "code_link", "org",
+                           "testdata_leakage", "replication_code_available"} and config["org"] == "us"
+
+
+def _refused(proc, message, out):
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("case", ["not a GIFT-Eval folder", "undefined frequency", "unknown data set"])
+def test_bad_inputs_get_one_line_and_nothing_is_written(tmp_path, case):
+    write_synthetic_sets(tmp_path / "data")
+    datasets = ["hospital", "electricity/H"]
+    if case == "not a GIFT-Eval folder":
+        (tmp_path / "data" / "electricity/H" / "state.json").unlink()
+        message = "electricity/H is not a GIFT-Eval data set: no state.json"
+    elif case == "undefined frequency":
+        data.write_dataset(tmp_path / "data" / "electricity/H", "B", [np.ones(500)])
+        message = "frequency 'B' is not one GIFT-Eval defines a prediction length for"
+    else:
+        datasets = ["hospital", "electricity/2H"]
+        message = "--datasets: electricity/2H is not one of GIFT-Eval's 55 data sets"
+    out = tmp_path / "out"
+    proc = run_command([sys.executable, "-m", "benchmarks.gift_eval", "--model", "seasonal_naive", "--data_root",
+                        str(tmp_path / "data"), "--out", str(out), "--datasets", *datasets, "--num_threads", "1"])
+    _refused(proc, message, out)
