@@ -16,6 +16,7 @@ import traceback
 
 from data_provider.data_factory import data_fingerprint
 from exp.exp_forecast import Exp_Forecast
+from exp.short_term import Exp_Short_Term_Forecast
 from exp.outputs import predict, save_results
 from exp.settings import data_parallel, evaluated_weights, resolve_args, setting_name
 from utils import distributed
@@ -183,7 +184,7 @@ def run_experiments(args, device):
     base_seed = args.seed
     for ii in range(args.itr):
         args.seed = base_seed + ii  # the model's and the loaders' seed; the data keeps --synthetic_seed
-        exp = Exp_Forecast(args, device)
+        exp = (Exp_Short_Term_Forecast if args.task_name == "short_term_forecast" else Exp_Forecast)(args, device)
         setting = setting_name(args, ii)
         with setting_lock(args, setting):  # training: no other run writes this setting meanwhile
             if args.is_training:

@@ -11,6 +11,7 @@ from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
 from data_provider.openltm_data import OPENLTM_DATA
 from data_provider.global_batches import GlobalBatches
+from data_provider.m4 import M4, prepare_m4
 from data_provider.permutation import FeistelPermutation, epoch_key
 from data_provider.splits import SPLITS
 from data_provider.table import DATASETS, prepare_table
@@ -31,7 +32,7 @@ def _cache_key(args):
 
 def prepared_data(args):
     """The scaled data of args' data set (a ForecastData), read once per process."""
-    known = DATASETS + (UNIVARIATE, CORPUS)
+    known = DATASETS + (UNIVARIATE, CORPUS, M4)
     require(args.data in known + tuple(OPENLTM_DATA),
             f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file), "
             f"or OpenLTM's {', '.join(OPENLTM_DATA)}")
@@ -39,7 +40,7 @@ def prepared_data(args):
     if key not in _prepared_cache:
         _prepared_cache.clear()
         kind = OPENLTM_DATA[args.data].kind if args.data in OPENLTM_DATA else args.data  # OpenLTM's: table or univariate
-        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus}.get(kind, prepare_table)
+        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus, M4: prepare_m4}.get(kind, prepare_table)
         _prepared_cache[key] = prepare(args)
     return _prepared_cache[key]
 

@@ -233,7 +233,15 @@ class _GatherSteps(Dataset):
         return len(self.dataset)
 
     def __getitems__(self, step):
-        return step.map(self.dataset.__getitems__)
+        return gather_step(self.dataset, step)
+
+
+def gather_step(dataset, step):
+    """A GlobalStep of index tensors gathered. A data set whose training windows are drawn anew each epoch
+    (M4's cut points, data_provider.m4) is told the step's epoch first, in a loader worker too."""
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(step.epoch)
+    return step.map(dataset.__getitems__)
 
 
 class _StepsFrom:
@@ -262,6 +270,8 @@ class TrainLoader:
 
     def __init__(self, dataset, sampler, num_workers=0, pin_memory=False):
         self.dataset, self.sampler, self.batch_size = dataset, sampler, sampler.batch_size
+        if hasattr(dataset, "set_seed"):  # windows drawn from --seed (M4's), before any worker copies the data set
+            dataset.set_seed(sampler.seed)
         self._worker_steps = _StepsFrom(sampler)
         self._worker_loader = DataLoader(
             _GatherSteps(dataset), batch_sampler=self._worker_steps, collate_fn=_identity,
@@ -284,7 +294,7 @@ class TrainLoader:
         if self._worker_loader is not None:
             self._worker_steps.start = start
             return iter(self._worker_loader)
-        return (step.map(self.dataset.__getitems__) for step in self.sampler.steps(start, self.dataset.device))
+        return (gather_step(self.dataset, step) for step in self.sampler.steps(start, self.dataset.device))
 
     def batch_indices(self, start=0):
         """This rank's micro-batches of the epoch as index tensors, on the data's device."""

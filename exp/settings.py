@@ -13,6 +13,7 @@ import os
 import torch
 
 from data_provider.data_factory import prepared_data
+from data_provider.m4 import M4, M4_LOSSES, short_term_settings
 from exp.adaptation import check_adaptation_args
 from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
@@ -117,7 +118,8 @@ def check_task(args):
     words = task.replace("_", " ")
     require(task not in OTHER_TSLIB_TASKS,
             f"--task_name {task} is TSLib's {words} task, which this codebase does not do: it does long-term "
-            "forecasting only (--task_name long_term_forecast, OpenLTM's forecast, or zero_shot_forecast); run "
+            "forecasting (--task_name long_term_forecast, OpenLTM's forecast, or zero_shot_forecast) and M4's "
+            "short-term forecasting only; run "
             f"{task} with TSLib")
     require(task in FORECAST_TASKS, f"unknown --task_name '{task}'; choose one of {', '.join(FORECAST_TASKS)} "
                                     "(TSLib's long-term forecasting, OpenLTM's name for it with its token models "
@@ -125,6 +127,12 @@ def check_task(args):
     require(task != "zero_shot_forecast" or (not args.is_training and args.pretrain_model_path),
             "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
             "--pretrain_model_path FILE")
+    if task == "short_term_forecast" or args.data == M4:
+        require(task == "short_term_forecast", f"--data m4 is TSLib's short-term forecasting benchmark: use "
+                                               f"--task_name short_term_forecast (not {task})")
+        short_term_settings(args)
+    else:
+        require(args.loss not in M4_LOSSES, f"--loss {args.loss} trains on M4 (--data m4) only; choose MSE or MAE")
 
 
 def check_task_fits_model(args):

@@ -47,6 +47,16 @@ def fixed(*argv):
 
 
 # ------------------------------------------------------------------ inputs the probes write
+M4_TASK = ("--task_name", "short_term_forecast", "--data", "m4", "--loss", "SMAPE", "--model", "DLinear")
+
+
+def _m4_without_series(folder):
+    """An M4 folder with M4-info.csv and no series files."""
+    pd.DataFrame({"M4id": ["M1"], "category": ["Other"], "Frequency": [12], "Horizon": [18], "SP": ["Monthly"]}).to_csv(
+        folder / "M4-info.csv", index=False)
+    return [*M4_TASK, "--root_path", f"{folder}/"]
+
+
 def _csv(folder, name, frame):
     frame.to_csv(folder / name, index=False)
     return ["--data", "custom", "--root_path", folder, "--data_path", name]
@@ -580,8 +590,22 @@ PROBES = [
     # TSLib's other tasks: this codebase forecasts
     *(Probe(f"TSLib's {task} task", fixed("--task_name", task),
             f"--task_name {task} is TSLib's {task.replace('_', ' ')} task, which this codebase does not do: it does "
-            "long-term forecasting only") for task in ("imputation", "anomaly_detection", "classification",
-                                                       "short_term_forecast")),
+            "long-term forecasting") for task in ("imputation", "anomaly_detection", "classification")),
+    # issue 42 item 3: M4 short-term forecasting (data_provider/m4.py); M4's files are not shipped
+    Probe("short-term task off M4", fixed("--task_name", "short_term_forecast", "--loss", "SMAPE"),
+          "--task_name short_term_forecast forecasts M4 as TSLib does: add --data m4"),
+    Probe("M4 without --task_name short_term_forecast", fixed("--data", "m4", "--loss", "SMAPE"),
+          "--data m4 is TSLib's short-term forecasting benchmark: use --task_name short_term_forecast"),
+    Probe("unknown seasonal pattern", fixed(*M4_TASK, "--seasonal_patterns", "Minutely"),
+          "unknown --seasonal_patterns 'Minutely'; M4's are Yearly, Quarterly, Monthly, Weekly, Daily, Hourly"),
+    Probe("M4 with a loss it cannot train on", fixed("--task_name", "short_term_forecast", "--data", "m4"),
+          "--loss MSE does not train on M4 here; TSLib's M4 scripts use SMAPE (or MAPE)"),
+    Probe("M4's SMAPE loss off M4", fixed("--loss", "SMAPE"), "--loss SMAPE trains on M4 (--data m4) only"),
+    Probe("M4 folder without M4-info.csv", lambda f: [*M4_TASK, "--root_path", f"{f}/"],
+          "has no M4-info.csv; lay out M4 as docs/data.md#m4 says", shows="`--data m4 --root_path` an empty folder"),
+    Probe("M4 series files missing", _m4_without_series,
+          "has neither TSLib's training.npz and test.npz nor M4's Monthly-train.csv and Monthly-test.csv",
+          shows="a folder with M4-info.csv alone"),
     Probe("zero-shot task without weights", fixed("--task_name", "zero_shot_forecast"),
           "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0"),
     # issue 37 item 3: task names (before: OpenLTM's forecast ran a TSLib-style model, whose forward returns

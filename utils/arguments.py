@@ -17,11 +17,11 @@ DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
 SEED_LIMIT = 2 ** 32  # numpy's seeds are 32-bit; --itr adds its run index
 TSLIB_OTHER_GROUP = "TSLib's other tasks and tools (accepted, not done here)"
 # What this codebase does: TSLib's long-term forecasting, OpenLTM's forecast task (the same thing, for its
-# token models: exp.settings.check_task_fits_model), and TSLib's zero-shot forecasting (pre-trained weights
-# evaluated without training).
-FORECAST_TASKS = ("long_term_forecast", "forecast", "zero_shot_forecast")
+# token models: exp.settings.check_task_fits_model), TSLib's zero-shot forecasting (pre-trained weights
+# evaluated without training) and TSLib's short-term forecasting of M4 (--data m4, exp.short_term).
+FORECAST_TASKS = ("long_term_forecast", "forecast", "zero_shot_forecast", "short_term_forecast")
 # TSLib's other tasks, refused in one line (exp.settings.check_task)
-OTHER_TSLIB_TASKS = ("short_term_forecast", "imputation", "anomaly_detection", "classification")
+OTHER_TSLIB_TASKS = ("imputation", "anomaly_detection", "classification")
 # TSLib's data augmentation presets (its run.py's "Augmentation" flags), applied only with --augmentation_ratio > 0
 TSLIB_AUGMENTATIONS = ("jitter", "scaling", "permutation", "randompermutation", "magwarp", "timewarp", "windowslice",
                        "windowwarp", "rotation", "spawner", "dtwwarp", "shapedtwwarp", "wdba", "discdtw", "discsdtw")
@@ -128,6 +128,8 @@ def build_parser():
     g.add_argument("--embed", default="timeF", choices=("timeF", "fixed", "learned", "none"),
                    help="calendar features: timeF (scaled), fixed/learned (integer), none (the model sees no calendar)")
     g.add_argument("--scale", type=str2bool, default=True, help="z-score with the training split's statistics")
+    g.add_argument("--seasonal_patterns", default="Monthly",
+                   help="--data m4: the M4 frequency, Yearly, Quarterly, Monthly, Weekly, Daily or Hourly (TSLib's)")
     g.add_argument("--synthetic_rows", type=positive_int, default=5000, help="length of the built-in series")
     g.add_argument("--synthetic_channels", type=positive_int, default=7)
     g.add_argument("--synthetic_seed", type=seed_int, default=None, help="seed of the built-in series (default: --seed)")
@@ -292,7 +294,6 @@ def build_parser():
     # TSLib's run.py's arguments of its other tasks and of its experiment's extras: a TSLib script or model
     # finds them; what would change a forecast here (augmentation, the DTW metric) is named in the warning line
     g = p.add_argument_group(TSLIB_OTHER_GROUP)
-    g.add_argument("--seasonal_patterns", default="Monthly", help="TSLib's M4 subset (short-term forecasting)")
     g.add_argument("--mask_rate", type=probability, default=0.25, help="TSLib's imputation: mask ratio")
     g.add_argument("--anomaly_ratio", type=non_negative_float, default=0.25, help="TSLib's anomaly detection (%%)")
     g.add_argument("--use_dtw", action="store_true", help="TSLib's DTW metric: not computed here")

@@ -107,10 +107,26 @@ def batch_loss(pred, true, loss):
         pred, true = pred.transpose(-1, -2), true.transpose(-1, -2)
     if loss == "MSE":
         return torch.nn.functional.mse_loss(pred, true)
+    if loss in ("SMAPE", "MAPE"):
+        return m4_loss(pred, true, loss)
     return torch.nn.functional.l1_loss(pred, true)
 
 
-LOSSES = ("MSE", "MAE")
+def m4_loss(pred, true, loss):
+    """TSLib's M4 training losses (utils/losses.py: smape_loss, mape_loss): the mean over every element of
+    200 |f - y| / (|f| + |y|) (the denominator not differentiated, as TSLib's forecast.data) or of |f - y| / |y|,
+    a 0 / 0 counted as 0; a NaN target is TSLib's mask 0 (a step past the series' end): 0, still counted."""
+    mask = ~torch.isnan(true)
+    true = torch.where(mask, true, 0)
+    if loss == "SMAPE":
+        denominator = pred.detach().abs() + true.abs()
+        ratio = (pred - true).abs() / torch.where(denominator == 0, 1, denominator)
+        return 200 * torch.where(mask & (denominator != 0), ratio, 0).mean()
+    ratio = (pred - true) / torch.where(true == 0, 1, true)
+    return torch.where(mask & (true != 0), ratio, 0).abs().mean()
+
+
+LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: M4 (data_provider.m4)
 
 
 # ---- probabilistic metrics (issue 38): the definitions of gluonts.ev, as GIFT-Eval evaluates them ----

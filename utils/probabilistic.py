@@ -29,7 +29,7 @@ from layers.dropout import _mix64
 from utils import distributed
 from utils.errors import require
 
-POINT_LOSSES = ("MSE", "MAE")
+POINT_LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: TSLib's M4 losses (--data m4 only)
 DISTRIBUTIONS = ("studentt", "normal")
 LOSSES = POINT_LOSSES + ("quantile",) + DISTRIBUTIONS
 # what --quantiles defaults to: GIFT-Eval's nine levels, the ends of the 50 / 90 % intervals and MSIS's
