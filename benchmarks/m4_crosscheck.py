@@ -4,7 +4,7 @@
     python -m benchmarks.m4_crosscheck --write         # also rewrite tests/golden/m4/ (fixture and figures)
 
 The fixture (tests/golden/m4/) is a small M4-layout folder: M4-info.csv, M4's per-frequency CSVs
-(<Frequency>-train.csv, <Frequency>-test.csv, three series each: data_provider.m4.write_synthetic_m4),
+(<Frequency>-train.csv, <Frequency>-test.csv, 2 to 5 series each: data_provider.m4.write_synthetic_m4),
 submission-Naive2.csv (Naive2 of utils.m4, float32-exact values: TSLib reads the file as float32) and
 fixed forecasts in m4_results/<Frequency>_forecast.csv, as the test writes them. expected.json holds the
 figures TSLib's m4_summary gives for them; tests/test_m4.py checks ours against those to 1e-9.
@@ -85,7 +85,9 @@ def write_fixture(folder=FIXTURE):
 
     if folder.exists():
         shutil.rmtree(folder)
-    write_synthetic_m4(folder, per_pattern=3, seed=42, layout="csv", naive2_file=True)
+    # unequal counts: Others and Average weigh the frequencies by them
+    counts = {"Yearly": 4, "Quarterly": 3, "Monthly": 5, "Weekly": 2, "Daily": 3, "Hourly": 2}
+    write_synthetic_m4(folder, per_pattern=counts, seed=42, layout="csv", naive2_file=True)
     _, _, targets, _ = read_m4(folder)
     for i, p in enumerate(m4.SEASONAL_PATTERNS):
         m4.write_forecasts(folder / "m4_results", p, fixed_forecasts(targets[p], seed=i))

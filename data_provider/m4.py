@@ -240,7 +240,8 @@ M4_LOSSES = ("SMAPE", "MAPE")
 
 
 def write_synthetic_m4(folder, per_pattern=3, seed=0, layout="npz", naive2_file=False):
-    """A small M4-shaped folder for tests and examples: `per_pattern` positive series a frequency (seasonal sines
+    """A small M4-shaped folder for tests and examples: `per_pattern` positive series a frequency (or {frequency:
+    count}; seasonal sines
     on a trend, lengths from shorter than TSLib's input to several years), M4-info.csv and TSLib's training.npz /
     test.npz (layout "npz") or M4's <Frequency>-train.csv / -test.csv ("csv")."""
     import pandas as pd
@@ -250,7 +251,7 @@ def write_synthetic_m4(folder, per_pattern=3, seed=0, layout="npz", naive2_file=
     info, train, test = [], [], []
     for p in SEASONAL_PATTERNS:
         h, f = HORIZONS[p], FREQUENCIES[p]
-        for k in range(per_pattern):
+        for k in range(per_pattern[p] if isinstance(per_pattern, dict) else per_pattern):
             n = int(rng.integers(max(f + 2, h), 4 * h + 3 * f * 4)) if k else max(f + 2, h // 2 + 1)
             t = np.arange(n + h)
             season = np.sin(2 * np.pi * t / max(f, 2)) * (5 + 3 * k)
