@@ -9,10 +9,11 @@ and frequency, e.g. DIR/electricity/15T, DIR/hospital). The rules (prediction le
 seasonality, univariate scoring of multivariate sets) are benchmarks/gift_eval_data.py's, the 11 columns
 benchmarks/gift_eval_scores.py's; docs/benchmarks.md has the sources and how to submit the result.
 
-Exact on any number of processes: in every configuration each rank forecasts its contiguous share of the test
-windows (utils.distributed.shard_range, nothing padded), rank 0 gathers each window's own sums and adds them
-with math.fsum (correctly rounded in any order), so the CSV does not depend on the processes or the batch
-size. Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a
+Exact on any number of processes: in every configuration the test windows are cut into batches of
+--batch_size, each rank forecasts its contiguous share of the batches (utils.distributed.shard_range, nothing
+padded), rank 0 gathers each window's own sums and adds them with math.fsum (correctly rounded in any order).
+So the CSV is byte for byte the same on any number of processes; the baselines' at any batch size too (a
+model's float32 forward may round a window differently in another batch: about 1e-9 relative here). Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a
 run started again with the same arguments skips the configurations already there.
 
 Models: the three baselines written here (seasonal naive, GIFT-Eval's reference, naive and mean), each with
@@ -95,7 +96,8 @@ def baseline_forecasts(method, histories, horizon, season):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help=f"one of {', '.join(BASELINES)}")
+    p.add_argument("--model", required=True, help=f"one of {', '.join(BASELINES)}, or any --model of run.py "
+                   "with its weights (--pretrain_model_path / --checkpoint) and shape arguments")
     p.add_argument("--model_name", default=None, help="the CSV's model column (default: --model)")
     p.add_argument("--data_root", required=True, help="GIFT-Eval's data: a folder per data set and frequency")
     p.add_argument("--terms", default="short,medium,long")
@@ -107,15 +109,21 @@ def parse_args(argv=None):
     for field, default in (("model_type", None), ("model_dtype", "float32"), ("model_link", ""),
                            ("code_link", ""), ("org", ""), ("testdata_leakage", "No")):
         p.add_argument(f"--{field}", default=default, help=f"config.json's {field}")
-    args = p.parse_args(argv)
-    require(args.model in BASELINES, f"--model {args.model}: the harness runs {', '.join(BASELINES)} so far")
+    args, run_argv = p.parse_known_args(argv)
+    # any other --model is this codebase's: the arguments left over are run.py's (weights, shapes, --loss ...)
+    require(args.model not in BASELINES or not run_argv,
+            f"--model {args.model} is a baseline here and takes none of {' '.join(run_argv)}")
+    args.run_argv = [] if args.model in BASELINES else ["--model", args.model, "--num_threads",
+                                                        str(args.num_threads), *run_argv]
     require(args.batch_size >= 1, f"--batch_size must be at least 1, got {args.batch_size}")
     terms = [t.strip() for t in args.terms.split(",") if t.strip()]
     bad = [t for t in terms if t not in data.TERMS]
     require(terms and not bad, f"--terms: {', '.join(bad) or 'none given'}; use short, medium and/or long")
     args.terms = terms
     args.model_name = args.model_name or args.model
-    args.model_type = args.model_type or "statistical"
+    zero_shot = "--pretrain_model_path" in run_argv and "--checkpoint" not in run_argv
+    args.model_type = args.model_type or ("statistical" if args.model in BASELINES else
+                                          "zero-shot" if zero_shot else "deep-learning")
     args.out = Path(args.out or Path("results") / "gift_eval" / args.model_name)
     return args
 
@@ -148,15 +156,16 @@ def plan(args):
 def evaluate(config, series, args):
     """This rank's windows' sums (model, seasonal naive) for one configuration; every rank calls it."""
     todo = data.instances(series, config["horizon"], config["windows"])
-    start, stop = distributed.shard_range(len(todo))
-    mine = todo[start:stop]
+    # whole batches are shared out, not windows: a window's batch mates, hence a model's float32 rounding,
+    # do not depend on the number of processes
+    batches = [todo[b:b + args.batch_size] for b in range(0, len(todo), args.batch_size)]
+    start, stop = distributed.shard_range(len(batches))
     rows, reference, point_only = [], [], False
-    for b in range(0, len(mine), args.batch_size):
-        batch = mine[b:b + args.batch_size]
+    for batch in batches[start:stop]:
         histories = [series[s][:t] for s, _, t in batch]
         labels = np.stack([series[s][t:t + config["horizon"]] for s, _, t in batch])
         scale = scores.seasonal_errors(histories, config["season"])
-        point, quantiles = forecast_batch(args.model, histories, config, [(s, t) for s, _, t in batch])
+        point, quantiles = forecast_batch(args, histories, config, [(s, t) for s, _, t in batch])
         rows.append(scores.window_sums(labels, point, quantiles, scale))
         point_only = quantiles is None
         if args.model != "seasonal_naive":  # the leaderboard's reference, for the relative scores
@@ -167,16 +176,22 @@ def evaluate(config, series, args):
             np.concatenate(reference) if reference else np.zeros((0, width)), len(todo), point_only)
 
 
-def forecast_batch(model, histories, config, keys):
+def forecast_batch(args, histories, config, keys):
     """mean [B, P] and quantiles [B, 9, P] (None for a point forecast) of the windows whose histories are
     given; keys: each window's (series, start), for forecasts looked up rather than computed."""
-    return baseline_forecasts(BASELINES[model], histories, config["horizon"], config["season"])
+    if args.model in BASELINES:
+        return baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"])
+    if getattr(args, "forecaster", None) is None:
+        from benchmarks.gift_eval_models import ModelForecaster
+
+        args.forecaster = ModelForecaster(args.run_argv, distributed.world_size())
+    return args.forecaster.forecast(histories, config["horizon"], impute)
 
 
 def run(args):
     facts = plan(args)
     folder = args.out / "configurations"
-    identity = {"model": args.model_name, "method": args.model}
+    identity = {"model": args.model_name, "method": args.model, "arguments": args.run_argv}
     warned = False
     for i, config in enumerate(facts):
         path = folder / (config["csv"].replace("/", "__") + ".json")
@@ -202,7 +217,8 @@ def run(args):
                       "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
             print(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
-                  f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS {result['metrics'][scores.COLUMNS[-1]]:.4f}, "
+                  f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS "
+                  f"{'-' if point_only else format(result['metrics'][scores.COLUMNS[-1]], '.4f')}, "
                   f"{time.perf_counter() - began:.1f}s", flush=True)
     if distributed.is_main():
         results = [json.loads((folder / (c["csv"].replace("/", "__") + ".json")).read_text()) for c in facts]

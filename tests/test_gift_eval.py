@@ -85,7 +85,7 @@ def fixed_forecasts(arrays, point_only=False):
     """A forecast_batch returning the golden forecasts of each window (looked up by series and start)."""
     index = {c: {tuple(k): i for i, k in enumerate(e["instances"])} for c, e in EXPECTED.items()}
 
-    def forecast_batch(model, histories, config, keys):
+    def forecast_batch(args, histories, config, keys):
         key = config["csv"].replace("/", "__")
         rows = [index[config["csv"]][k] for k in keys]
         mean, quantiles = arrays[f"{key}__mean"][rows], arrays[f"{key}__quantiles"][:, rows].swapaxes(0, 1)
@@ -215,3 +215,71 @@ def test_bad_inputs_get_one_line_and_nothing_is_written(tmp_path, case):
     proc = run_command([sys.executable, "-m", "benchmarks.gift_eval", "--model", "seasonal_naive", "--data_root",
                         str(tmp_path / "data"), "--out", str(out), "--datasets", *datasets, "--num_threads", "1"])
     _refused(proc, message, out)
+
+
+def _dlinear_checkpoint(path):
+    """A DLinear (seq_len 32, pred_len 8) with seeded weights, saved as run.py saves a trained one."""
+    import torch
+
+    from exp.settings import build_model, resolve_args
+    from utils.arguments import parse_args
+
+    args = resolve_args(parse_args(["--model", "DLinear", *DLINEAR, "--data", "synthetic", "--features", "S",
+                                    "--synthetic_rows", "2000", "--num_threads", "1"]), 1)
+    torch.manual_seed(0)
+    model = build_model(args)
+    torch.save(model.state_dict(), path)
+    return model, path
+
+
+DLINEAR = ["--seq_len", "32", "--label_len", "0", "--pred_len", "8"]
+
+
+def _run_model_on_rank(rank, world_size, root, out, checkpoint, batch_size):
+    gift_eval.run(harness_args(root, out, "--model", "DLinear", "--checkpoint", checkpoint, *DLINEAR, "--batch_size",
+                               batch_size, "--datasets", "hospital", "m4_weekly", "--num_threads", 1))
+    return (Path(out) / "all_results.csv").read_text() if rank == 0 else None
+
+
+def test_a_trained_zoo_model_forecasts_as_its_forward_and_is_exact_on_2_processes(tmp_path):
+    """A direct model with fixed weights: the context standardised, left-padded, rolled out past its pred_len."""
+    import torch
+
+    from benchmarks.gift_eval_models import ModelForecaster
+
+    write_synthetic_sets(tmp_path / "data")
+    model, checkpoint = _dlinear_checkpoint(tmp_path / "dlinear.pth")
+    history = np.concatenate([[np.nan], np.arange(20.0) % 5 + 1])  # shorter than seq_len, a NaN first
+    point, quantiles = ModelForecaster(["--model", "DLinear", "--checkpoint", checkpoint, *DLINEAR], 1).forecast(
+        [history], 12, gift_eval.impute)
+    context = np.concatenate([np.ones(11), np.ones(1), np.arange(20.0) % 5 + 1])  # filled, padded with the first
+    loc, scale = context.mean(), context.std()
+    with torch.no_grad():
+        first = model.eval()(torch.tensor((context - loc) / scale, dtype=torch.float32)[None, :, None],
+                             None, None, None)[0, :, 0].double()
+        rolled = np.concatenate([(context[8:] - loc) / scale, first.numpy()]).astype(np.float32)
+        second = model(torch.tensor(rolled)[None, :, None], None, None, None)[0, :4, 0].double()
+    assert quantiles is None
+    np.testing.assert_allclose(point[0], np.concatenate([first.numpy(), second.numpy()]) * scale + loc, rtol=1e-6)
+    # the same batches on 1 and 2 processes: the same CSV; another batch size: float32 rounding apart
+    one = _run_model_on_rank(0, 1, tmp_path / "data", tmp_path / "one", checkpoint, 2)
+    assert run_on_ranks(_run_model_on_rank, 2, tmp_path / "data", tmp_path / "two", checkpoint, 2)[0] == one
+    _run_model_on_rank(0, 1, tmp_path / "data", tmp_path / "big", checkpoint, 512)
+    for a, b in zip(csv_rows(tmp_path / "one" / "all_results.csv"), csv_rows(tmp_path / "big" / "all_results.csv")):
+        assert a["eval_metrics/mean_weighted_sum_quantile_loss"] == a["eval_metrics/MSIS"] == ""  # a point model
+        assert float(a["eval_metrics/MASE[0.5]"]) == pytest.approx(float(b["eval_metrics/MASE[0.5]"]), rel=1e-6)
+
+
+def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
+    pytest.importorskip("chronos")
+    from test_foundation_chronos_bolt import write_fixture
+
+    write_synthetic_sets(tmp_path / "data")
+    folder = write_fixture(tmp_path / "bolt")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", "ChronosBolt", "--pretrain_model_path",
+                               folder, "--seq_len", 64, "--datasets", "hospital", "m4_weekly", "--num_threads", 1))
+    rows = csv_rows(tmp_path / "out" / "all_results.csv")
+    assert [r["dataset"] for r in rows] == ["m4_weekly/W/short", "hospital/M/short"]
+    assert all(float(r["eval_metrics/mean_weighted_sum_quantile_loss"]) > 0 and float(r["eval_metrics/MSIS"]) > 0
+               for r in rows)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "zero-shot"

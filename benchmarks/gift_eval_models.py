@@ -1,0 +1,115 @@
+"""Any model of this codebase as a GIFT-Eval forecaster: a released foundation model zero-shot
+(--pretrain_model_path FOLDER), pre-trained weights (--pretrain_model_path FILE) or a trained zoo model
+(--checkpoint FILE), built by run.py's own code (utils.arguments, exp.settings) and run by its forward
+(exp.forward), so the model forecasts exactly as `run.py --is_training 0` would.
+
+How a GIFT-Eval window becomes the model's input:
+- the history's NaNs are filled as GIFT-Eval's baselines fill them (last value, leading ones with the first);
+- the last --seq_len steps are the context; a shorter history is left-padded with its first value, since
+  a model here reads a full, finite context;
+- weights trained by this codebase saw standardised data, so the context is standardised by its own mean and
+  standard deviation and the forecast mapped back; a released foundation model (a folder) scales its input
+  itself and gets the raw values;
+- a model built for the horizon (a foundation model, which rolls out internally, and a token model, which
+  exp.forward rolls out to --test_pred_len) forecasts it in one call; a direct model with fixed weights
+  (--checkpoint) forecasts its trained --pred_len and is rolled out here, its point forecast (the median)
+  fed back, as exp.forward.rollout does for token models;
+- quantiles: a model's native ones (foundation models) or its probabilistic --loss's, at GIFT-Eval's nine
+  levels, which must be among them; a point model gives none, and the CRPS and MSIS columns stay empty.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.gift_eval_scores import LEVELS
+from utils.errors import require
+
+
+class ModelForecaster:
+    """forecast(histories, horizon) -> (point [B, P], quantiles [B, 9, P] or None)."""
+
+    def __init__(self, run_argv, world_size):
+        self.run_argv = [str(a) for a in run_argv]
+        self.world_size = world_size
+        self.models = {}  # horizon built for -> (model, args)
+        pretrained = self._value("--pretrain_model_path")
+        self.released = pretrained is not None and Path(pretrained).is_dir()
+        self.fixed_horizon = self._value("--checkpoint") is not None
+
+    def _value(self, flag):
+        argv = self.run_argv
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+    def _built(self, horizon):
+        from exp.settings import build_model, resolve_args
+        from utils.arguments import parse_args
+        from utils.checkpoint import load_weights
+
+        if horizon not in self.models:
+            extra = [] if self.fixed_horizon else ["--pred_len", str(horizon)]
+            # the synthetic data set only decides the channel count (one: GIFT-Eval scores univariate series)
+            argv = [*self.run_argv, *extra, "--data", "synthetic", "--features", "S", "--synthetic_rows", "2000",
+                    "--is_training", "0"]
+            args = resolve_args(parse_args(argv), self.world_size)
+            if args.autoregressive:
+                args.test_pred_len = horizon
+            model = build_model(args)
+            weights = args.checkpoint or args.pretrain_model_path
+            require(weights, f"--model {args.model}: give its weights, --pretrain_model_path or --checkpoint")
+            load_weights(model, weights)
+            self.models[horizon] = (model.eval(), args)
+        return self.models[horizon]
+
+    def forecast(self, histories, horizon, impute):
+        model, args = self._built(horizon)
+        contexts = np.stack([_context(impute(h), args.seq_len) for h in histories])  # [B, seq_len]
+        loc = np.zeros((len(contexts), 1))
+        scale = np.ones((len(contexts), 1))
+        if not self.released:
+            loc, scale = contexts.mean(1, keepdims=True), contexts.std(1, keepdims=True)
+            scale = np.where(scale > 1e-8, scale, 1.0)
+        x = torch.tensor((contexts - loc) / scale, dtype=torch.float32)[..., None]  # [B, seq_len, 1]
+        points, quantiles = [], []
+        steps = args.test_pred_len if args.autoregressive else args.pred_len
+        for _ in range(math.ceil(horizon / steps)):
+            point, levels = _one_call(model, args, x)
+            points.append(point)
+            quantiles.append(levels)
+            x = torch.cat([x, point[..., None].to(x.dtype)], 1)[:, -args.seq_len:]
+        point = torch.cat(points, 1)[:, :horizon].double().numpy() * scale + loc
+        if quantiles[0] is None:
+            return point, None
+        q = torch.cat(quantiles, 1)[:, :horizon].double().numpy()  # [B, P, 9]
+        return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None]
+
+
+def _context(history, length):
+    if len(history) >= length:
+        return history[-length:]
+    return np.concatenate([np.full(length - len(history), history[0]), history])
+
+
+def _one_call(model, args, x):
+    """(point [B, steps], quantiles [B, steps, 9] or None) of one forward as exp.forward runs the test."""
+    from exp.forward import forward
+    from utils.probabilistic import objective_for
+
+    batch = len(x)
+    steps = args.test_pred_len if args.autoregressive else args.pred_len
+    y = torch.cat([x[:, x.shape[1] - args.label_len:], x.new_zeros(batch, steps, 1)], 1)
+    if args.autoregressive:
+        y = x.new_zeros(batch, steps, 1)
+    with torch.no_grad():
+        pred, _ = forward(model, (x, y, None, None), args, "test", torch.device("cpu"))
+    if pred.dim() == 3:  # a point forecast
+        return pred[..., 0], None
+    native = getattr(args, "native_quantiles", None)
+    levels = list(native) if native else list(objective_for(args).levels)
+    values = pred[:, :, 0] if native else objective_for(args).quantiles(pred[:, :, 0])
+    missing = [q for q in LEVELS if q not in levels]
+    require(not missing, f"--model {args.model} forecasts the levels {levels}, without GIFT-Eval's {missing}; "
+            "train it with --quantiles including 0.1, 0.2, ..., 0.9")
+    chosen = values[..., [levels.index(q) for q in LEVELS]]
+    return chosen[..., LEVELS.index(0.5)], chosen
