@@ -192,13 +192,15 @@ def run(args):
     facts = plan(args)
     folder = args.out / "configurations"
     identity = {"model": args.model_name, "method": args.model, "arguments": args.run_argv}
-    warned = False
-    for i, config in enumerate(facts):
-        path = folder / (config["csv"].replace("/", "__") + ".json")
-        if path.exists():  # a killed run's finished configuration: kept if it is this run's
+    paths = [folder / (config["csv"].replace("/", "__") + ".json") for config in facts]
+    for path in paths:  # a killed run's finished configurations are kept if they are this run's
+        if path.exists():
             saved = json.loads(path.read_text())
             require(saved["identity"] == identity, f"{path} holds another run's result ({saved['identity']}); "
                     "use another --out")
+    warned = False
+    for i, (config, path) in enumerate(zip(facts, paths)):
+        if path.exists():
             continue
         began = time.perf_counter()
         ds = data.read_dataset(Path(args.data_root) / config["name"])
@@ -221,7 +223,7 @@ def run(args):
                   f"{'-' if point_only else format(result['metrics'][scores.COLUMNS[-1]], '.4f')}, "
                   f"{time.perf_counter() - began:.1f}s", flush=True)
     if distributed.is_main():
-        results = [json.loads((folder / (c["csv"].replace("/", "__") + ".json")).read_text()) for c in facts]
+        results = [json.loads(path.read_text()) for path in paths]
         write_outputs(args, results)
         print(relative_table(results))
 
