@@ -2,7 +2,8 @@
 
     python -m benchmarks.gift_eval --model seasonal_naive --data_root DIR [--terms short,medium,long]
         [--datasets electricity/H hospital ...] [--out DIR] [--batch_size 512]
-    torchrun --nproc_per_node 3 -m benchmarks.gift_eval --ddp ...   # the same CSV, byte for byte
+    python -m utils.launch --nproc_per_node 3 -m benchmarks.gift_eval --ddp ...   # the same CSV, byte for byte
+    (utils.launch is torchrun with one line on a bad input; plain torchrun works too)
 
 DIR holds GIFT-Eval's data as published (huggingface.co/datasets/Salesforce/GiftEval: a folder per data set
 and frequency, e.g. DIR/electricity/15T, DIR/hospital). The rules (prediction length, rolling windows,
@@ -38,6 +39,7 @@ from utils import distributed
 from utils.errors import UserError, require
 from utils.files import atomic_write
 from utils.metrics import seasonality
+from utils.progress import progress_mode
 
 CSV_HEADER = ["dataset", "model", *(f"eval_metrics/{c}" for c in scores.COLUMNS), "domain", "num_variates"]
 Z = np.array([statistics.NormalDist().inv_cdf(q) for q in scores.LEVELS])  # standard normal quantiles
@@ -199,6 +201,13 @@ def run(args):
             require(saved["identity"] == identity, f"{path} holds another run's result ({saved['identity']}); "
                     "use another --out")
     warned = False
+    # a bar of configurations on a terminal (rank 0), else one line per configuration
+    bar = None
+    if progress_mode() == "bar":
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(facts), initial=sum(p.exists() for p in paths), unit="configuration", leave=False)
+    say = (lambda line: print(line, flush=True)) if bar is None else bar.write
     for i, (config, path) in enumerate(zip(facts, paths)):
         if path.exists():
             continue
@@ -218,10 +227,14 @@ def run(args):
             result = {"identity": identity, "config": config, "windows": n_windows, "point_only": point_only,
                       "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
-            print(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
+            say(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
                   f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS "
                   f"{'-' if point_only else format(result['metrics'][scores.COLUMNS[-1]], '.4f')}, "
-                  f"{time.perf_counter() - began:.1f}s", flush=True)
+                  f"{time.perf_counter() - began:.1f}s")
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
     if distributed.is_main():
         results = [json.loads(path.read_text()) for path in paths]
         write_outputs(args, results)
@@ -273,14 +286,17 @@ def _geometric_mean(ratios):
 
 def main(argv=None):
     code = 0
+    distributed.die_with_launcher()
     try:
         args = parse_args(argv)
         distributed.setup(args.ddp, use_gpu=False, gpu=None, timeout_s=1800, threads=args.num_threads)
         run(args)
     except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
-        if distributed.is_main():
+        if distributed.env_rank() == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
+            distributed.tell_the_launcher_a_line_was_printed()  # utils.launch then adds no line of its own
         distributed.wait_for_the_message(exc)
+        distributed.end_job_on_user_error()
         code = 2
     distributed.cleanup()
     distributed.exit_process(code)

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("pyarrow")
 
 from benchmarks import gift_eval, gift_eval_data as data, gift_eval_scores as scores  # noqa: E402
-from helpers import run_command, run_on_ranks  # noqa: E402
+from helpers import TORCHRUN_LOG_LINE, run_command, run_on_ranks  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "gift_eval"
@@ -198,8 +198,9 @@ def _refused(proc, message, out):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
-@pytest.mark.parametrize("case", ["not a GIFT-Eval folder", "undefined frequency", "unknown data set"])
-def test_bad_inputs_get_one_line_and_nothing_is_written(tmp_path, case):
+@pytest.mark.parametrize("case,processes", [("not a GIFT-Eval folder", 1), ("undefined frequency", 1),
+                                            ("unknown data set", 1), ("not a GIFT-Eval folder", 2)])
+def test_bad_inputs_get_one_line_and_nothing_is_written(tmp_path, case, processes):
     write_synthetic_sets(tmp_path / "data")
     datasets = ["hospital", "electricity/H"]
     if case == "not a GIFT-Eval folder":
@@ -212,9 +213,13 @@ def test_bad_inputs_get_one_line_and_nothing_is_written(tmp_path, case):
         datasets = ["hospital", "electricity/2H"]
         message = "--datasets: electricity/2H is not one of GIFT-Eval's 55 data sets"
     out = tmp_path / "out"
-    proc = run_command([sys.executable, "-m", "benchmarks.gift_eval", "--model", "seasonal_naive", "--data_root",
-                        str(tmp_path / "data"), "--out", str(out), "--datasets", *datasets, "--num_threads", "1"])
+    launch = [] if processes == 1 else ["-m", "utils.launch", "--nproc_per_node", str(processes)]
+    ddp = [] if processes == 1 else ["--ddp"]
+    proc = run_command([sys.executable, *launch, "-m", "benchmarks.gift_eval", *ddp, "--model", "seasonal_naive",
+                        "--data_root", str(tmp_path / "data"), "--out", str(out), "--datasets", *datasets,
+                        "--num_threads", "1"])
     _refused(proc, message, out)
+    assert not TORCHRUN_LOG_LINE.search(proc.stderr), proc.stderr[-2000:]
 
 
 def _dlinear_checkpoint(path):
