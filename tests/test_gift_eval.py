@@ -288,3 +288,31 @@ def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
     assert all(float(r["eval_metrics/mean_weighted_sum_quantile_loss"]) > 0 and float(r["eval_metrics/MSIS"]) > 0
                for r in rows)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "zero-shot"
+
+
+def test_a_quantile_model_gives_gift_evals_nine_of_its_levels(tmp_path):
+    """A DLinear trained with --loss quantile at the default 13 levels: the nine GIFT-Eval scores are picked by
+    level (not position), sorted as the test reads them, and mapped back from the standardised context."""
+    import torch
+
+    from benchmarks.gift_eval_models import ModelForecaster
+    from exp.settings import build_model, resolve_args
+    from utils.arguments import parse_args
+
+    argv = ["--model", "DLinear", *DLINEAR, "--loss", "quantile"]
+    args = resolve_args(parse_args([*argv, "--data", "synthetic", "--features", "S", "--synthetic_rows", "2000"]), 1)
+    torch.manual_seed(1)
+    model = build_model(args).eval()
+    torch.save(model.state_dict(), tmp_path / "q.pth")
+    history = np.sin(np.arange(40.0) / 3) * 5 + 20
+    point, quantiles = ModelForecaster([*argv, "--checkpoint", tmp_path / "q.pth"], 1).forecast(
+        [history], 8, gift_eval.impute)
+    context = history[-32:]
+    loc, scale = context.mean(), context.std()
+    with torch.no_grad():
+        out = model(torch.tensor((context - loc) / scale, dtype=torch.float32)[None, :, None], None, None, None)
+    levels = [float(q) for q in args.quantiles.split(",")]
+    ours = out[0, :, 0].reshape(len(levels), 8).T.sort(-1).values.double().numpy()  # [8, 13]: the widened blocks
+    expected = ours[:, [levels.index(q) for q in scores.LEVELS]] * scale + loc
+    np.testing.assert_allclose(quantiles[0].T, expected, rtol=1e-6)
+    np.testing.assert_allclose(point[0], expected[:, 4], rtol=1e-6)
