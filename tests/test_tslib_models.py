@@ -109,3 +109,55 @@ def test_metrics_are_compared_relative_and_epoch_by_epoch():
     assert tslib_models.metrics_difference(one, two, history=False) == (0.0, "mse")
     with pytest.raises(ValueError):  # a run that stopped after another number of epochs is not the same run
         tslib_models.metrics_difference(one, dict(two, history=two["history"] * 2))
+
+
+INVARIANCE = f"X breaks the model contract: {tslib_models.INVARIANCE_CLAUSE}: gradients differ by 0.14 of their norm"
+WINDOWS = f"X breaks the model contract: {tslib_models.WINDOWS_CLAUSE}: a window's forecast changes with ..."
+ALIKE = dict(equal=False, micro_train=True, micro_all=True, reload="same metrics")  # 1 x (2 x 4) == 2 x 4
+TRAINING_ALIKE = dict(ALIKE, micro_all=False)  # the training losses agree, the test metrics do not
+
+
+@pytest.mark.parametrize("row, failures, status", [
+    (dict(equal=True, reload="same metrics"), [], "runs"),
+    (ALIKE, [INVARIANCE], "batch-dependent"),  # Autoformer: its training lags
+    (ALIKE, [], "batch-dependent"),
+    (TRAINING_ALIKE, [WINDOWS], "batch-dependent"),  # TimesNet: its periods, in evaluation too
+    (TRAINING_ALIKE, [], "fails"),  # the evaluation differs, yet a window's forecast reads only itself
+    (TRAINING_ALIKE, [INVARIANCE], "fails"),
+    (dict(ALIKE, micro_train=False, micro_all=False), [INVARIANCE], "fails"),  # not the batch alone
+    (ALIKE, [INVARIANCE, "runs in half precision: ..."], "fails"),
+    (dict(ALIKE, reload="differs by 1.0e-03"), [INVARIANCE], "fails"),
+    (dict(equal=True, reload="same metrics"), [INVARIANCE], "fails"),
+])
+def test_a_file_that_reads_its_batch_is_told_apart_and_never_counted_as_running(row, failures, status):
+    """1 x 8 vs 2 x 4 differ but 1 process in micro-batches of 4 agrees with 2 x 4: batch-dependent by design,
+    only when nothing else fails; the summary counts it apart from the files that run."""
+    assert tslib_models.verdict(row, failures, total=14) == status
+
+
+def test_the_summary_counts_batch_dependent_files_apart():
+    rows = [dict(file="models/A.py", status="runs"), dict(file="models/TimesNet.py", status="batch-dependent"),
+            dict(file="models/M.py", status="refused"), dict(file="models/F.py", status="fails")]
+    line = tslib_models.summary(rows)
+    assert line.startswith("**1 of 4 model files run unchanged**; 1 more run unchanged but train alike"), line
+    assert "(TimesNet)" in line and line.endswith("1 refused in one line for a package that is not installed; 1 fail.")
+
+
+NARROW = FORECASTER.replace(  # reads c_out columns, as TSLib's TimeFilter does: fails at --features MS
+    "nn.Linear(configs.seq_len, configs.pred_len)", "nn.Linear(configs.c_out, configs.c_out)").replace(
+    "self.linear(x_enc.permute(0, 2, 1)).permute(0, 2, 1)", "self.linear(x_enc)[:, -24:]")
+
+
+def test_a_failure_is_checked_against_tslibs_own_file(tmp_path):
+    """A contract configuration that raises is run on TSLib's own file at the same shapes (--features MS:
+    7 columns in, c_out 1): the same exception and message is the file's own; another means ours differs."""
+    root = tmp_path / "Time-Series-Library"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "Narrow.py").write_text(NARROW)
+    ours = "mat1 and mat2 shapes cannot be multiplied (192x7 and 1x1)"  # 4 x 48 rows of 7 columns
+    failure = f"Narrow breaks the model contract: output shape (--features MS, batch 4): RuntimeError: {ours} (at x.py:1); see"
+    [line] = tslib_models.tslib_alike(root, "Narrow", [failure, INVARIANCE])
+    assert line == f"TSLib's own Narrow.py at --features MS: RuntimeError: {ours} (the same failure: the file's own)"
+    [line] = tslib_models.tslib_alike(root, "Narrow", [failure.replace("192x7", "192x6")])
+    assert line.endswith("(ours differs from TSLib's)"), line
+    assert tslib_models.tslib_alike(root, "Narrow", [INVARIANCE]) == []
