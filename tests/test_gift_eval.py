@@ -81,6 +81,18 @@ def test_rules_are_gift_evals():
         data.prediction_length("solar/Q", "Q", "short")  # quarters: only the m4 sets
 
 
+def test_the_baselines_are_statsforecasts(tmp_path):
+    """Seasonal naive and naive with their nine quantiles equal statsforecast's SeasonalNaive and Naive (GIFT-Eval's
+    reference rows) on committed figures (benchmarks/gift_eval_statsforecast.py, in its own venv)."""
+    cases = json.loads((GOLDEN / "statsforecast.json").read_text())["cases"]
+    for case in cases:
+        for name in ("naive", "seasonal_naive"):
+            _, quantiles = gift_eval.baseline_forecasts(gift_eval.BASELINES[name], [np.array(case["history"])],
+                                                        case["horizon"], case["season"])
+            np.testing.assert_allclose(quantiles[0], np.array(case[name]), rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{name} {len(case['history'])} {case['season']}")
+
+
 def fixed_forecasts(arrays, point_only=False):
     """A forecast_batch returning the golden forecasts of each window (looked up by series and start)."""
     index = {c: {tuple(k): i for i, k in enumerate(e["instances"])} for c, e in EXPECTED.items()}
