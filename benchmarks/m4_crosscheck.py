@@ -71,6 +71,63 @@ print(json.dumps({"unrounded": run(True), "rounded": run(False), "numpy": np.__v
 """
 
 
+# Run by --statsmodels_python: Naive2 of each series from statsmodels' acf and seasonal_decompose (R's acf and
+# decompose, computed by another implementation), with the test and rules of M4's R code written here.
+NAIVE2_SIDE = r"""
+import json, math, sys
+import numpy as np
+from statsmodels.tsa.seasonal import seasonal_decompose
+from statsmodels.tsa.stattools import acf
+out = []
+for x, ppy, h in json.load(open(sys.argv[1])):
+    x = np.array(x)
+    n = len(x)
+    seasonal = False
+    if ppy > 1 and n >= 3 * ppy and ppy <= min(math.floor(10 * math.log10(n)), n - 1):
+        r = acf(x, nlags=ppy, adjusted=False, fft=False)[1:]
+        seasonal = abs(r[ppy - 1]) > 1.645 / math.sqrt(n) * math.sqrt(1 + 2 * np.sum(r[:ppy - 1] ** 2))
+    if not seasonal:
+        out.append([float(x[-1])] * h)
+        continue
+    s = seasonal_decompose(x, model="multiplicative", period=ppy).seasonal
+    last_year = s[n - ppy:]
+    out.append([float(x[-1] / s[-1] * last_year[j % ppy]) for j in range(h)])
+print(json.dumps(out))
+"""
+
+
+def naive2_series():
+    """(series, ppy, horizon): the fixture's series of frequency > 1 and seasonal ones of every M4 frequency."""
+    from data_provider.m4 import read_m4
+    from utils import m4
+
+    _, train, _, sets = read_m4(FIXTURE)
+    cases = [(s, sets.frequency[p], m4.HORIZONS[p]) for p in m4.SEASONAL_PATTERNS for s in train[p]
+             if sets.frequency[p] > 1]
+    rng = np.random.default_rng(1)
+    for ppy, n in ((4, 13), (4, 40), (12, 37), (12, 100), (12, 141), (24, 250), (24, 300), (24, 700)):
+        t = np.arange(n)
+        cases.append((50 + 0.2 * t + 8 * np.sin(2 * np.pi * t / ppy) + rng.normal(size=n), ppy, 2 * ppy))
+    return cases
+
+
+def naive2_check(python):
+    """Largest relative difference between utils.m4.naive2 and statsmodels' components, and how many of the
+    cases were seasonal."""
+    from utils.m4 import naive2, seasonal
+
+    cases = naive2_series()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "series.json"
+        path.write_text(json.dumps([[list(map(float, x)), ppy, h] for x, ppy, h in cases]))
+        out = subprocess.run([python, "-c", NAIVE2_SIDE, str(path)], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"statsmodels' Naive2 failed:\n{out.stderr[-3000:]}")
+    theirs = json.loads(out.stdout)
+    diff = max(float(np.max(np.abs(naive2(x, h, ppy) / np.array(t) - 1))) for (x, ppy, h), t in zip(cases, theirs))
+    return diff, sum(seasonal(np.asarray(x, dtype=np.float64), ppy) for x, ppy, _ in cases), len(cases)
+
+
 def fixed_forecasts(target, seed):
     """Forecasts near the truth, float32-exact (what a model writes): a seeded relative error per step."""
     rng = np.random.default_rng(seed)
@@ -139,6 +196,8 @@ def main(argv=None):
     parser.add_argument("--tslib", default="/work/tslib", help="a TSLib checkout (4e938a1)")
     parser.add_argument("--python", default="/work/venvs/tslib_m4/bin/python",
                         help="an interpreter with numpy < 1.24 and pandas for TSLib's M4 code")
+    parser.add_argument("--statsmodels_python", default="/work/venvs/statsforecast/bin/python",
+                        help="an interpreter with statsmodels, for the Naive2 check (skipped if it does not exist)")
     parser.add_argument("--write", action="store_true", help="rewrite the fixture and expected.json")
     options = parser.parse_args(argv)
     if options.write:
@@ -152,11 +211,17 @@ def main(argv=None):
     print(summary_table(mine))
     print(f"largest difference from TSLib's m4_summary: {diff:.3g} (tolerance {TOLERANCE}); rounded figures "
           f"{'equal' if rounded_equal else 'DIFFER'} (TSLib's numpy {theirs['numpy']})")
+    naive2_ok = True
+    if os.path.exists(options.statsmodels_python):
+        naive2_diff, seasonal_cases, cases = naive2_check(options.statsmodels_python)
+        naive2_ok = naive2_diff <= TOLERANCE
+        print(f"Naive2 against statsmodels' acf and seasonal_decompose: largest relative difference {naive2_diff:.3g} "
+              f"over {cases} series ({seasonal_cases} of them seasonal)")
     if options.write:
         record = {"tslib_commit": "4e938a1", "tslib_numpy": theirs["numpy"], "figures": theirs["unrounded"],
                   "rounded": theirs["rounded"]}
         (FIXTURE / "expected.json").write_text(json.dumps(record, indent=1) + "\n")
-    return 0 if diff <= TOLERANCE and rounded_equal else 1
+    return 0 if diff <= TOLERANCE and rounded_equal and naive2_ok else 1
 
 
 if __name__ == "__main__":
