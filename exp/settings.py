@@ -123,7 +123,8 @@ def check_task(args):
             f"{task} with TSLib")
     require(task in FORECAST_TASKS, f"unknown --task_name '{task}'; choose one of {', '.join(FORECAST_TASKS)} "
                                     "(TSLib's long-term forecasting, OpenLTM's name for it with its token models "
-                                    "Timer and TimerXL, TSLib's zero-shot forecasting)")
+                                    "Timer and TimerXL, TSLib's zero-shot forecasting, TSLib's short-term "
+                                    "forecasting of M4)")
     require(task != "zero_shot_forecast" or (not args.is_training and args.pretrain_model_path),
             "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
             "--pretrain_model_path FILE")

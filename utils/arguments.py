@@ -258,7 +258,8 @@ def build_parser():
                    help="clip the global gradient norm to this value (0: no clipping); the norm is logged")
     g.add_argument("--loss", default="MSE",
                    help="MSE or MAE (point forecasts); quantile (pinball loss at --quantiles), studentt or normal "
-                        "(negative log-likelihood): probabilistic forecasts, scored by WQL, MASE and coverage too")
+                        "(negative log-likelihood): probabilistic forecasts, scored by WQL, MASE and coverage too; "
+                        "SMAPE or MAPE: TSLib's M4 losses (--data m4 only)")
     g.add_argument("--quantiles", default="0.05,0.1,0.2,0.25,0.3,0.4,0.5,0.6,0.7,0.75,0.8,0.9,0.95",
                    help="probabilistic losses: the quantile levels forecast and scored, comma-separated, increasing, "
                         "with 0.5 (default: GIFT-Eval's 0.1..0.9 and the ends of the 50 / 90 %% intervals)")
