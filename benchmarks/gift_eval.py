@@ -116,8 +116,7 @@ def parse_args(argv=None):
     # any other --model is this codebase's: the arguments left over are run.py's (weights, shapes, --loss ...)
     require(args.model not in BASELINES or not run_argv,
             f"--model {args.model} is a baseline here and takes none of {' '.join(run_argv)}")
-    args.run_argv = [] if args.model in BASELINES else ["--model", args.model, "--num_threads",
-                                                        str(args.num_threads), *run_argv]
+    args.run_argv = run_argv
     require(args.batch_size >= 1, f"--batch_size must be at least 1, got {args.batch_size}")
     terms = [t.strip() for t in args.terms.split(",") if t.strip()]
     bad = [t for t in terms if t not in data.TERMS]
@@ -187,7 +186,8 @@ def forecast_batch(args, histories, config, keys):
     if getattr(args, "forecaster", None) is None:
         from benchmarks.gift_eval_models import ModelForecaster
 
-        args.forecaster = ModelForecaster(args.run_argv, distributed.world_size())
+        args.forecaster = ModelForecaster(["--model", args.model, "--num_threads", str(args.num_threads),
+                                           *args.run_argv], distributed.world_size())
     return args.forecaster.forecast(histories, config["horizon"], impute)
 
 
@@ -196,21 +196,20 @@ def run(args):
     folder = args.out / "configurations"
     identity = {"model": args.model_name, "method": args.model, "arguments": args.run_argv}
     paths = [folder / (config["csv"].replace("/", "__") + ".json") for config in facts]
-    for path in paths:  # a killed run's finished configurations are kept if they are this run's
-        if path.exists():
-            saved = json.loads(path.read_text())
-            require(saved["identity"] == identity, f"{path} holds another run's result ({saved['identity']}); "
-                    "use another --out")
+    # a killed run's finished configurations are kept if they are this run's; rank 0 decides for all (its
+    # disk is the one results are written to)
+    distributed.raise_on_every_rank(lambda: another_runs(paths, identity))
+    finished = distributed.broadcast_object([path.exists() for path in paths])
     warned = False
     # a bar of configurations on a terminal (rank 0), else one line per configuration
     bar = None
     if progress_mode() == "bar":
         from tqdm import tqdm
 
-        bar = tqdm(total=len(facts), initial=sum(p.exists() for p in paths), unit="configuration", leave=False)
+        bar = tqdm(total=len(facts), initial=sum(finished), unit="configuration", leave=False)
     say = (lambda line: print(line, flush=True)) if bar is None else bar.write
     for i, (config, path) in enumerate(zip(facts, paths)):
-        if path.exists():
+        if finished[i]:
             continue
         began = time.perf_counter()
         ds = data.read_dataset(Path(args.data_root) / config["name"])
@@ -240,6 +239,16 @@ def run(args):
         results = [json.loads(path.read_text()) for path in paths]
         write_outputs(args, results)
         print(relative_table(results))
+
+
+def another_runs(paths, identity):
+    """A message if a configuration file already in --out is another run's (model or arguments), else None."""
+    for path in paths:
+        if path.exists():
+            saved = json.loads(path.read_text())["identity"]
+            if saved != identity:
+                return f"{path} holds another run's result ({saved}); use another --out"
+    return None
 
 
 def csv_text(results, model_name):
