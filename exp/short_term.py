@@ -23,7 +23,7 @@ from exp.forward import forward
 from exp.outputs import require_outputs_writable
 from utils import distributed, m4
 from utils.metrics import m4_loss
-from utils.progress import RESULT
+from utils.progress import RESULT, EvaluationProgress, progress_mode
 from utils.tools import eval_mode
 
 logger = logging.getLogger("tsl")
@@ -50,12 +50,15 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
     def forecasts(self, loader, stage):
         """(forecasts, targets) of this rank's share of the series, each [n, horizon] float32, in series order."""
         preds, trues = [], []
+        progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
         with eval_mode(self.raw_model):  # no DDP wrapper: no collective inside the loop
             for batch in loader:
                 with self.autocast():
                     pred, true = forward(self.raw_model, batch, self.args, stage, self.device)
                 preds.append(pred.float()[..., 0].cpu())
                 trues.append(true[..., 0].cpu())
+                progress.update()
+        progress.close()
         horizon = self.args.pred_len
         return (torch.cat(preds) if preds else torch.zeros(0, horizon)), (torch.cat(trues) if trues else torch.zeros(0, horizon))
 
