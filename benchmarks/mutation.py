@@ -38,12 +38,13 @@ TARGETS = {
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
                             "test_failing_ranks.py", "test_exactness_cli.py", "test_resume_and_restart.py",
                             "test_steps.py", "test_world_size_invariance.py", "test_zero.py"],
+    "exp/short_term.py": ["test_m4.py"],
     "exp/steps.py": ["test_steps.py", "test_training.py", "test_scaling.py", "test_world_size_invariance.py",
                      "test_resume_and_restart.py"],
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py",
-                         "test_failing_ranks.py", "test_probabilistic_metrics.py"],
+                         "test_failing_ranks.py", "test_probabilistic_metrics.py", "test_m4.py"],
     "utils/probabilistic.py": ["test_probabilistic.py", "test_world_size_invariance.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_openltm_checkpoints.py", "test_steps.py",
                             "test_resume_and_restart.py", "test_bad_input.py"],
@@ -51,9 +52,10 @@ TARGETS = {
     "data_provider/corpus.py": ["test_corpus.py", "test_bad_input.py"],
     "data_provider/global_batches.py": ["test_world_size_invariance.py", "test_window_loader.py", "test_steps.py",
                                         "test_resume_and_restart.py", "test_scaling.py"],
+    "data_provider/m4.py": ["test_m4.py", "test_bad_input.py"],
     "data_provider/": ["test_permutation.py", "test_data.py", "test_window_loader.py", "test_pretrain.py",
                        "test_slicing.py", "test_argument_checks.py", "test_corpus.py", "test_steps.py",
-                       "test_openltm_scripts.py", "test_bad_input.py"],
+                       "test_openltm_scripts.py", "test_bad_input.py", "test_m4.py"],
 }
 
 # "module:line:operator" -> why no test can tell this mutant from the original (filled in by triage)
