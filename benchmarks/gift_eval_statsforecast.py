@@ -7,7 +7,10 @@ dependency here); tests/test_gift_eval.py compares them with these figures. stat
 environment, outside the repository, and this script imports nothing from it:
 
     python -m venv /work/venvs/statsforecast
-    /work/venvs/statsforecast/bin/pip install statsforecast 'pandas<3'
+    /work/venvs/statsforecast/bin/pip install 'statsforecast==2.0.1' 'pandas<3'
+
+(2.0.1, the venv benchmarks/gift_eval_official.py also needs: statsforecast 2.1 refuses the level 0 that GIFT-Eval's
+notebook asks for the median; 2.1.1 gives these figures unchanged.)
     /work/venvs/statsforecast/bin/python benchmarks/gift_eval_statsforecast.py           # writes if changed
     /work/venvs/statsforecast/bin/python benchmarks/gift_eval_statsforecast.py --check   # exit 1 if it differs
 
