@@ -132,6 +132,7 @@ class GlobalBatches:
             cuts = [(a, b) for a, b in even_cuts(len(part), self.accumulation) if b > a]
             micro = [part[a:b] for a, b in cuts]
             stand_in = None if micro else self.order(begin, begin + 1, device)
-            uneven = windows < self.global_batch and len({self._forwards(windows, r)
+            # a rank without a window runs one stand-in pass: only differing counts of passes are uneven
+            uneven = windows < self.global_batch and len({max(1, self._forwards(windows, r))
                                                           for r in range(self.world_size)}) > 1
             yield GlobalStep(micro, windows, stand_in, uneven, self.epoch, [begin + first + a for a, _ in cuts])

@@ -4,6 +4,7 @@ import logging
 
 import torch
 
+from exp.forward import training_loss
 from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import distributed
@@ -34,6 +35,20 @@ def unshare_gradients(model):
             seen.add(grad.data_ptr())
 
 
+def parameters_without_gradient(model, loss_of, device):
+    """Names of `model`'s trainable parameters that one backward of loss_of(model) leaves without a gradient.
+    The model is as it was afterwards: its buffers (BatchNorm's statistics), gradients and random streams."""
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loss_of(model).backward()
+    missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    return missing
+
+
 class Exp_Basic:
     def __init__(self, args, device):
         """`args` from exp.settings.resolve_args, `device` from utils.distributed.setup."""
@@ -57,6 +72,35 @@ class Exp_Basic:
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)
         self.last_grad_norm = None  # of the last optimizer step, with --clip_grad
         self.objective = objective_for(args)  # a probabilistic --loss (utils.probabilistic), or None
+
+    def allow_unused_parameters(self, dataset):
+        """Under DDP: if one training forward of the first windows of `dataset` leaves parameters without a
+        gradient (TSLib's files often build layers a configuration never reads: FEDformer's attention
+        projections, MSGNet's predict_linear), wrap the model again with DDP's find_unused_parameters, which
+        then searches the graph every step, and say so once. Plain DDP would stop at the second step."""
+        if not distributed.is_dist() or len(dataset) == 0:
+            return []
+        batch = dataset.__getitems__(torch.arange(min(2, len(dataset)), device=getattr(dataset, "device", None)))  # 2: BatchNorm trains on no fewer
+
+        def loss_of(model):
+            with distributed.local_batch_norm(model), self.autocast():  # no collective inside the probe
+                return training_loss(model, batch, self.args, self.device, self.loss)[0]
+        was_training = self.raw_model.training
+        self.raw_model.train()
+        unused = parameters_without_gradient(self.raw_model, loss_of, self.device)
+        self.raw_model.train(was_training)
+        if not distributed.any_rank(bool(unused)):
+            return []
+        if distributed.is_main():
+            shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+            logger.warning(f"model {self.args.model}: {len(unused)} parameters get no gradient in training ({shown}); "
+                           "DDP searches for unused parameters every step (find_unused_parameters), which costs "
+                           "time: build only the layers this configuration uses")
+        self.model = None  # the old wrapper's gradient hooks go with it
+        self.model = distributed.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
+        if self.args.compile:
+            self.model = torch.compile(self.model)
+        return unused
 
     def loss(self, pred, true):
         """Mean training loss of a batch: --loss MSE / MAE, or the probabilistic objective's."""

@@ -52,6 +52,7 @@ class Exp_Forecast(Exp_Basic):
         if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
         train_loader, *eval_loaders = (data_provider(args, flag, self.device)[1] for flag in ("train", "val", "test"))
+        self.allow_unused_parameters(train_loader.dataset)  # before the optimizer takes the DDP module's parameters
         state = TrainingState(self.raw_model, self.make_optimizer(), EarlyStopping(args.patience), self.grad_scaler,
                               running={"since_eval": RunningLoss(self.device), "since_log": RunningLoss(self.device)})
         resume(args, setting, state)
@@ -188,8 +189,8 @@ class Exp_Forecast(Exp_Basic):
         windows = getattr(micro_batches, "windows", None) or world * sum(batch[0].shape[0] for batch in micro_batches)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored, last = 0, len(micro_batches) - 1
-        # ranks that run different numbers of forwards (a short last batch) cannot pair SyncBatchNorm's gathers
-        with distributed.local_batch_norm(self.model, getattr(micro_batches, "uneven", False)):
+        # ranks running different numbers of forwards cannot pair SyncBatchNorm's gathers; a rank without windows can
+        with distributed.batch_norm_for_step(self.model, getattr(micro_batches, "uneven", False), windows < world):
             for i, batch in enumerate(micro_batches):
                 with distributed.no_sync(self.model, skip=i < last):
                     with self.autocast(), self.sample_masks(micro_batches, i, batch[0].shape[0]):
@@ -219,7 +220,7 @@ class Exp_Forecast(Exp_Basic):
         batch is empty: DDP all-reduces in backward, so every rank must run one. Zero-weighted, on one
         real window, in eval mode so that BatchNorm's running statistics and dropout's random stream
         stay as they were."""
-        with eval_mode(self.model), self.autocast():
+        with eval_mode(self.model), distributed.stand_in_batch_norm(self.model), self.autocast():
             loss = training_loss(self.model, batch, self.args, self.device, self.loss)[0]
         self.backward(loss * 0.0)
 

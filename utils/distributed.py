@@ -5,6 +5,7 @@ identity) when no process group is initialised.
 """
 import contextlib
 import datetime
+import functools
 import gc
 import inspect
 import logging
@@ -628,6 +629,7 @@ class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     local_batch_norm) are plain BatchNorm. The same parameters, buffers and state_dict keys."""
 
     local = False
+    contributes = True
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -649,24 +651,32 @@ class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     def forward(self, x):
         if not self.training or self.local or not is_dist() or world_size() == 1:
             return super().forward(x)
-        all_reduce = _SummedOverRanks.apply
-        dims = [d for d in range(x.dim()) if d != 1]
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]))
-        count = sums[-1]
-        mean = sums[:-1] / count
-        centred = x - mean.view(shape)
-        var = all_reduce(centred.square().sum(dims)) / count  # biased, as BatchNorm normalises with
-        out = centred * torch.rsqrt(var + self.eps).view(shape)
-        if self.affine:
-            out = out * self.weight.view(shape) + self.bias.view(shape)
-        if self.track_running_stats:
-            with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-                self.running_mean.lerp_(mean.detach(), momentum)
-                self.running_var.lerp_(var.detach() * (count / (count - 1)).clamp_min(0), momentum)
-        return out
+        return _global_batch_norm(self, x, self.contributes)
+
+
+def _global_batch_norm(layer, x, contributes=True):
+    """BatchNorm `layer` in training on the statistics of every rank's `x` together (each channel's sums, then
+    its centred squares, all-reduced differentiably); a rank that `contributes` nothing (its stand-in pass) adds
+    zeros, joins the collectives and updates its running statistics as every other rank does."""
+    all_reduce = _SummedOverRanks.apply
+    weight = 1.0 if contributes else 0.0
+    dims = [d for d in range(x.dim()) if d != 1]
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]) * weight)
+    count = sums[-1]
+    mean = sums[:-1] / count
+    centred = x - mean.view(shape)
+    var = all_reduce(centred.square().sum(dims) * weight) / count  # biased, as BatchNorm normalises with
+    out = centred * torch.rsqrt(var + layer.eps).view(shape)
+    if layer.affine:
+        out = out * layer.weight.view(shape) + layer.bias.view(shape)
+    if layer.track_running_stats:
+        with torch.no_grad():
+            layer.num_batches_tracked.add_(1)
+            momentum = 1.0 / float(layer.num_batches_tracked) if layer.momentum is None else layer.momentum
+            layer.running_mean.lerp_(mean.detach(), momentum)
+            layer.running_var.lerp_(var.detach() * (count / (count - 1)).clamp_min(0), momentum)
+    return out
 
 
 # PyTorch 2.13 renamed broadcast_buffers (deprecated, and False also skipped the sync at construction)
@@ -682,9 +692,10 @@ def has_running_statistics(module):
                for m in module.modules())
 
 
-def wrap_ddp(module, device, sync_bn=False):
+def wrap_ddp(module, device, sync_bn=False, find_unused=False):
     """(module to evaluate and save, module to train): `module` itself twice without a
-    process group; else the (SyncBatchNorm-converted) module and its DDP wrapper.
+    process group; else the (SyncBatchNorm-converted) module and its DDP wrapper (with `find_unused`:
+    DDP's find_unused_parameters, for a model some of whose parameters take no part in training).
 
     DDP broadcasts rank 0's parameters and buffers at construction, so every rank starts equal;
     before every forward it broadcasts the buffers again only where training changes them (a
@@ -695,7 +706,7 @@ def wrap_ddp(module, device, sync_bn=False):
     if sync_bn:
         module = convert_sync_batchnorm(module, device)
     device_ids = [device.index] if device.type == "cuda" else None
-    return module, DistributedDataParallel(module, device_ids=device_ids,
+    return module, DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=find_unused,
                                            **{_SYNC_BUFFERS: has_running_statistics(module)})
 
 
@@ -733,6 +744,55 @@ def local_batch_norm(model, local=True):
             del layer.forward
         for layer in global_layers:
             del layer.local
+
+
+def batch_norm_for_step(model, uneven, stand_in_somewhere):
+    """How a training step's global BatchNorm layers normalise: each rank on its own batch when ranks run
+    different numbers of forward passes (local_batch_norm); all-reduced, a stand-in rank adding nothing, when
+    some rank has no window (batch_norm_beside_stand_in); else as they are."""
+    if uneven:
+        return local_batch_norm(model)
+    return batch_norm_beside_stand_in(model, stand_in_somewhere)
+
+
+@contextlib.contextmanager
+def batch_norm_beside_stand_in(model, stand_in_somewhere=True):
+    """Inside the block, `model`'s SyncBatchNorm layers normalise as GlobalBatchNorm does (all-reduced sums) on
+    every rank, for a step in which some rank has no window and runs a stand-in pass (stand_in_batch_norm): its
+    collectives then pair with theirs. A no-op without SyncBatchNorm or without a stand-in."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)] if stand_in_somewhere else []
+    for layer in layers:
+        layer.forward = functools.partial(_global_batch_norm, layer)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+@contextlib.contextmanager
+def stand_in_batch_norm(model):
+    """For a stand-in pass (a rank without a window in a short last step, its model in eval mode): its global
+    BatchNorm layers train as the other ranks' do, joining their collectives but adding nothing, so every rank
+    ends the step with the running statistics of exactly the step's windows, as one process has."""
+    # not in a step whose layers normalise locally (local_batch_norm): there a stand-in must not train them
+    layers = [m for m in model.modules() if (isinstance(m, GlobalBatchNorm) and not m.local) or (
+        isinstance(m, torch.nn.SyncBatchNorm) and getattr(m.__dict__.get("forward"), "func", None) is _global_batch_norm)]
+    for layer in layers:
+        layer.train(True)
+        if isinstance(layer, GlobalBatchNorm):
+            layer.contributes = False
+        else:
+            layer.forward = functools.partial(_global_batch_norm, layer, contributes=False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.train(False)
+            if isinstance(layer, GlobalBatchNorm):
+                del layer.contributes
+            else:
+                layer.forward = functools.partial(_global_batch_norm, layer)
 
 
 def make_optimizer(params, optimizer_class, shard=False, **options):
