@@ -14,10 +14,12 @@ Exact on any number of processes: in every configuration the test windows are cu
 --batch_size, each rank forecasts its contiguous share of the batches (utils.distributed.shard_range, nothing
 padded), rank 0 gathers each window's own sums and adds them with math.fsum (correctly rounded in any order).
 So the CSV is byte for byte the same on any number of processes; the baselines' at any batch size too (a
-model's float32 forward may round a window differently in another batch: about 1e-9 relative here). Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a
-run started again with the same arguments skips the configurations already there.
+model's float32 forward may round a window differently in another batch: about 1e-9 relative here).
+Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a run
+started again with the same arguments skips the configurations already there.
 
-Models: the three baselines written here (seasonal naive, GIFT-Eval's reference, naive and mean), each with
+Models: benchmarks/gift_eval_models.py runs any model of this codebase; written here are three baselines
+(seasonal naive, GIFT-Eval's reference, naive and mean), each with
 Gaussian quantiles from its in-sample residuals (Hyndman & Athanasopoulos, Forecasting: Principles and
 Practice, 3rd ed., section 5.5, the benchmark methods' h-step standard deviations), which are statsforecast's
 SeasonalNaive and Naive, GIFT-Eval's reference rows (benchmarks/gift_eval_statsforecast.py checks them).
