@@ -285,7 +285,8 @@ def relative_table(results):
             groups.setdefault(f"{kind} {of(r['config'])}", []).append(r)
     lines = [f"{'geometric mean relative to seasonal naive':44s} {'MASE':>8s} {'CRPS':>8s} configurations"]
     for group, members in groups.items():
-        cells = [_geometric_mean([m["metrics"][k] / m["seasonal_naive"][k] for m in members])
+        cells = [_geometric_mean([m["metrics"][k] / m["seasonal_naive"][k] if m["seasonal_naive"][k] else math.nan
+                                  for m in members])
                  for k in ("MASE[0.5]", "mean_weighted_sum_quantile_loss")]
         lines.append(f"{group:44s} {cells[0]:8.4f} {cells[1]:8.4f} {len(members)}")
     return "\n".join(lines)
