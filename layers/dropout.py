@@ -23,11 +23,14 @@ generator, the dearest part of a small training step after the matrix products; 
 one 31-bit integer per element, or for small p only the dropped positions.
 """
 import contextlib
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from layers.keyed_attention import weights_attention
 
 _keys = None  # the active SampleKeys, or None
 
@@ -148,6 +151,53 @@ def _keyed_dropped(shape, p, seeds, generator, dtype=torch.float32, device=None)
     return noise
 
 
+def _sample_masks(shape, p, dtype, device):
+    """For this call (it takes a call number): a function giving sample s's (bool keep mask of `shape`, the
+    kept elements' factor), the mask _keyed_noise draws for a tensor holding the samples' `shape` blocks
+    along dim 0, bit for bit, and the same each time it is asked (keyed attention draws it again in backward
+    rather than keep it): on the CPU by the sample's generator (_sample_keep), elsewhere by the hash."""
+    call_key, first = _next_call_key(), _keys.first
+    if device.type != "cpu":
+        return lambda s: (_hashed_keep(shape, p, call_key, first + s, 1, device, dtype), _divided_one(p, dtype))
+    seeds = _sample_seeds(call_key, first, _keys.samples)
+
+    def sample_mask(s):
+        keep, factor = _sample_keep(math.prod(shape), p, seeds[s], dtype)
+        return keep.view(shape), factor
+
+    return sample_mask
+
+
+def _divided_one(p, dtype):
+    """1 / (1 - p) as the integer path computes the factor (1.0 in `dtype`, divided)."""
+    return torch.ones(1, dtype=dtype).div_(1.0 - p).item()
+
+
+DRAW_CHUNK = 1 << 20  # 31-bit draws at a time: a generator's stream cut in chunks is the same stream
+
+
+def _sample_keep(n, p, seed, dtype):
+    """The keep mask (bool, [n]) _keyed_noise draws on the CPU for a sample of n elements from its seed, and
+    its factor, in n bytes: for p < 0.25 and large samples the dropped positions (_keyed_dropped for one
+    sample), else one 31-bit integer per element, compared as the float noise of `dtype` compares it."""
+    generator = _generator(torch.device("cpu"))
+    generator.manual_seed(seed)
+    keep = torch.ones(n, dtype=torch.bool)
+    if p < 0.25 and n >= 1 << 13:
+        expected = n * p
+        draws = torch.empty(1, int(expected + 6.0 * math.sqrt(expected) + 16), dtype=torch.int32)
+        positions = _hits(draws.random_(generator=generator), math.log1p(-p))[0]
+        if positions[-1] < n:  # short: redrawn whole, as _keyed_dropped's second round
+            generator.manual_seed(seed)
+            positions = dropped_positions(n, p, generator=generator)
+        keep.index_fill_(0, positions[positions < n].long(), False)
+        return keep, torch.tensor(1.0 / (1.0 - p), dtype=dtype).item()
+    below = _least_reaching(1.0 - p, dtype)  # bits < below exactly when float(bits) < (1 - p) * 2**31
+    for part in keep.split(DRAW_CHUNK):
+        part.copy_(torch.empty(part.shape, dtype=torch.int32).random_(generator=generator).le_(below - 1))
+    return keep, _divided_one(p, dtype)
+
+
 def _signed(x):
     """A 64-bit pattern as the int64 that holds it."""
     return x - (1 << 64) if x >= 1 << 63 else x
@@ -165,13 +215,52 @@ def _mix64_(x):
 
 def _hashed_noise(like, p, call_key, first, samples):
     """Element j of sample s is kept when the top 31 bits of _mix64(_mix64(call_key ^ (first + s)) + j),
-    uniform on [0, 2**31), fall below (1 - p) * 2**31: the distribution of _fill_noise's integer path."""
-    keep = 1.0 - p
-    sample_keys = _sample_keys(call_key, first, samples, like.device)
-    bits = _mix64_(sample_keys.unsqueeze(1) + torch.arange(like.numel() // samples, device=like.device))
-    bits = (bits >> 33) & ((1 << 31) - 1)
-    noise = torch.empty(like.shape, dtype=_noise_dtype(like), device=like.device)
-    return noise.copy_(bits.view(like.shape)).lt_(keep * 2.0**31).div_(keep).to(like.dtype)
+    uniform on [0, 2**31), fall below (1 - p) * 2**31 as the noise's dtype holds both: the distribution of
+    _fill_noise's integer path. The factor from _hashed_keep's bool mask, in two passes over the output."""
+    keep = _hashed_keep(like.shape, p, call_key, first, samples, like.device, _noise_dtype(like))
+    return keep.to(_noise_dtype(like)).div_(1.0 - p).to(like.dtype)
+
+
+# splitmix64's constants as int64 (_mix64): the increment, the two factors, and the sign bit
+_GOLDEN, _FACTOR_1, _FACTOR_2, _SIGN = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                                               0x94D049BB133111EB, 1 << 63))
+
+
+def _hashed_keep(shape, p, call_key, first, samples, device, dtype=torch.float32):
+    """The bool mask of _hashed_noise (True: kept), in 13 operations on the device, 11 of them passes over
+    the int64 hashes (issue 43 item 2; it took 33 and 15). Exact integer identities, each a pass saved:
+    - the samples' keys (a few hundred integers) are mixed on the host, so one copy, not 14 launches;
+    - splitmix64's increment goes into each sample's key, not into every element;
+    - its last step x ^ (x >>> 31) leaves the top 31 bits as they are, and only those are read;
+    - `top 31 bits < threshold` is an unsigned comparison of the whole word, done as a signed one after
+      flipping the sign bit (_keep_below)."""
+    sample_keys = _sample_keys(call_key, first, samples).add_(_GOLDEN).to(device, non_blocking=True)
+    x = sample_keys.unsqueeze(1) + torch.arange(math.prod(shape) // samples, device=device)
+    for shift, factor in ((30, _FACTOR_1), (27, _FACTOR_2)):  # a logical shift: arithmetic, then masked
+        x.bitwise_xor_(torch.bitwise_right_shift(x, shift).bitwise_and_((1 << (64 - shift)) - 1)).mul_(factor)
+    return x.bitwise_xor_(_SIGN).le(_keep_below(1.0 - p, dtype)).view(shape)
+
+
+def _keep_below(keep, dtype):
+    """The signed bound of _hashed_keep's comparison: x (sign bit flipped) <= bound exactly when
+    float(x >>> 33) < keep * 2**31 in `dtype` (_least_reaching)."""
+    return (_least_reaching(keep, dtype) << 33) - (1 << 63) - 1  # top 31 bits below it, sign bit flipped
+
+
+@functools.lru_cache(maxsize=64)
+def _least_reaching(keep, dtype):
+    """The least 31-bit integer b with float(b) >= keep * 2**31 in `dtype`: a float noise compares the
+    integer rounded to its dtype (float32 rounds integers above 2**24), with the threshold rounded to it
+    too, so b < this exactly when the noise keeps b. By bisection, rounding as the noise's copy does."""
+    threshold = torch.tensor(keep * 2.0**31, dtype=dtype)
+    low, high = 0, 1 << 31
+    while low < high:
+        middle = (low + high) // 2
+        if torch.tensor(middle, dtype=torch.int64).to(dtype) >= threshold:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _noise_dtype(like):
@@ -387,8 +476,8 @@ class KeyedDropout(nn.Dropout):
         GPU (or wherever `per_sample_attention` says) the fused kernel runs once per sample, its masks from the
         sample's key (_per_sample_attention): the very kernel an unkeyed call takes, flash or memory-efficient
         attention, O(sequence) memory. The CPU has no fused kernel with dropout (SDPA forms the weights there
-        anyway), so there the weights are formed here with this module's cheaper masks, in one call
-        (_weights_attention): benchmarks/results/bench_attention_dropout_cpu.md weighs the two."""
+        anyway), so there the weights are formed with this module's cheaper masks, a query block of a sample at
+        a time (layers.keyed_attention): benchmarks/results/bench_attention_dropout_cpu.md weighs the two."""
         p = self.p if self.training else 0.0
         if p == 0.0 or _keys is None or not self.keyable(query):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=p,
@@ -396,7 +485,9 @@ class KeyedDropout(nn.Dropout):
         per_sample = self.per_sample_attention
         if query.device.type == "cuda" if per_sample is None else per_sample:
             return _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale)
-        return _weights_attention(query, key, value, p, attn_mask, is_causal, scale)
+        shape = (query.shape[0] // _keys.samples, *query.shape[1:-1], key.shape[-2])  # a sample's weights
+        sample_mask = _sample_masks(shape, p, _noise_dtype(query), query.device)
+        return weights_attention(query, key, value, _keys.samples, sample_mask, attn_mask, is_causal, scale)
 
 
 def _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale):
@@ -419,18 +510,6 @@ def _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale):
     finally:
         generator.set_state(state)  # the global stream goes on as if untouched
     return torch.cat(outs)
-
-
-def _weights_attention(query, key, value, p, attn_mask, is_causal, scale):
-    """scaled_dot_product_attention's math path written out, dropout on the weights by this module's masks."""
-    scores = query @ key.transpose(-2, -1) * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-    if is_causal:
-        queries, keys_ = scores.shape[-2:]
-        causal = torch.ones(queries, keys_, dtype=torch.bool, device=scores.device).tril()  # as SDPA's
-        scores = scores.masked_fill(~causal, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return dropout(scores.softmax(-1), p, True) @ value
 
 
 def attention(query, key, value, weights_dropout: nn.Dropout, attn_mask=None, is_causal=False, scale=None):

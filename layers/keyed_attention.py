@@ -1,0 +1,141 @@
+"""Attention with sample-keyed dropout on its weights in bounded memory: what KeyedDropout.attend runs where
+the weights are formed (the CPU, which has no fused kernel with dropout; issue 43 item 1).
+
+Written out, softmax(q k^T * scale + mask) * dropout_noise @ v keeps for backward the scores' softmax, its
+float32 mask and the dropped weights, each [B, H, L, S], and forms int64 and float temporaries of that size
+while drawing the masks: at 1 280 tokens a Timer-XL step held several hundred MiB above its start.
+Here the weights exist one query block of one sample at a time, O(block x S) per head, as flash attention
+does (Dao et al., "FlashAttention", NeurIPS 2022, section 3.1: recompute in backward, keep only the inputs):
+
+- forward, per sample: its bool keep mask [rows, H, L, S] from the sample's key (layers.dropout draws
+  it: the very draws of its _keyed_noise, so the same keys give the same masks, bit for bit), then per
+  query block the scores, their softmax, the dropped weights and the output rows;
+- backward, per sample: the mask drawn again from the same key (nothing of size L x S is saved), and per
+  query block the same weights recomputed, then the gradients of the softmax, of q, k, v and of an additive
+  mask that needs one (Timer-XL's learned variable bias).
+
+Every output row is the sum, in the same order, of the products the written-out form takes (the same
+matrix products on fewer rows), so the forward agrees with it; the gradients of k, v and the mask add the
+blocks' parts one after another, so they agree to rounding. The blocks depend on one sample's shape only,
+never on the micro-batch, so a sample's numbers do not depend on the number of processes.
+"""
+import math
+
+import torch
+
+BLOCK_ELEMENTS = 1 << 18  # weights per block (1 MiB in float32): queries per block = this / (rows x H x S)
+
+
+def weights_attention(query, key, value, samples, sample_mask, attn_mask=None, is_causal=False, scale=None):
+    """scaled_dot_product_attention's math path, its weights dropped by keyed masks: query's first dimension
+    holds `samples` samples' rows; sample_mask(s) gives sample s's (bool keep mask [rows, ..., L, S], the
+    factor of the kept weights), the same each time it is asked (layers.dropout draws it from the key)."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    plan = _Plan(samples, sample_mask, scale, is_causal)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        return _KeyedWeightsAttention.apply(query, key, value, attn_mask, plan)
+    plan.bool_mask = attn_mask
+    return _KeyedWeightsAttention.apply(query, key, value, None, plan)
+
+
+class _Plan:
+    """What a call's forward and backward share besides tensors."""
+
+    def __init__(self, samples, sample_mask, scale, is_causal):
+        self.samples, self.sample_mask, self.scale, self.is_causal = samples, sample_mask, scale, is_causal
+        self.bool_mask = None
+
+
+class _KeyedWeightsAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, additive, plan):
+        ctx.plan = plan
+        ctx.save_for_backward(query, key, value, additive)
+        out = torch.empty(*query.shape[:-1], value.shape[-1], dtype=value.dtype, device=value.device)
+        for sample, rows, blocks in _parts(query, key, plan):
+            noise_of = _noise(plan, sample, query)
+            for block in blocks:
+                weights, _ = _weights(query, key, additive, plan, rows, block, noise_of)
+                out[rows][..., block, :] = weights @ value[rows]
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, additive = ctx.saved_tensors
+        plan = ctx.plan
+        grads = [torch.zeros_like(t) if need else None
+                 for t, need in zip((query, key, value, additive), ctx.needs_input_grad)]
+        grad_query, grad_key, grad_value, grad_additive = grads
+        for sample, rows, blocks in _parts(query, key, plan):
+            noise_of = _noise(plan, sample, query)
+            for block in blocks:
+                weights, (probabilities, noise) = _weights(query, key, additive, plan, rows, block, noise_of)
+                grad_rows = grad_out[rows][..., block, :]
+                if grad_value is not None:
+                    grad_value[rows] += weights.transpose(-2, -1) @ grad_rows
+                grad_weights = (grad_rows @ value[rows].transpose(-2, -1)).mul_(noise)
+                # softmax's backward: p * (g - sum(g * p)) along the keys
+                grad_scores = grad_weights.sub_((grad_weights * probabilities).sum(-1, keepdim=True))
+                grad_scores.mul_(probabilities)
+                if grad_additive is not None:
+                    _add_to_mask(grad_additive, grad_scores, rows, block, query)
+                grad_scores.mul_(plan.scale)
+                if grad_query is not None:
+                    grad_query[rows][..., block, :] += grad_scores @ key[rows]
+                if grad_key is not None:
+                    grad_key[rows] += grad_scores.transpose(-2, -1) @ query[rows][..., block, :]
+        return grad_query, grad_key, grad_value, grad_additive, None
+
+
+def _parts(query, key, plan):
+    """(sample, its rows along dim 0, its query blocks) for each sample of the call."""
+    per_sample = query.shape[0] // plan.samples
+    queries, keys_ = query.shape[-2], key.shape[-2]
+    block = max(1, BLOCK_ELEMENTS // max(1, per_sample * math.prod(query.shape[1:-2]) * keys_))
+    blocks = [slice(start, min(start + block, queries)) for start in range(0, queries, block)]
+    for sample in range(plan.samples):
+        yield sample, slice(sample * per_sample, (sample + 1) * per_sample), blocks
+
+
+def _weights(query, key, additive, plan, rows, block, noise_of):
+    """The dropped weights of one sample's query block, and (their softmax, the noise they were dropped by),
+    by the operations of layers.dropout's written-out form, in its order."""
+    scores = query[rows][..., block, :] @ key[rows].transpose(-2, -1) * plan.scale
+    if plan.is_causal:
+        # the block's rows of SDPA's lower-triangular mask
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril(block.start)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if plan.bool_mask is not None:
+        scores = scores.masked_fill(~_mask_part(plan.bool_mask, rows, block, query), float("-inf"))
+    elif additive is not None:
+        scores = scores + _mask_part(additive, rows, block, query)
+    probabilities = scores.softmax(-1)
+    noise = noise_of(block).to(probabilities.dtype)
+    return probabilities * noise, (probabilities, noise)
+
+
+def _mask_part(mask, rows, block, query):
+    """The part of an SDPA mask (broadcastable to [..., L, S]) that meets these rows and query block."""
+    mask = mask[(None,) * (query.dim() - mask.dim())]  # a view, also of a gradient being summed into
+    if mask.shape[0] != 1:
+        mask = mask[rows]
+    return mask[..., block, :] if mask.shape[-2] != 1 else mask
+
+
+def _add_to_mask(grad_mask, grad_scores, rows, block, query):
+    """Adds a block's score gradient into an additive mask's gradient, summed over the dims it broadcasts."""
+    target = _mask_part(grad_mask, rows, block, query)
+    target += grad_scores.sum_to_size(target.shape)
+
+
+def _noise(plan, sample, query):
+    """A function of a query block giving the sample's dropout factor there: the keep mask as the noise's
+    dtype (float64 for float64 weights, else float32, as layers.dropout's), times the factor."""
+    keep, factor = plan.sample_mask(sample)
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+
+    def noise(block):
+        return keep[..., block, :].to(dtype).mul_(factor)
+
+    return noise
