@@ -30,6 +30,17 @@ import torch
 from data_provider.permutation import FeistelPermutation, epoch_key
 
 
+def to_device_async(tensor, device):
+    """`tensor` (in host memory) on `device` without blocking the host: on a GPU it is pinned first, so the copy
+    is queued on the stream (the caching host allocator keeps the pinned block until the copy is done). A copy
+    from pageable memory, or a plain .to(), would wait for the GPU every training step."""
+    if device is None or torch.device(device).type == "cpu":
+        return tensor
+    if torch.device(device).type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 class GlobalStep(list):
     """One optimizer step on this rank: the list of its micro-batches (index tensors from
     GlobalBatches, gathered batches from the training loader), with
@@ -88,11 +99,11 @@ class GlobalBatches:
         """The windows at positions [start, stop) of this epoch's order, as an int64 tensor on `device`
         (randperm's order crosses to a device once per epoch, the Feistel one per call)."""
         if self._feistel is not None:
-            return torch.from_numpy(self._feistel(np.arange(start, stop))).to(device or "cpu")
+            return to_device_async(torch.from_numpy(self._feistel(np.arange(start, stop))), device)
         if self._order is None:  # DistributedSampler's draw for one replica: the same generator and call
             self._order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
         if device is not None and self._order.device != torch.device(device):
-            self._order = self._order.to(device)
+            self._order = to_device_async(self._order, device)
         return self._order[start:stop]
 
     def _end(self, start):

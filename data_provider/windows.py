@@ -199,6 +199,10 @@ class WindowLoader:
         a time instead."""
         device, size = self.dataset.device, self.batch_size
         end = len(self.sampler)
+        if isinstance(self.sampler, ShardSampler):  # a contiguous share: each batch a range made where it is read,
+            # no index held for the split (a corpus-sized one) and nothing copied from the host
+            first = self.sampler.start
+            return (torch.arange(first + b, first + min(b + size, end), device=device) for b in range(start, end, size))
         if hasattr(self.sampler, "indices") and device.type == "cpu":
             return (torch.from_numpy(self.sampler.indices(b, min(b + size, end))) for b in range(start, end, size))
         order = torch.tensor(list(self.sampler), dtype=torch.long)[start:end].to(device)
