@@ -424,6 +424,7 @@ class CorpusData(ForecastData):
     constant_memory_shuffle = True
     dates = None
     series_transform = False  # True: finish() needs each window's series (Time-MoE's layout)
+    memory_mapped = True  # read from its memory map in host memory, never moved to a GPU (CorpusWindows.to)
 
     def __init__(self, folder):
         self.folder = folder

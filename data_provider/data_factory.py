@@ -79,19 +79,27 @@ def keeps_data_on_device(args, device):
     own GPU; results are the same either way). Decided once per process and data set."""
     if device is None or torch.device(device).type != "cuda" or args.data_on_device == "never":
         return False
+    key = (_cache_key(args), str(device))
+    if getattr(prepared_data(args), "memory_mapped", False):  # a corpus: its windows are read from the map
+        if key not in _placement_cache:
+            _placement_cache[key] = False
+            logger.info(f"data off the GPU (--data_on_device {args.data_on_device}): a corpus stays in its memory "
+                        "map; each step's windows are read in host memory, pinned and copied asynchronously ("
+                        + (f"{args.num_workers} loader workers read ahead)" if args.num_workers else
+                           "read in this process; --num_workers N reads them ahead in parallel)"))
+        return False
     if args.data_on_device == "always":
         return True
     if args.num_workers > 0:
         return False
-    key = (_cache_key(args), str(device))
     if key not in _placement_cache:
         needed = prepared_data(args).nbytes()
         free, _ = torch.cuda.mem_get_info(device)
         _placement_cache[key] = fits = needed <= AUTO_SHARE_OF_FREE_MEMORY * free
         logger.info(f"data {'on' if fits else 'off'} the GPU (--data_on_device auto): {needed / 2**20:.1f} MiB "
                     f"against {free / 2**20:.0f} MiB free on {device}"
-                    + ("" if fits else "; batches are gathered in host memory and copied each step (--num_workers "
-                                       "N gathers them in pinned memory in parallel)"))
+                    + ("" if fits else "; batches are gathered in host memory, pinned and copied asynchronously "
+                                       "(--num_workers N gathers them ahead in parallel)"))
     return _placement_cache[key]
 
 

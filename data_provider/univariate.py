@@ -65,6 +65,11 @@ class UnivariateData(ForecastData):
     def content(self):
         return [*(("series", series) for series in self.series), ("ends", tuple(map(tuple, self.ends)))]
 
+    def nbytes(self):
+        """What the splits take on a GPU: the float32 values and, beside them, the int64 start of every window
+        (WindowSelection.indices), at most one a row in each split: 12 bytes a row, 3x the values alone."""
+        return sum(len(values) for values in self.series) * (4 + 8)
+
     def window_dataset(self, flag, window, with_marks=True):
         """Every window of split `flag` of every series, as one data set."""
         i = SPLITS.index(flag)

@@ -132,6 +132,12 @@ class WindowSelection(Dataset):
         return tuple(None if t is None else t[0] for t in self.__getitems__([index]))
 
 
+def pinned(batch):
+    """A host batch in page-locked memory, so that its copy to a GPU (exp.forward.on_device, non_blocking) is
+    queued on the stream instead of holding the host until the GPU has caught up."""
+    return tuple(None if t is None else t.pin_memory() for t in batch)
+
+
 def _identity(batch):
     return batch  # the dataset's __getitems__ already returns a stacked batch
 
@@ -177,8 +183,9 @@ class WindowLoader:
     """
 
     def __init__(self, dataset, sampler, batch_size, num_workers, pin_memory=False):
-        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
-        # pin_memory: workers' batches land in page-locked memory, so the copy to the GPU runs asynchronously
+        self.dataset, self.sampler, self.batch_size, self.pin_memory = dataset, sampler, batch_size, pin_memory
+        # pin_memory: batches land in page-locked memory (workers', or this process's), so the copy to the GPU
+        # runs asynchronously: a copy from pageable memory makes the host wait for it
         self._worker_batches = BatchSampler(_StartAt(sampler), batch_size, drop_last=False)
         self._worker_loader = DataLoader(
             dataset, batch_sampler=self._worker_batches, collate_fn=_identity,
@@ -214,7 +221,8 @@ class WindowLoader:
         if self._worker_loader is not None:
             self._worker_batches.sampler.start = start
             return iter(self._worker_loader)
-        return (self.dataset.__getitems__(indices) for indices in self.batch_indices(start))
+        batches = (self.dataset.__getitems__(indices) for indices in self.batch_indices(start))
+        return map(pinned, batches) if self.pin_memory else batches
 
     def original_targets(self):
         """Each batch's original_targets (the data file's own values), in the order of the batches."""
@@ -274,6 +282,7 @@ class TrainLoader:
 
     def __init__(self, dataset, sampler, num_workers=0, pin_memory=False):
         self.dataset, self.sampler, self.batch_size = dataset, sampler, sampler.batch_size
+        self.pin_memory = pin_memory  # host batches for a GPU: pinned here when no worker does it (WindowLoader)
         if hasattr(dataset, "set_seed"):  # windows drawn from --seed (M4's), before any worker copies the data set
             dataset.set_seed(sampler.seed)
         self._worker_steps = _StepsFrom(sampler)
@@ -298,7 +307,8 @@ class TrainLoader:
         if self._worker_loader is not None:
             self._worker_steps.start = start
             return iter(self._worker_loader)
-        return (gather_step(self.dataset, step) for step in self.sampler.steps(start, self.dataset.device))
+        steps = (gather_step(self.dataset, step) for step in self.sampler.steps(start, self.dataset.device))
+        return (step.map(pinned) for step in steps) if self.pin_memory else steps
 
     def batch_indices(self, start=0):
         """This rank's micro-batches of the epoch as index tensors, on the data's device."""

@@ -66,3 +66,67 @@ def test_evaluation_indices_are_ranges_not_a_list_of_every_window():
     assert peak < 1 << 20, f"{peak / 2**20:.0f} MiB held to start the evaluation of {n} windows"
     on_cpu = WindowLoader(SimpleNamespace(device=torch.device("cpu")), ShardSampler(2500), 1000, num_workers=0)
     assert [b.tolist() for b in on_cpu.batch_indices(start=1200)] == [list(range(1200, 2200)), list(range(2200, 2500))]
+
+
+def _corpus_args(tmp_path, *argv):
+    import numpy as np
+
+    from data_provider.corpus import build
+    from helpers import SMALL_TIMERXL, make_args
+
+    (tmp_path / "src").mkdir()
+    np.save(tmp_path / "src" / "a.npy", np.cumsum(np.random.default_rng(0).normal(size=(1500, 2)), axis=0))
+    build(str(tmp_path / "out"), [str(tmp_path / "src" / "*")], shard_mb=0.005, progress=False)
+    return make_args("--data", "corpus", "--root_path", tmp_path / "out", *SMALL_TIMERXL, "--input_token_len", 24,
+                     "--output_token_len", 24, "--seq_len", 96, "--batch_size", 8, "--num_threads", 1, *argv)
+
+
+def test_a_corpus_on_a_gpu_is_said_to_stay_in_its_memory_map_and_its_batches_are_pinned(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """Item 5: --data corpus with --data_on_device auto (or always) said "data on the GPU", but a corpus never
+    leaves its memory map; and since the loader then thought the data on the device, its host batches were
+    not pinned, so each step's copy held the host. The log says what happens, and every batch is pinned."""
+    import data_provider.data_factory as factory
+    from helpers import make_experiment
+
+    monkeypatch.setattr(factory, "_placement_cache", {})
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.shape) or self)
+    args = _corpus_args(tmp_path)
+    make_experiment(args)
+    with caplog.at_level("INFO", logger="tsl"):
+        _, train = factory.data_provider(args, "train", torch.device("cuda", 0))
+        _, val = factory.data_provider(args, "val", torch.device("cuda", 0))
+    said = [r.getMessage() for r in caplog.records if "--data_on_device" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("data off the GPU (--data_on_device auto): a corpus stays in its "
+                                                 "memory map"), said
+    train.set_epoch(0)
+    step = next(iter(train.steps()))
+    batch = next(iter(val.batches()))
+    parts = sum(t is not None for micro in step for t in micro) + sum(t is not None for t in batch)
+    assert batch[0].device.type == "cpu" and len(pinned) == parts > 0
+
+
+def test_the_auto_estimate_counts_univariate_datas_window_indices(tmp_path):
+    """Item 6: univariate data goes to a GPU as each split's values AND the int64 start of every window
+    (WindowSelection.indices, 8 bytes a window against 4 a value); an estimate of the values alone was a third
+    of it, so "a quarter of the free memory" could take three quarters."""
+    import numpy as np
+
+    from data_provider import data_factory
+    from helpers import make_args, make_experiment
+
+    rng = np.random.default_rng(0)
+    for name, rows in (("a", 2000), ("b", 900)):
+        np.save(tmp_path / f"{name}.npy", rng.normal(size=(rows, 2)))
+    data_factory._prepared_cache.clear()
+    args = make_args("--data", "univariate", "--root_path", tmp_path, "--data_path", "*.npy", "--features", "S",
+                     "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--num_threads", 1)
+    make_experiment(args)
+    data = data_factory.prepared_data(args)
+    on_gpu = 0
+    for flag in ("train", "val", "test"):
+        split = data.window_dataset(flag, data_factory.window_for(args, flag))
+        on_gpu += split.base.data.nbytes + split.base.marks.nbytes + split.indices.nbytes
+    assert on_gpu <= data.nbytes() <= 1.2 * on_gpu, (on_gpu, data.nbytes())
