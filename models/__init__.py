@@ -102,10 +102,12 @@ def _through(missing, name):
 def inputs_used(model_class):
     """The forward arguments a model reads: its class attribute `inputs_used`, or all four when it
     declares none (TSLib's models take whatever they are given). The experiment passes None for
-    the others, and the loader does not gather time features nobody reads."""
+    the others, and the loader does not gather time features nobody reads. The names are those of
+    forward's four positions in FORWARD_INPUTS, whatever the file calls them (forward is called by
+    position): TSLib's TiDE reads its fourth, `batch_y_mark`, as "x_mark_dec"."""
     declared = tuple(getattr(model_class, "inputs_used", FORWARD_INPUTS))
     unknown = [name for name in declared if name not in FORWARD_INPUTS]
     if unknown or "x_enc" not in declared:
         raise UserError(f"{model_class.__module__}.Model.inputs_used = {declared!r}: list forward arguments it reads, "
-                        f"x_enc first, from {', '.join(FORWARD_INPUTS)}")
+                        f"x_enc first, from {', '.join(FORWARD_INPUTS)} (forward's four positions, whatever it names them)")
     return declared

@@ -38,7 +38,7 @@ def model_spec_from(source, folder, name="MyModel"):
     """The template written as models/<name>.py in a folder of its own, as the contract loads such files."""
     path = Path(folder) / f"{name}.py"
     path.write_text(source)
-    return contract.ModelSpec(name, str(path))
+    return contract.ModelSpec(name, str(path), zoo=True)  # held to the zoo's clauses too: the zoo copies it
 
 
 def check_whole_contract(spec, folder, undated_args):
@@ -48,6 +48,7 @@ def check_whole_contract(spec, folder, undated_args):
     for features, batch_size, undated in contract.SHAPE_CASES.values():
         contract.check_output_shape(spec, features, batch_size, undated_args if undated else ())
     contract.check_gradients(spec)
+    contract.check_half_precision(spec)
     contract.check_same_seed(spec)
     contract.check_state_dict_round_trip(spec, Path(folder))
     contract.check_declared_inputs(spec)

@@ -48,10 +48,26 @@ MODELS = available_models()
 
 
 class ModelSpec(NamedTuple):
-    """A model to check: a name in models/, or (for the self-tests) a file anywhere."""
+    """A model to check: a name in models/, or (for the self-tests) a file anywhere; `zoo` says whether the
+    zoo's own clauses apply (None: by its name, see in_zoo)."""
 
     name: str
     path: str | None = None
+    zoo: bool | None = None
+
+
+# Files dropped in under a zoo model's name (benchmarks/tslib_models.py copies TSLib's TiDE.py over ours in a
+# scratch copy): held to what every file must do, not to the zoo's own clauses.
+DROPPED_IN = frozenset(shlex.split(os.environ.get("TSL_CONTRACT_DROPPED_IN", "")))
+
+
+def in_zoo(spec):
+    """Whether `spec` is one of the zoo's own files (models.ZOO), which carry clauses beyond what runs
+    correctly here: exact output length, half precision, undated data, a gradient for every parameter, the
+    template's names and house style. A file from elsewhere (TSLib's) is held to what the experiment needs."""
+    if spec.zoo is not None:
+        return spec.zoo
+    return spec.name in ZOO and spec.name not in DROPPED_IN
 
 
 class ContractViolation(AssertionError):
@@ -169,7 +185,14 @@ def shown(names, limit=6):
 
 def check_output_shape(spec, features="M", batch_size=4, data_args=()):
     """pred and true from the experiment agree, and the raw output has the family's shape, in a training
-    forward and in the test forward (a roll-out for token models)."""
+    forward and in the test forward (a roll-out for token models). `data_args` name undated data (mark width
+    0), a case for the zoo only: TSLib's experiment always gives time features, and its TiDE encodes them with
+    a linear layer that cannot take zero. A direct model's output may be longer than pred_len, as TSLib's exp
+    keeps `outputs[:, -pred_len:]` (SCINet returns seq_len + pred_len steps); the zoo's is exactly pred_len.
+    A token model's is exactly N * output_token_len for every file: exp.forward reads it block by block."""
+    zoo = in_zoo(spec)
+    if data_args and not zoo:
+        return
     title = f"output shape (--features {features}, batch {batch_size}{', undated data' if data_args else ''})"
     with clause(spec, title, "the model must build and run on this configuration; see models/README.md"):
         exp = build_experiment(spec, "--features", features, *data_args)
@@ -192,19 +215,14 @@ def check_output_shape(spec, features="M", batch_size=4, data_args=()):
                 for output in outputs:
                     if not isinstance(output, torch.Tensor):
                         raise violation(spec, title, f"forward returned {type(output).__name__}; return one tensor")
-                    if args.autoregressive:
-                        n_tokens = batch[0].shape[1] // args.input_token_len
-                        length, expected = n_tokens * args.output_token_len, "[B, N * output_token_len, C]"
-                    elif levels:
-                        length, expected = args.pred_len, f"[B, pred_len, C, {levels}] (its quantile_levels)"
-                    else:
-                        length, expected = args.pred_len, "[B, pred_len, C]"
-                    if (output.dim() != 3 + bool(levels) or output.shape[0] != batch_size or output.shape[1] != length
+                    length, expected, longer = output_length(args, batch, levels, zoo)
+                    if (output.dim() != 3 + bool(levels) or output.shape[0] != batch_size
+                            or not (output.shape[1] == length or (longer and output.shape[1] > length))
                             or output.shape[2] not in expected_channels
                             or (levels and output.shape[3] != levels)):
                         raise violation(spec, title, f"{split} forward returned {tuple(output.shape)}; expected "
-                                        f"{expected} = ({batch_size}, {length}, C) with C in {expected_channels} "
-                                        f"(enc_in {args.enc_in}, c_out {args.c_out})")
+                                        f"{expected} = ({batch_size}, {'>= ' if longer else ''}{length}, C) with C in "
+                                        f"{expected_channels} (enc_in {args.enc_in}, c_out {args.c_out})")
                     if output.device.type != "cpu":
                         raise violation(spec, title, f"output is on {output.device}; follow the input's device")
                 outputs.clear()
@@ -212,9 +230,23 @@ def check_output_shape(spec, features="M", batch_size=4, data_args=()):
             hook.remove()
 
 
+def output_length(args, batch, levels, zoo):
+    """(steps, shape in words, whether more steps are accepted) of a raw output: a direct model from outside the
+    zoo may return more than pred_len steps, of which exp.forward.direct_forward keeps the last pred_len."""
+    if args.autoregressive:
+        n_tokens = batch[0].shape[1] // args.input_token_len
+        return n_tokens * args.output_token_len, "[B, N * output_token_len, C]", False
+    steps = "pred_len" if zoo else "L >= pred_len"
+    if levels:
+        return args.pred_len, f"[B, {steps}, C, {levels}] (its quantile_levels)", not zoo
+    return args.pred_len, f"[B, {steps}, C]" + (" (the zoo's own models return exactly pred_len)" if zoo else ""), not zoo
+
+
 def check_gradients(spec):
-    """One training forward/backward gives every parameter a finite gradient, unless the class
-    declares `unused_parameters = {"name.prefix": "why"}` for it."""
+    """One training forward/backward gives every gradient finite values, and (the zoo only) every parameter a
+    gradient, unless the class declares `unused_parameters = {"name.prefix": "why"}` for it. A file from
+    elsewhere may leave parameters without one (TSLib's FEDformer, MSGNet build layers a configuration never
+    reads): the experiment finds them before training and has DDP search for them every step."""
     title = "every parameter gets a gradient"
     with clause(spec, title, "the model file must import"):
         cls = model_class(spec)
@@ -236,10 +268,10 @@ def check_gradients(spec):
                 missing.append(name)
         elif not torch.isfinite(parameter.grad).all():
             non_finite.append(name)
-    if missing:
-        raise violation(spec, title, f"no gradient for {shown(missing)}. DDP here runs without "
-                        "find_unused_parameters, so make every parameter take part in forward (build only the "
-                        "layers this configuration uses); if one truly cannot, declare it in the class attribute "
+    if missing and in_zoo(spec):
+        raise violation(spec, title, f"no gradient for {shown(missing)}. A zoo model builds only the layers its "
+                        "configuration uses (DDP then needs no find_unused_parameters, a search of the graph every "
+                        "step); if one truly cannot take part, declare it in the class attribute "
                         "unused_parameters = {'prefix': 'why'} (and it must still pass the DDP clause)")
     if non_finite:
         raise violation(spec, title, f"non-finite gradient for {shown(non_finite)}; look for divisions by zero, "
@@ -427,8 +459,9 @@ def check_declared_inputs(spec):
                 given[name] = torch.randn(given[name].shape, generator=generator) + 1
         only_declared = {name: (given[name] if name in declared else None) for name in FORWARD_INPUTS}
         model.eval()
-        with torch.no_grad():
-            with_all, with_declared = model(**given), model(**only_declared)
+        with torch.no_grad():  # by position, as exp.forward calls it: names are the file's own
+            with_all = model(*(given[name] for name in FORWARD_INPUTS))
+            with_declared = model(*(only_declared[name] for name in FORWARD_INPUTS))
     if not torch.equal(with_all, with_declared):
         raise violation(spec, title, f"inputs_used = {declared!r}, but the output changes when "
                         f"{', '.join(undeclared)} hold data ({max_difference(with_all, with_declared)}); add what "
@@ -466,8 +499,11 @@ def check_windows_independent(spec):
 def check_half_precision(spec):
     """In bfloat16 throughout (the model and its inputs, no autocast), the training and the test forward
     run and give finite outputs. CUDA autocast leaves some ops in half precision that CPU autocast
-    upcasts (cuFFT then takes power-of-two lengths only), so an op that needs fp32 must say so itself."""
+    upcasts (cuFFT then takes power-of-two lengths only), so an op that needs fp32 must say so itself.
+    The zoo only: a file from elsewhere (TSLib's) runs in float32, and under --use_amp where its ops allow."""
     title = "runs in half precision"
+    if not in_zoo(spec):
+        return
     exp = build_experiment(spec)
     model = exp.raw_model.to(torch.bfloat16)
     batch = tuple(None if t is None else t.to(torch.bfloat16) for t in first_windows(exp, "train", 2))
@@ -486,8 +522,10 @@ def check_half_precision(spec):
 
 
 def check_template(spec):
-    """forward(x_enc, x_mark_enc, x_dec, x_mark_dec) (defaults None for a token model, which gets None for the
-    decoder inputs), `autoregressive` a bool where set (unset: direct, as in TSLib's files), runs on CPU."""
+    """forward takes four positional inputs (the experiment calls model(x_enc, x_mark_enc, x_dec, x_mark_dec)
+    positionally, None for those not read; any names: TSLib's TiDE calls the fourth batch_y_mark) and requires
+    nothing more, `autoregressive` a bool where set (unset: direct, as in TSLib's files), runs on CPU. The
+    template's names and defaults are the zoo's house style (check_house_style)."""
     title = "template and CPU"
     with clause(spec, title, "the model file must import"):
         cls = model_class(spec)
@@ -495,13 +533,9 @@ def check_template(spec):
     if not isinstance(autoregressive, bool):
         raise violation(spec, title, f"class attribute autoregressive is {autoregressive!r}; "
                         "set autoregressive = False (True only for token models like Timer), or leave it out")
-    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
-    names = [p.name for p in parameters[:4]]
-    optional = not autoregressive or all(p.default is None for p in parameters[1:4])
-    required_extra = [p.name for p in parameters[4:] if p.default is inspect.Parameter.empty
-                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if names != ["x_enc", "x_mark_enc", "x_dec", "x_mark_dec"] or not optional or required_extra:
-        raise violation(spec, title, f"forward{inspect.signature(cls.forward)}; write "
+    if not takes_four_positional(cls.forward):
+        raise violation(spec, title, f"forward{inspect.signature(cls.forward)}; the experiment calls it with four "
+                        "positional inputs and nothing more: write "
                         "forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None)")
     with clause(spec, title, "the model must build and run on CPU"):
         exp = build_experiment(spec)
@@ -515,9 +549,20 @@ def check_template(spec):
             raise violation(spec, title, f"output is on {output.device}")
 
 
+def takes_four_positional(function):
+    """Whether `function(self, a, b, c, d)` binds: four positional parameters after self (or *args), and any
+    other with a default."""
+    try:
+        inspect.signature(function).bind(None, *range(4))
+    except TypeError:
+        return False
+    return True
+
+
 def check_house_style(spec):
     """What the zoo's files and the template carry beyond what runs (a file dropped in from TSLib need not):
-    a module docstring, `autoregressive` set, forward's inputs after x_enc defaulting to None."""
+    a module docstring, `autoregressive` set, forward's inputs named as the template names them (names free
+    elsewhere: the experiment passes them by position) and those after x_enc defaulting to None."""
     title = "house style"
     with clause(spec, title, "the model file must import"):
         cls = model_class(spec)
@@ -526,8 +571,11 @@ def check_house_style(spec):
     if not isinstance(getattr(cls, "autoregressive", None), bool):
         raise violation(spec, title, f"class attribute autoregressive is {getattr(cls, 'autoregressive', None)!r}; "
                         "set autoregressive = False (True only for token models like Timer)")
+    from models import FORWARD_INPUTS
+
     parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
-    if not all(p.default is None for p in parameters[1:4]):
+    if (tuple(p.name for p in parameters[:4]) != FORWARD_INPUTS
+            or not all(p.default is None for p in parameters[1:4])):
         raise violation(spec, title, f"forward{inspect.signature(cls.forward)}; write "
                         "forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None)")
 
@@ -622,7 +670,7 @@ def test_template_and_cpu(name):
     check_template(ModelSpec(name))
 
 
-@pytest.mark.parametrize("name", [name for name in MODELS if name in ZOO])
+@pytest.mark.parametrize("name", [name for name in MODELS if in_zoo(ModelSpec(name))])
 def test_house_style(name):
     check_house_style(ModelSpec(name))
 
@@ -655,6 +703,16 @@ BROKEN_MODELS = {
     "EmptyReason": dict(attributes='    autoregressive = False\n    unused_parameters = {"spare": " "}\n',
                         init="        self.spare = nn.Linear(4, 4)\n"),
     "WrongLength": dict(forward="        out = torch.cat([out, out[:, :1]], dim=1)\n"),
+    "Short": dict(forward="        out = out[:, 1:]\n"),
+    "NeedsDates": dict(forward="        out = out + x_mark_enc[:, :, 0].mean()  # no time features: IndexError\n"),
+    # TSLib's TiDE names its fourth input batch_y_mark; it declares reading it, and checks what it is given
+    "Renamed": dict(attributes='    autoregressive = False\n    inputs_used = ("x_enc", "x_mark_dec")\n',
+                    init="        self.decoder_steps = configs.label_len + configs.pred_len\n",
+                    inputs="x_enc, x_mark_enc=None, x_dec=None, batch_y_mark=None",
+                    forward="        given = None if batch_y_mark is None else tuple(batch_y_mark.shape[:2])\n"
+                            "        if given != (x_enc.shape[0], self.decoder_steps):\n"
+                            "            raise ValueError(f'batch_y_mark is {given}, not the decoder marks')\n"
+                            "        out = out + batch_y_mark[:, -out.shape[1]:].mean(-1, keepdim=True)  # the horizon's\n"),
     "Unseeded": dict(init="        private = torch.Generator().manual_seed(torch.initial_seed() ^ id(self))\n"
                           "        self.offset = nn.Parameter(torch.randn(1, generator=private))\n",
                      forward="        out = out + self.offset\n"),
@@ -686,9 +744,8 @@ def broken_models(tmp_path_factory):
 
 # broken model -> (clause check, clause title, a phrase the message must contain)
 BREAKAGE_CASES = {
-    "Unused": (check_gradients, "every parameter gets a gradient", "no gradient for spare.weight, spare.bias"),
     "EmptyReason": (check_gradients, "every parameter gets a gradient", "non-empty reason"),
-    "WrongLength": (check_output_shape, "output shape (--features M, batch 4)", "returned (4, 25, 7)"),
+    "Short": (check_output_shape, "output shape (--features M, batch 4)", "train prediction (4, 23, 7) and truth (4, 24, 7) differ"),
     "Unseeded": (check_same_seed, "same seed, same output", "disagree"),
     "Unsaved": (lambda spec: check_state_dict_round_trip(spec, Path(spec.path).parent), "state_dict round trip",
                 "output differs"),
@@ -696,7 +753,6 @@ BREAKAGE_CASES = {
     "TSLibStyle": (check_house_style, "house style", "no docstring"),
     "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
     "BatchMixing": (check_windows_independent, "windows are independent", "changes with the other windows"),
-    "HalfFFT": (check_half_precision, "runs in half precision", "Unsupported dtype BFloat16"),
     "EmptyBatchReason": (check_windows_independent, "windows are independent", "non-empty reason"),
 }
 
@@ -709,6 +765,57 @@ def test_contract_catches_breakage(broken_models, broken):
     message = str(caught.value)
     assert message.startswith(f"{broken} breaks the model contract: {title}: "), message
     assert phrase in message, message
+
+
+# broken model -> (clause check given the spec and the undated data's arguments, title, phrase): clauses the
+# zoo keeps and a file from elsewhere is not held to
+ZOO_ONLY_CASES = {
+    "Unused": (lambda spec, undated: check_gradients(spec), "every parameter gets a gradient",
+               "no gradient for spare.weight, spare.bias"),
+    "WrongLength": (lambda spec, undated: check_output_shape(spec), "output shape (--features M, batch 4)",
+                    "returned (4, 25, 7); expected [B, pred_len, C]"),
+    "HalfFFT": (lambda spec, undated: check_half_precision(spec), "runs in half precision", "Unsupported dtype BFloat16"),
+    "NeedsDates": (lambda spec, undated: check_output_shape(spec, "M", 4, undated),
+                   "output shape (--features M, batch 4, undated data)", "IndexError"),
+}
+
+
+@pytest.mark.parametrize("broken", ZOO_ONLY_CASES)
+def test_zoo_only_clauses(broken_models, undated_data, broken):
+    """A file from elsewhere passes a clause only the zoo carries (TSLib's SCINet returns seq_len + pred_len
+    steps, FiLM fails in bfloat16, TiDE needs time features, FreTS leaves parameters without gradient); the same
+    file held as a zoo model fails it."""
+    check, title, phrase = ZOO_ONLY_CASES[broken]
+    spec = broken_models[broken]
+    check(spec, undated_data)
+    with pytest.raises(ContractViolation) as caught:
+        check(spec._replace(zoo=True), undated_data)
+    message = str(caught.value)
+    assert message.startswith(f"{broken} breaks the model contract: {title}: "), message
+    assert phrase in message, message
+
+
+def test_zoo_membership():
+    """The zoo's clauses go by models.ZOO, except for a file dropped in under a zoo name (TSLib's TiDE.py in
+    benchmarks/tslib_models.py's scratch copy: TSL_CONTRACT_DROPPED_IN) or a self-test's explicit flag."""
+    assert in_zoo(ModelSpec("TiDE")) and not in_zoo(ModelSpec("SCINet"))
+    with mock.patch(f"{__name__}.DROPPED_IN", frozenset({"TiDE"})):
+        assert not in_zoo(ModelSpec("TiDE")) and in_zoo(ModelSpec("DLinear"))
+        assert in_zoo(ModelSpec("TiDE", zoo=True))
+    assert not in_zoo(ModelSpec("DLinear", "/elsewhere/DLinear.py", zoo=False))
+
+
+def test_forward_inputs_go_by_position(broken_models):
+    """The experiment calls forward by position: a file whose fourth input is batch_y_mark (TSLib's TiDE) and
+    declares reading it as x_mark_dec gets the decoder's time features, [B, label_len + pred_len, mark_dim],
+    and the contract's own calls pass it the same way. The template's names are the zoo's house style."""
+    spec = broken_models["Renamed"]
+    check_template(spec)
+    check_declared_inputs(spec)
+    check_output_shape(spec)
+    check_template(spec._replace(zoo=True))
+    with pytest.raises(ContractViolation, match="Renamed breaks the model contract: house style: forward"):
+        check_house_style(spec._replace(zoo=True))
 
 
 def test_contract_catches_the_official_timemixer_calendar_pairing():
