@@ -52,6 +52,16 @@ class TimesBlock(nn.Module):
         periods = (x.shape[1] // top).tolist()
         return periods, weights
 
+    @staticmethod
+    def rows_on_device(periods, rows_of_period, device):
+        """{period: (its rows' indices, whether each of their top_k slots holds it)} on `device`, from ONE
+        host-to-device copy a block (was two and a list index per period): [row, slot flags] of every period's
+        rows in turn, then cut."""
+        packed = torch.tensor([[row, *(p == period for p in periods[row])]
+                               for period, rows in rows_of_period.items() for row in rows], device=device)
+        pieces = packed.split([len(rows) for rows in rows_of_period.values()])
+        return {period: (piece[:, 0], piece[:, 1:].bool()) for period, piece in zip(rows_of_period, pieces)}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _, length, channels = x.shape
         periods, weights = self.dominant_periods(x)
@@ -69,9 +79,11 @@ class TimesBlock(nn.Module):
         first, activation, second = self.conv  # kept as one Sequential: checkpoints keep conv.0 / conv.2 keys
         first_kernel, second_kernel = first.merged_kernel(), second.merged_kernel()
         out = x
+        rows_on_device = {} if same_periods else self.rows_on_device(periods, rows_of_period, x.device)
         for period, rows in rows_of_period.items():
-            rows = list(rows)
-            series = x if same_periods else x[rows]
+            if not same_periods:
+                index, at_period = rows_on_device[period]
+            series = x if same_periods else x.index_select(0, index)
             grid_rows = -(-length // period)
             missing = grid_rows * period - length
             if self.padding == "tail" and missing:  # TSLib's 2023-02-18 code (230805f): repeat the last steps
@@ -86,8 +98,6 @@ class TimesBlock(nn.Module):
                 weight = sum(weights[:, slot] for slot, p in enumerate(periods[0]) if p == period)
                 out = out + variation * weight[:, None, None]
             else:  # each window's own periods: this one's rows, each weighted at its slots holding it
-                index = torch.tensor(rows, device=x.device)
-                at_period = torch.tensor([[p == period for p in periods[row]] for row in rows], device=x.device)
                 weight = (weights.index_select(0, index) * at_period).sum(1)
                 out = out.index_add(0, index, variation * weight[:, None, None])
         return out
