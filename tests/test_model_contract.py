@@ -353,8 +353,9 @@ def invariance_gradients(rank, world_size, specs):
             declared = getattr(exp.raw_model, "randomness_follows_sample", True)
             if not declared:  # the claim is tested with masks keyed as for any other model
                 exp.masks_follow_samples = True
-            optimizer = exp.make_optimizer()
             _, loader = data_provider(exp.args, "train")
+            exp.allow_unused_parameters(loader.dataset)  # as training does, before the optimizer
+            optimizer = exp.make_optimizer()
             loader.set_epoch(1)
             exp.model.train()
             steps = []
