@@ -115,15 +115,13 @@ class Exp_Basic:
         return torch.autocast(device_type=self.device.type, dtype=self._amp_dtype)
 
     def make_optimizer(self):
-        """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU); with
-        --zero under DDP each rank keeps the state of its share of the parameters only."""
+        """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU; it takes fp16's
+        loss-scale checks on the device, so the GradScaler never reads a value back); with --zero under DDP
+        each rank keeps the state of its share of the parameters only (utils.distributed.make_optimizer)."""
         args = self.args
         sharded = args.zero and distributed.is_dist()
-        # ZeRO's load_state_dict puts Adam's step counters on the CPU: the foreach/for-loop
-        # kernels' layout (fused keeps them on the parameters' device), so no fused there.
         return distributed.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
-                                          lr=args.scaled_learning_rate, weight_decay=args.weight_decay,
-                                          fused=not sharded)
+                                          lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
 
     def backward(self, loss):
         """Backward of a (possibly fp16-scaled) loss; gradients add up until optimizer_step."""

@@ -155,3 +155,61 @@ def test_timesnet_evaluation_copies_its_period_rows_once_a_block():
         assert not torch.allclose(out, batch_mode(x), atol=1e-3)  # the windows' periods do differ
     assert torch.allclose(out, alone, atol=1e-5)
     assert traffic.from_host <= config.e_layers, traffic.from_host
+
+
+def _scaled_adam_step(optimizer, model, scaler, x, clip=False):
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(model(x).square().mean()).backward()
+    if clip:  # --clip_grad: unscaled first
+        scaler.unscale_(optimizer)
+    with HostTraffic() as traffic:
+        scaler.step(optimizer)
+    scaler.update()
+    return traffic.reads
+
+
+def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_path):
+    """Item 8: under --zero the local Adam was unfused, so GradScaler.step read found_inf back to the host
+    (.item()) every step; now the fused local Adam takes found_inf on the device. The steps equal a plain fused
+    Adam's, an overflowing step changes nothing, and a state loaded back keeps stepping alike."""
+    import torch.distributed as dist
+
+    from utils import distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x = torch.randn(16, 5, generator=torch.Generator().manual_seed(0))
+        models = [torch.nn.Linear(5, 3) for _ in range(2)]
+        models[1].load_state_dict(models[0].state_dict())
+        options = dict(lr=0.01, weight_decay=0.0, fused=True)
+        zero = distributed.make_optimizer(models[0].parameters(), torch.optim.Adam, shard=True, **options)
+        plain = torch.optim.Adam(models[1].parameters(), **options)
+        scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2)]
+        for clip in (False, True, False):
+            assert _scaled_adam_step(zero, models[0], scalers[0], x, clip) == 0
+            _scaled_adam_step(plain, models[1], scalers[1], x, clip)
+        assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters()))
+        before = [p.detach().clone() for p in models[0].parameters()]
+        _scaled_adam_step(zero, models[0], scalers[0], x * float("inf"))
+        assert all(torch.equal(a, b) for a, b in zip(before, models[0].parameters()))  # skipped, scale halved
+        assert scalers[0].get_scale() == scalers[1].get_scale() / 2
+        state = distributed.optimizer_state_dict(zero)
+        distributed.load_optimizer_state(zero, state)
+        assert _scaled_adam_step(zero, models[0], scalers[0], x) == 0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_gpu_tier_asked_for_without_cuda_fails_in_one_line():
+    """Item 9: `python -m pytest -m gpu` where torch has no CUDA skipped every test and exited 0, so a GPU
+    machine whose torch lost CUDA passed its check. It is a usage error now: one ERROR line, exit 4."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                           "tests/gpu/test_gpu_placement.py"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR")]
+    assert proc.returncode == 4 and len(errors) == 1 and "sees no CUDA device" in errors[0], proc.stdout + proc.stderr

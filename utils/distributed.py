@@ -801,8 +801,40 @@ def make_optimizer(params, optimizer_class, shard=False, **options):
     if shard and is_dist():
         from torch.distributed.optim import ZeroRedundancyOptimizer  # a 1 s import: only when asked for
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **options)
+        zero = _scaled_zero(ZeroRedundancyOptimizer)(params, optimizer_class=optimizer_class, **options)
+        # the local optimizer's fused kernel takes the GradScaler's scale and found_inf as device tensors
+        zero._step_supports_amp_scaling = getattr(zero.optim, "_step_supports_amp_scaling", False)
+        return zero
     return optimizer_class(params, **options)
+
+
+def _scaled_zero(zero_class):
+    """ZeroRedundancyOptimizer handing a GradScaler's on-device scale and found_inf to its local (fused)
+    optimizer, as a fused Adam takes them (GradScaler.step sets them on the optimizer it is given, the
+    wrapper): an overflowing step is then skipped inside the kernel, where a plain ZeRO made the scaler read
+    found_inf back to the host every step (GradScaler._maybe_opt_step's .item())."""
+
+    class ZeroRedundancyOptimizer(zero_class):  # torch's, named as torch's (what logs and tests see)
+        def step(self, closure=None, **kwargs):
+            given = [name for name in ("grad_scale", "found_inf") if hasattr(self, name)]
+            for name in given:
+                setattr(self.optim, name, getattr(self, name))
+            try:
+                return super().step(closure, **kwargs)
+            finally:
+                for name in given:
+                    delattr(self.optim, name)
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            if self.optim.defaults.get("fused"):  # ZeRO's load puts 0-dim state (Adam's step) on the CPU; the
+                # fused kernel takes it beside its parameter, where a fused Adam's own load keeps it
+                for param, state in self.optim.state.items():
+                    for name, value in state.items():
+                        if torch.is_tensor(value) and value.dim() == 0 and value.device != param.device:
+                            state[name] = value.to(param.device)
+
+    return ZeroRedundancyOptimizer
 
 
 def _is_sharded(optimizer):
