@@ -161,3 +161,23 @@ def test_a_failure_is_checked_against_tslibs_own_file(tmp_path):
     [line] = tslib_models.tslib_alike(root, "Narrow", [failure.replace("192x7", "192x6")])
     assert line.endswith("(ours differs from TSLib's)"), line
     assert tslib_models.tslib_alike(root, "Narrow", [INVARIANCE]) == []
+
+
+def test_a_merged_results_file_names_every_run_its_rows_come_from(tmp_path):
+    """--merge: a file checked again replaces its earlier row, and the header names each run's command, date,
+    commit and seconds (the results file must say where every figure comes from)."""
+    import json
+
+    earlier = dict(command="python benchmarks/tslib_models.py --files A B", date="2026-01-01 10:00 UTC",
+                   version="commit abc1234", seconds=100.0, files=2)
+    rows = [dict(file=f"models/{name}.py", status="fails", difference="", reload="", contract="", seconds="50",
+                 note="old") for name in "AB"]
+    (tmp_path / "earlier.json").write_text(json.dumps(dict(rows=rows, seconds=100.0, run=earlier)))
+    again = dict(rows[1], status="runs", note="")
+    merged, runs = tslib_models.merged([again], tslib_models.run_record("python again", 60.0, 1),
+                                       [str(tmp_path / "earlier.json")])
+    assert [(row["file"], row["status"]) for row in merged] == [("models/A.py", "fails"), ("models/B.py", "runs")]
+    text = tslib_models.markdown(merged, [], tmp_path, runs)
+    assert "- `python benchmarks/tslib_models.py --files A B`, 2026-01-01 10:00 UTC, this repository's commit " \
+           "abc1234, 100 s (2 files)" in text
+    assert "- `python again`, " in text and ", 160 s in all." in text and "**1 of 2 model files run" in text
