@@ -213,3 +213,30 @@ def test_the_gpu_tier_asked_for_without_cuda_fails_in_one_line():
                           env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR")]
     assert proc.returncode == 4 and len(errors) == 1 and "sees no CUDA device" in errors[0], proc.stdout + proc.stderr
+
+
+def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
+    """scripts/gpu_check.sh: where torch has no CUDA it says so in one line and exits 3 (a check that skipped
+    everything and ended 0 would pass a broken machine); --cpu-smoke runs its steps on the CPU (here the light
+    smoke: the tier's refusal and the probe's dry run; the full smoke, with the main job and a benchmark, takes
+    about 80 s on 2 cores), every log in $OUT."""
+    import json
+    import os
+    import subprocess
+
+    from helpers import REPO
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    refused = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**env, "OUT": str(tmp_path / "refused")})
+    assert refused.returncode == 3 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused
+    assert "no CUDA device here" in refused.stderr
+    smoke = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-smoke"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300, env={**env, "OUT": str(tmp_path / "smoke"), "GPU_CHECK_SMOKE_LIGHT": "1"})
+    summary = (tmp_path / "smoke" / "summary.txt").read_text()
+    assert smoke.returncode == 0, summary + smoke.stderr[-2000:]
+    assert "refused (exit 4), as it must" in summary and "every step ended 0" in summary
+    checks = [json.loads(line) for line in (tmp_path / "smoke" / "probe.log").read_text().splitlines()
+              if line.startswith("{")]
+    assert len(checks) > 10 and all(c["status"] in ("ok", "dry-run ok") for c in checks), checks
+    assert {"summary.txt", "pytest.log", "probe.log", "extras.tar.gz"} <= set(os.listdir(tmp_path / "smoke"))

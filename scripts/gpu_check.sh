@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# GPU check for tsl-ddp on a machine with ONE NVIDIA GPU (issue 43; docs/performance.md#checking-a-gpu-machine).
+# Run from the project root:
+#
+#   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine: under 8 minutes
+#   OUT=/path/to/empty/folder bash scripts/gpu_check.sh --cpu-smoke   # (or GPU_CHECK_CPU_SMOKE=1) this script's
+#                                                                     # steps at toy size on a CPU, under 2 minutes
+#
+# What it does (issue 43's steps 1-8), each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default
+# 445 s, so the whole script ends inside 8 minutes whatever hangs):
+#   1. versions: nvidia-smi (GPU, driver), torch / CUDA / cuDNN / NCCL, Triton, a C compiler, key packages; then
+#      the install: torch with CUDA only if the importable torch has none (README: "install the CUDA build of
+#      your choice first"), the project (pip install -e . offline when its dependencies are there, else -e ".[test]")
+#   2. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
+#   3. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first)
+#   4-6. scripts/gpu_probe.py: host syncs per training step (torch.cuda.set_sync_debug_mode) for table and
+#      O(1)-order data; hashed dropout masks against the CPU's; keyed vs plain dropout step time and peak memory;
+#      TimesNet per-window evaluation; pinned worker batches
+#   7. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
+#   8. every log in $OUT: summary.txt, main_job.log, metrics.json, pytest.log, probe.log, bench.log, extras.tar.gz
+#      (junit XML, the benchmark table, install logs, pip list, the main job's results folder)
+# Without CUDA (and without the smoke flag) it says so in one line and exits 3. The smoke skips the install, runs
+# the main job for one epoch, checks that the GPU tier refuses to pass without CUDA (exit 4), dry-runs the probe's
+# code paths and a two-step benchmark of DLinear, on the CPU (about 80 s on 2 cores); GPU_CHECK_SMOKE_LIGHT=1 leaves
+# out the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0, else 1.
+set -uo pipefail
+
+[[ ${1-} == --cpu-smoke ]] && GPU_CHECK_CPU_SMOKE=1
+SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
+FAILED=0
+
+START=$(date +%s)
+LIMIT=${GPU_CHECK_LIMIT_S:-445}
+: "${OUT:?set OUT to an empty folder: OUT=/path bash gpu_check.sh}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+ROOT=${PROJECT_ROOT:-$PWD}
+cd "$ROOT" || exit 2
+if [[ ! -f run.py || ! -d tests/gpu ]]; then
+  echo "error: run from the project root (run.py and tests/gpu/ not found in $PWD)" >&2
+  exit 2
+fi
+PY=$(command -v python3 || command -v python)
+# no GPU to find and a torch without CUDA: nothing to check (one line); with a GPU, step 1 may install CUDA torch
+if [[ $SMOKE != 1 ]] && ! { command -v nvidia-smi >/dev/null && timeout 15 nvidia-smi -L >/dev/null 2>&1; } \
+   && [[ $(timeout 120 "$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null) != 1 ]]; then
+  echo "gpu_check: no CUDA device here (no GPU for nvidia-smi, torch without CUDA): run it on a GPU machine, or with --cpu-smoke to try this script on the CPU" >&2
+  exit 3
+fi
+WORK=$(mktemp -d)
+SUMMARY=$OUT/summary.txt
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg NCCL_DEBUG=${NCCL_DEBUG:-WARN} MASTER_PORT=${MASTER_PORT:-29611}
+export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=30
+: >"$SUMMARY"
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+# seconds a step may take: at most $1, leaving $2 for the steps after it (at least 5)
+budget() { local want=$1 keep=$2 l; l=$(( $(left) - keep )); (( l < want )) && want=$l; (( want < 5 )) && want=5; echo "$want"; }
+# run_step NAME SECONDS LOG CMD...: the command under timeout (SIGKILL 5 s after SIGTERM), rc and time in summary
+run_step() {
+  local name=$1 secs=$2 log=$3 t0 rc; shift 3
+  t0=$(date +%s)
+  say "== $name: up to ${secs}s ($(left)s left overall) -> $(basename "$log")"
+  timeout -k 5 "$secs" "$@" >>"$log" 2>&1
+  rc=$?
+  local note=""
+  (( rc == 124 || rc == 137 )) && note=" (TIMED OUT after ${secs}s)"
+  say "== $name: exit $rc$note in $(( $(date +%s) - t0 ))s"
+  (( rc == 0 )) || FAILED=1
+  return $rc
+}
+
+# ------------------------------------------------------------------ 0. environment
+if ! command -v python >/dev/null; then  # the project's scripts call `python`
+  mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python" && export PATH="$WORK/bin:$PATH"
+fi
+say "# tsl-ddp GPU check, $(date -u +%FT%TZ), project $(git rev-parse --short HEAD 2>/dev/null || echo '?') in $ROOT"
+say "# python $PY ($("$PY" -V 2>&1)), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM"
+GPU_PRESENT=0
+if command -v nvidia-smi >/dev/null; then
+  timeout 30 nvidia-smi >>"$SUMMARY" 2>&1
+  timeout 15 nvidia-smi -L >/dev/null 2>&1 && GPU_PRESENT=1
+else
+  say "nvidia-smi: not found"
+fi
+say "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}; C compiler for Triton: $(command -v gcc || command -v cc || echo NONE)"
+torch_info() {
+  timeout 120 "$PY" - <<'EOF' 2>&1
+import torch
+cuda = torch.cuda.is_available()
+print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, cuda available {cuda}, "
+      f"cuDNN {torch.backends.cudnn.version() if cuda else None}, "
+      f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if cuda else None}")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, bf16 {torch.cuda.is_bf16_supported()}")
+try:
+    import triton
+    print(f"triton {triton.__version__}")
+except ImportError:
+    print("triton: not installed (--compile on GPU needs it)")
+EOF
+}
+
+# ------------------------------------------------------------------ 1. install
+INSTALL_LOG=$WORK/install.log
+TORCH_STATE=$(timeout 120 "$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else ('cpu-build' if torch.version.cuda is None else 'no-device'))" 2>/dev/null || echo missing)
+say "torch before install: $TORCH_STATE"
+if (( GPU_PRESENT )) && [[ $TORCH_STATE == missing || $TORCH_STATE == cpu-build ]]; then
+  # the default index's Linux wheel is a CUDA build; a CPU build in place would satisfy `pip install torch`
+  [[ $TORCH_STATE == cpu-build ]] && timeout 60 "$PY" -m pip uninstall -y torch >>"$INSTALL_LOG" 2>&1
+  run_step "pip install torch (CUDA build)" "$(budget 210 250)" "$INSTALL_LOG" "$PY" -m pip install --retries 1 torch
+fi
+torch_info | tee -a "$SUMMARY"
+CUDA_OK=$(timeout 120 "$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+if (( ! CUDA_OK )) && [[ $SMOKE != 1 ]]; then
+  echo "gpu_check: torch sees no CUDA device here ($TORCH_STATE; nvidia-smi lists a GPU: $GPU_PRESENT): run it on a GPU machine, or with --cpu-smoke to try the script on the CPU; details in $SUMMARY" >&2
+  exit 3
+fi
+DEPS_OK=0
+[[ $SMOKE == 1 ]] || DEPS_OK=$(timeout 120 "$PY" -c "import einops, pandas, sklearn, matplotlib, tqdm, pytest; print(1)" 2>/dev/null || echo 0)
+INSTALLED=1
+if [[ $SMOKE == 1 ]]; then  # the smoke checks this script, not an install: the tree runs as it is
+  DEPS_OK=0 INSTALLED=0
+  say "install: skipped (CPU smoke)"
+elif (( DEPS_OK )); then  # offline-safe: no build isolation (no setuptools download), dependencies already there
+  run_step "pip install -e . (deps present: --no-build-isolation --no-deps)" "$(budget 90 250)" "$INSTALL_LOG" \
+    "$PY" -m pip install --no-build-isolation --no-deps -e . || INSTALLED=0
+fi
+if (( ! DEPS_OK && SMOKE != 1 )); then  # the README's install, which needs the package index
+  run_step "pip install -e .[test]" "$(budget 200 250)" "$INSTALL_LOG" "$PY" -m pip install --retries 1 -e ".[test]" \
+    || say "pip install -e .[test] failed (install.log in extras.tar.gz): the steps below may fail on missing packages"
+elif (( ! INSTALLED && SMOKE != 1 )); then
+  say "project not installed (install.log in extras.tar.gz; no network retry, its dependencies are all there): run.py and the tests run from the project root anyway"
+fi
+[[ $SMOKE == 1 ]] || "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|triton|numpy|pandas|scikit-learn|einops|pytest|pytest-timeout|pyarrow|tensorboard|safetensors|nvidia-nccl|nvidia-cudnn)' >"$WORK/pip_list.txt"
+cat "$WORK/pip_list.txt" >>"$SUMMARY" 2>/dev/null
+say "CUDA usable by torch: $CUDA_OK"
+
+# ------------------------------------------------------------------ 2. the README's main job
+MAIN_LOG=$OUT/main_job.log
+extra=()
+(( CUDA_OK )) || extra=(--train_epochs 1)
+if [[ ${GPU_CHECK_SMOKE_LIGHT:-0} == 1 ]]; then  # the suite's test of this script: its cheap steps only
+  say "== main job: left out (GPU_CHECK_SMOKE_LIGHT=1)"
+else
+run_step "main job: bash scripts/ddp_forecast.sh" "$(budget 90 330)" "$MAIN_LOG" \
+  bash scripts/ddp_forecast.sh --checkpoints "$WORK/main/checkpoints" --results_dir "$WORK/main/results" ${extra[@]+"${extra[@]}"}
+metrics=$(find "$WORK/main/results" -name metrics.json 2>/dev/null | head -n1)
+if [[ -n $metrics ]]; then
+  cp "$metrics" "$OUT/metrics.json"
+  "$PY" - "$metrics" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+m = json.load(open(sys.argv[1]))
+keys = ("mse", "mae", "vali_loss", "test_windows", "world_size", "stopped_epoch", "peak_gpu_mib")
+print("main job metrics: " + ", ".join(f"{k}={m.get(k)}" for k in keys)
+      + f", epochs={len(m.get('history', []))}, use_gpu={m.get('args', {}).get('use_gpu')}")
+EOF
+else
+  say "main job: no metrics.json written"
+fi
+grep -E "data (on|off) the GPU|error|Traceback|peak GPU memory" "$MAIN_LOG" | head -n 8 >>"$SUMMARY"
+fi
+
+# ------------------------------------------------------------------ 3. the GPU test tier
+PYTEST_LOG=$OUT/pytest.log
+# cheap files first, so a time-out still leaves most tests with a known outcome; -v: one line per test as it ends
+FILES=(test_gpu_dropout.py test_gpu_placement.py test_gpu_records.py test_gpu_sync_bn.py test_gpu_resume.py
+       test_gpu_compile.py test_gpu_evaluation.py test_gpu_failing_rank.py test_gpu_amp.py)
+PYTEST_ARGS=(-m gpu -v -rfEs -p no:cacheprovider --maxfail=8 --durations=12 --junitxml="$WORK/pytest_gpu_junit.xml")
+if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=180); fi
+if (( CUDA_OK )); then
+  say "pytest collects $("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/gpu 2>/dev/null | tail -n1)"
+  run_step "pytest -m gpu (tests/gpu)" "$(budget 250 150)" "$PYTEST_LOG" \
+    "$PY" -m pytest "${PYTEST_ARGS[@]}" "${FILES[@]/#/tests/gpu/}"
+  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" "$PYTEST_LOG" | tail -n 40 >>"$SUMMARY"
+  say "per test: $(grep -cE ' PASSED' "$PYTEST_LOG") passed, $(grep -cE ' FAILED' "$PYTEST_LOG") failed, $(grep -cE ' SKIPPED' "$PYTEST_LOG") skipped, $(grep -cE ' ERROR' "$PYTEST_LOG") errors (from -v lines)"
+else  # the smoke: without CUDA the tier must refuse (a usage error, exit 4), never pass by skipping
+  say "== pytest -m gpu without CUDA (smoke): expecting the tier's one-line refusal, exit 4"
+  timeout -k 5 "$(budget 60 60)" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_placement.py >>"$PYTEST_LOG" 2>&1
+  rc=$?
+  grep -E "^ERROR" "$PYTEST_LOG" | head -n 1 >>"$SUMMARY"
+  if (( rc == 4 )); then say "== pytest -m gpu without CUDA: refused (exit 4), as it must"; else say "== pytest -m gpu without CUDA: exit $rc, expected 4"; FAILED=1; fi
+fi
+
+# ------------------------------------------------------------------ 4. probe
+PROBE_LOG=$OUT/probe.log
+if (( CUDA_OK )); then
+  run_step "probe (host syncs, hashed masks, keyed-dropout cost, TimesNet eval, pinned workers)" "$(budget 90 75)" \
+    "$PROBE_LOG" "$PY" scripts/gpu_probe.py
+else
+  run_step "probe (CPU dry run of its code paths)" "$(budget 90 45)" "$PROBE_LOG" "$PY" scripts/gpu_probe.py --cpu
+fi
+grep -E '^\{' "$PROBE_LOG" | cut -c1-400 >>"$SUMMARY"
+
+# ------------------------------------------------------------------ 5. speed benchmark
+BENCH_LOG=$OUT/bench.log
+if (( CUDA_OK )); then
+  run_step "bench_models --device cuda" "$(budget 110 15)" "$BENCH_LOG" \
+    "$PY" benchmarks/bench_models.py --device cuda --models DLinear iTransformer PatchTST TimeMixer \
+    --variants eager,unkeyed,amp --steps 10 --rounds 2 --no_shares --out "$WORK/bench_models_gpu.md" --overwrite
+elif [[ ${GPU_CHECK_SMOKE_LIGHT:-0} == 1 ]]; then
+  say "== bench_models: left out (GPU_CHECK_SMOKE_LIGHT=1)"
+else
+  run_step "bench_models --device cpu (smoke)" "$(budget 60 15)" "$BENCH_LOG" \
+    "$PY" benchmarks/bench_models.py --device cpu --models DLinear --variants eager,unkeyed --steps 2 --rounds 1 \
+    --no_shares --out "$WORK/bench_models_gpu.md" --overwrite
+fi
+if [[ -f $WORK/bench_models_gpu.md ]]; then
+  grep -E '^\|' "$WORK/bench_models_gpu.md" >>"$SUMMARY"
+fi
+
+# ------------------------------------------------------------------ pack the rest
+rm -rf "$WORK/inductor" "$WORK/main/checkpoints" "$WORK/bin"
+timeout 20 tar -czf "$OUT/extras.tar.gz" -C "$WORK" . 2>/dev/null
+say "# done in $(( $(date +%s) - START ))s; $( ((FAILED)) && echo 'a step FAILED' || echo 'every step ended 0'); outputs: $(cd "$OUT" && ls | tr '\n' ' ')"
+exit $FAILED

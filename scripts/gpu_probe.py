@@ -1,0 +1,244 @@
+"""GPU probe (scripts/gpu_check.sh's step 4): the checks of issue 43 that the CPU suite cannot make. Run from
+the project root.
+
+  python scripts/gpu_probe.py            # on a CUDA machine
+  python scripts/gpu_probe.py --cpu      # dry run of the same code paths on the CPU (no sync checks, no timings)
+
+1. host syncs inside training steps (torch.cuda.set_sync_debug_mode), the loader's next() included, for
+   table data (randperm order) and for the O(1)-memory Feistel order (univariate / corpus kinds);
+2. keyed (hashed) dropout masks on the GPU against the CPU hash, and their cost against F.dropout;
+3. TimesNet evaluation with per-window periods (the default) against batch periods;
+4. --num_workers: worker-gathered global steps through the DataLoader's pin-memory thread, then a training step.
+Every check prints one JSON line; a failure in one check never stops the others. Expected on a GPU: 0 host syncs
+a training step for every model and order but TimesNet (its grid shapes need the periods on the host: .tolist()
+per block, the positive control); the same masks as the CPU hash; TimesNet's window periods within a small factor
+of batch periods (one host copy a block since issue 43 item 4); pinned worker batches.
+"""
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import torch  # noqa: E402
+
+CPU = "--cpu" in sys.argv
+CUDA = torch.cuda.is_available() and not CPU
+RESULTS = []
+
+
+def report(name, **fields):
+    line = {"check": name, **fields}
+    RESULTS.append(line)
+    print(json.dumps(line, default=str), flush=True)
+
+
+def guarded(fn):
+    def run(*args, **kwargs):
+        name = f"{fn.__name__}{list(args) if args else ''}"
+        started = time.perf_counter()
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # one failing check must not hide the others
+            report(name, status="ERROR", error=f"{type(exc).__name__}: {str(exc)[:400]}",
+                   where=traceback.format_exc(limit=-4)[-1500:])
+        finally:
+            print(f"# {name}: {time.perf_counter() - started:.1f}s", flush=True)
+    return run
+
+
+SMALL = ["--d_model", "32", "--d_ff", "64", "--n_heads", "2", "--e_layers", "1", "--d_layers", "1",
+         "--seq_len", "96", "--label_len", "48", "--pred_len", "24", "--input_token_len", "24",
+         "--output_token_len", "24", "--top_k", "2", "--num_kernels", "2", "--down_sampling_layers", "1",
+         "--down_sampling_window", "2", "--down_sampling_method", "avg",
+         "--data", "synthetic", "--synthetic_rows", "3000", "--dropout", "0.1"]
+
+
+def experiment(*argv):
+    from helpers import make_args, make_experiment
+
+    return make_experiment(make_args(*SMALL, *argv, "--use_gpu", "false" if CPU else "true"))
+
+
+def train_loader(exp, feistel=False):
+    from data_provider.data_factory import data_provider, prepared_data
+
+    # the univariate / corpus kinds' O(1)-memory order, on the built-in table: the same sampler code path
+    prepared_data(exp.args).constant_memory_shuffle = feistel
+    try:
+        _, loader = data_provider(exp.args, "train", exp.device)
+    finally:
+        prepared_data(exp.args).constant_memory_shuffle = False
+    loader.set_epoch(1)
+    return loader
+
+
+def first_sync_site(steps_iter, exp, optimizer):
+    """Where the first synchronising CUDA call of a step happens (sync debug mode 'error')."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        exp.train_step(next(steps_iter), optimizer)
+    except RuntimeError as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if ROOT in f.filename]
+        return [f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} {f.line}" for f in frames[-3:]]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return None
+
+
+@guarded
+def host_syncs(model, *extra, feistel=False, steps=4):
+    """Synchronising CUDA calls in `steps` training steps (loader's next() included), after 2 warm-up steps."""
+    exp = experiment("--model", model, "--batch_size", "16", *extra)
+    loader = train_loader(exp, feistel)
+    optimizer = exp.make_optimizer()
+    exp.model.train()
+    it = iter(loader.steps())
+    for _ in range(2):
+        exp.train_step(next(it), optimizer)
+    if not CUDA:
+        report(f"host_syncs {model} {' '.join(extra)}{' feistel' if feistel else ''}", status="dry-run ok")
+        return
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                exp.train_step(next(it), optimizer)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    site = first_sync_site(it, exp, optimizer) if syncs else None
+    report(f"host_syncs {model} {' '.join(extra)}{' feistel' if feistel else ''}",
+           syncs_per_step=len(syncs) / steps, first_site=site, status="ok" if not syncs else "SYNCS")
+
+
+@guarded
+def hashed_masks_match_cpu():
+    from layers.dropout import SampleKeys, _keyed_noise, mask_key
+
+    device = "cuda" if CUDA else "cpu"
+    bad = []
+    for p in (0.05, 0.1, 0.3, 0.5):
+        for shape, first, samples in (((16, 7, 33), 100, 16), ((128, 7, 42, 16), 2 ** 40 + 3, 128), ((3, 1), 0, 3)):
+            key = mask_key(2021, 3)
+            got = _keyed_noise(torch.empty(shape, device=device), p, SampleKeys(key, first, samples), hashed=True)
+            want = _keyed_noise(torch.empty(shape), p, SampleKeys(key, first, samples), hashed=True)
+            if not torch.equal(got.cpu(), want):
+                bad.append((p, shape))
+            kept = (want != 0).double().mean().item()
+            if shape[0] == 128 and abs(kept - (1 - p)) > 0.01:
+                bad.append(("keep-rate", p, kept))
+    report("hashed_masks_match_cpu", mismatches=bad, status="ok" if not bad else "MISMATCH")
+
+
+def step_ms(exp, loader, steps=20):
+    optimizer = exp.make_optimizer()
+    exp.model.train()
+    batches = list(loader.steps())[:3]
+    for _ in range(3):
+        exp.train_step(batches[0], optimizer)
+    if CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for i in range(steps):
+        exp.train_step(batches[i % len(batches)], optimizer)
+    if CUDA:
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if CUDA else None
+    return 1e3 * (time.perf_counter() - started) / steps, peak
+
+
+@guarded
+def keyed_dropout_cost(model, *extra):
+    """Training step with sample-keyed (hashed) masks against F.dropout's fused masks, same model and batches."""
+    out = {}
+    for keyed in (True, False):
+        exp = experiment("--model", model, *extra)
+        exp.masks_follow_samples = exp.masks_follow_samples and keyed
+        out["keyed" if keyed else "fused"] = step_ms(exp, train_loader(exp), steps=3 if CPU else 20)
+    (k_ms, k_mib), (f_ms, f_mib) = out["keyed"], out["fused"]
+    report(f"keyed_dropout_cost {model} {' '.join(extra)}", keyed_ms=round(k_ms, 3), fused_ms=round(f_ms, 3),
+           slowdown=round(k_ms / f_ms, 2), keyed_peak_mib=k_mib, fused_peak_mib=f_mib, status="ok")
+
+
+@guarded
+def timesnet_eval_periods():
+    """A validation pass of TimesNet with each window's own periods (default) against the batch's."""
+    from data_provider.data_factory import data_provider
+
+    out = {}
+    for mode in ("window", "batch"):
+        exp = experiment("--model", "TimesNet", "--times_eval_periods", mode, "--eval_batch_size", "128")
+        _, loader = data_provider(exp.args, "val", exp.device)
+        exp.vali(loader)  # warm-up
+        if CUDA:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        loss = exp.vali(loader)
+        out[mode] = (1e3 * (time.perf_counter() - started), loss)
+    report("timesnet_eval_periods", window_ms=round(out["window"][0], 1), batch_ms=round(out["batch"][0], 1),
+           ratio=round(out["window"][0] / out["batch"][0], 2), vali=[out["window"][1], out["batch"][1]], status="ok")
+
+
+@guarded
+def loader_workers_pinned():
+    """--num_workers 2 on a GPU: batches gathered by worker processes into pinned memory (the DataLoader's pin
+    thread copies the GlobalStep list subclass), its attributes kept, then a training step on them."""
+    exp = experiment("--model", "PatchTST", "--batch_size", "16", "--num_workers", "2",
+                     "--accumulation_steps", "2")
+    loader = train_loader(exp)
+    step = next(iter(loader.steps()))
+    pinned = [t.is_pinned() for t in step[0] if torch.is_tensor(t)] if CUDA else None
+    fields = {name: getattr(step, name, "MISSING") for name in ("windows", "epoch", "firsts", "uneven")}
+    exp.model.train()
+    loss_sum, _ = exp.train_step(step, exp.make_optimizer())
+    ok = "MISSING" not in fields.values() and (pinned is None or all(pinned)) and bool(torch.isfinite(loss_sum))
+    report("loader_workers_pinned", type=type(step).__name__, micro_batches=len(step), fields=fields,
+           pinned=pinned, status="ok" if ok else "FAILED")
+
+
+def main():
+    report("environment", torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(),
+           device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, dry_run=CPU, status="ok")
+    if not CUDA and not CPU:
+        report("probe", status="SKIPPED", reason="no CUDA device (run with --cpu for a dry run of the code paths)")
+        return 0
+    hashed_masks_match_cpu()
+    # host syncs per training step: expected 0 except TimesNet (.tolist() of its periods, a positive control)
+    host_syncs("DLinear")
+    host_syncs("PatchTST")
+    host_syncs("TimerXL", "--clip_grad", "1.0")
+    host_syncs("iTransformer", "--use_amp")
+    host_syncs("TiDE")
+    host_syncs("TimeMixer")
+    if CUDA:  # fp16 autocast is GPU-only here (run.py refuses it on the CPU)
+        host_syncs("DLinear", "--use_amp", "--amp_dtype", "fp16", "--clip_grad", "1.0")
+    host_syncs("TimerXL", feistel=True)  # the O(1)-memory order: pinned, non_blocking (was a sync a step)
+    host_syncs("TimesNet")  # positive control: .tolist() per TimesBlock
+    # what keying the masks costs on the device (launch-bound small models vs a wider one)
+    keyed_dropout_cost("iTransformer")
+    if CUDA:  # GPU-sized settings (a CPU dry run only checks the code path above)
+        keyed_dropout_cost("PatchTST", "--batch_size", "128", "--d_model", "128", "--d_ff", "256", "--e_layers", "3",
+                           "--n_heads", "16")
+        keyed_dropout_cost("TimerXL", "--batch_size", "64", "--d_model", "256", "--d_ff", "512", "--e_layers", "4")
+        # many tokens (64 variables x 20 patches = 1280): keyed training forms [B, H, S, S] scores, a float32 mask
+        # and int64 hash temporaries, where F.scaled_dot_product_attention's fused kernel keeps O(S) per query
+        keyed_dropout_cost("TimerXL", "--batch_size", "16", "--synthetic_channels", "64", "--seq_len", "480",
+                           "--d_model", "64", "--n_heads", "8", "--e_layers", "1")
+    timesnet_eval_periods()
+    loader_workers_pinned()
+    bad = [r for r in RESULTS if r.get("status") not in ("ok", "dry-run ok")]
+    print(f"# probe: {len(RESULTS)} results, {len(bad)} not ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
