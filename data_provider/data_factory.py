@@ -76,7 +76,8 @@ def keeps_data_on_device(args, device):
     """Whether the splits live on `device` (a GPU), so that a batch is one gather there and nothing
     crosses PCIe per step: --data_on_device always, or auto when there are no loader workers and
     the prepared data takes at most a quarter of the GPU's free memory (each rank decides for its
-    own GPU; results are the same either way). Decided once per process and data set."""
+    own GPU; results are the same either way). Decided once per process and data set. A corpus never
+    moves (it is read from its memory map): off, and said so, whatever --data_on_device asks."""
     if device is None or torch.device(device).type != "cuda" or args.data_on_device == "never":
         return False
     key = (_cache_key(args), str(device))

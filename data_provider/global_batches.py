@@ -97,7 +97,8 @@ class GlobalBatches:
 
     def order(self, start, stop, device=None):
         """The windows at positions [start, stop) of this epoch's order, as an int64 tensor on `device`
-        (randperm's order crosses to a device once per epoch, the Feistel one per call)."""
+        (randperm's order crosses to a device once per epoch, the Feistel one per call; both queued, never a
+        blocking copy: to_device_async)."""
         if self._feistel is not None:
             return to_device_async(torch.from_numpy(self._feistel(np.arange(start, stop))), device)
         if self._order is None:  # DistributedSampler's draw for one replica: the same generator and call
