@@ -14,7 +14,11 @@ import signal
 import sys
 import traceback
 
-from data_provider.data_factory import data_fingerprint
+from utils.threads import quiet_waits_beside_busy_cores
+
+quiet_waits_beside_busy_cores()  # before torch loads OpenMP, which reads its wait policy once
+
+from data_provider.data_factory import data_fingerprint  # noqa: E402 (after the wait policy)
 from exp.exp_forecast import Exp_Forecast
 from exp.short_term import Exp_Short_Term_Forecast
 from exp.outputs import predict, save_results

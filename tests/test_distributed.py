@@ -97,16 +97,17 @@ def test_error_sums_match_numpy_reference():
 
 
 def test_torchrun_workers_split_the_cores_and_keep_at_least_one(monkeypatch):
-    import os
-
-    from utils import distributed
+    from utils import distributed, threads
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cgroup_cores", lambda: None)
     before = torch.get_num_threads()
     try:
         for cores, local, expected in ((8, 2, 4), (2, 3, 1)):  # more workers than cores: one thread each
-            monkeypatch.setattr(os, "cpu_count", lambda: cores)
+            monkeypatch.setattr(threads, "affinity", lambda: list(range(cores)))  # (utils.threads' rule)
+            monkeypatch.setattr(threads, "_torch_default", lambda: cores)
             monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
             distributed._set_threads(0)
             assert torch.get_num_threads() == expected, (cores, local)

@@ -281,7 +281,7 @@ def build_parser():
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels only (torch.use_deterministic_algorithms, cuBLAS workspace, cuDNN): "
                         "bit-identical repeats on GPU, somewhat slower")
-    g.add_argument("--num_threads", type=non_negative_int, default=0, help="torch threads per process (0: cores / local processes under torchrun)")
+    g.add_argument("--num_threads", type=non_negative_int, default=0, help="torch threads per process (0: the cores it may use / local processes; docs/performance.md#threads)")
     g.add_argument("--keep_freed_memory", type=str2bool, nargs="?", const=True, default=True,
                    help="Linux: malloc keeps freed memory for reuse, so no step pays page faults on fresh memory "
                         "(TimeMixer's CPU step ~20%% shorter); false: glibc's defaults, which return memory sooner")

@@ -384,9 +384,11 @@ def _store_of_rank_0(timeout_s):
 
 
 def _set_threads(threads):
-    """One process per core group: under torchrun, split the cores between local processes."""
-    if not threads and launched_by_torchrun():
-        threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    """`threads` torch threads, or with 0 the cores this process may use split between the machine's
+    processes (utils.threads: affinity mask, cgroup quota, LOCAL_WORLD_SIZE)."""
+    from utils.threads import choose_threads
+
+    threads, _ = choose_threads(threads)
     if threads:
         torch.set_num_threads(threads)
 
