@@ -200,26 +200,13 @@ def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_pa
         dist.destroy_process_group()
 
 
-def test_the_gpu_tier_asked_for_without_cuda_fails_in_one_line():
-    """Item 9: `python -m pytest -m gpu` where torch has no CUDA skipped every test and exited 0, so a GPU
-    machine whose torch lost CUDA passed its check. It is a usage error now: one ERROR line, exit 4."""
-    import subprocess
-    import sys
-
-    from helpers import REPO
-
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                           "tests/gpu/test_gpu_placement.py"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
-    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR")]
-    assert proc.returncode == 4 and len(errors) == 1 and "sees no CUDA device" in errors[0], proc.stdout + proc.stderr
-
-
 def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     """scripts/gpu_check.sh: where torch has no CUDA it says so in one line and exits 3 (a check that skipped
     everything and ended 0 would pass a broken machine); --cpu-smoke runs its steps on the CPU (here the light
     smoke: the tier's refusal and the probe's dry run; the full smoke, with the main job and a benchmark, takes
-    about 80 s on 2 cores), every log in $OUT."""
+    about 80 s on 2 cores), every log in $OUT.
+    Item 9: in the smoke, `python -m pytest -m gpu` without CUDA must be a usage error, one ERROR line and exit
+    4 (it skipped every test and exited 0, so a GPU machine whose torch lost CUDA passed its check)."""
     import json
     import os
     import subprocess
@@ -236,6 +223,8 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     summary = (tmp_path / "smoke" / "summary.txt").read_text()
     assert smoke.returncode == 0, summary + smoke.stderr[-2000:]
     assert "refused (exit 4), as it must" in summary and "every step ended 0" in summary
+    errors = [line for line in (tmp_path / "smoke" / "pytest.log").read_text().splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "runs the GPU tier, but torch" in errors[0] and "sees no CUDA device" in errors[0]
     checks = [json.loads(line) for line in (tmp_path / "smoke" / "probe.log").read_text().splitlines()
               if line.startswith("{")]
     assert len(checks) > 10 and all(c["status"] in ("ok", "dry-run ok") for c in checks), checks
