@@ -222,6 +222,9 @@ def main():
     if CUDA:  # fp16 autocast is GPU-only here (run.py refuses it on the CPU)
         host_syncs("DLinear", "--use_amp", "--amp_dtype", "fp16", "--clip_grad", "1.0")
     host_syncs("TimerXL", feistel=True)  # the O(1)-memory order: pinned, non_blocking (was a sync a step)
+    # batches gathered in host memory (a corpus's case: the order on the host, each batch pinned, then copied)
+    host_syncs("DLinear", "--data_on_device", "never")
+    host_syncs("TimerXL", "--data_on_device", "never", feistel=True)
     host_syncs("TimesNet")  # positive control: .tolist() per TimesBlock
     # what keying the masks costs on the device (launch-bound small models vs a wider one)
     keyed_dropout_cost("iTransformer")
