@@ -424,7 +424,8 @@ class CorpusData(ForecastData):
     constant_memory_shuffle = True
     dates = None
     series_transform = False  # True: finish() needs each window's series (Time-MoE's layout)
-    memory_mapped = True  # read from its memory map in host memory, never moved to a GPU (CorpusWindows.to)
+    # never moved to a GPU (CorpusWindows.to): what data_factory.keeps_data_on_device logs
+    stays_on_host = "a corpus stays in its memory map"
 
     def __init__(self, folder):
         self.folder = folder

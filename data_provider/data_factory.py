@@ -76,16 +76,18 @@ def keeps_data_on_device(args, device):
     """Whether the splits live on `device` (a GPU), so that a batch is one gather there and nothing
     crosses PCIe per step: --data_on_device always, or auto when there are no loader workers and
     the prepared data takes at most a quarter of the GPU's free memory (each rank decides for its
-    own GPU; results are the same either way). Decided once per process and data set. A corpus never
-    moves (it is read from its memory map): off, and said so, whatever --data_on_device asks."""
+    own GPU; results are the same either way). Decided once per process and data set. Data read on the
+    host (a corpus from its memory map, M4's cut windows: `stays_on_host`) never moves: off, and said so,
+    whatever --data_on_device asks."""
     if device is None or torch.device(device).type != "cuda" or args.data_on_device == "never":
         return False
     key = (_cache_key(args), str(device))
-    if getattr(prepared_data(args), "memory_mapped", False):  # a corpus: its windows are read from the map
+    stays_on_host = getattr(prepared_data(args), "stays_on_host", None)  # a corpus, M4: read on the host
+    if stays_on_host:
         if key not in _placement_cache:
             _placement_cache[key] = False
-            logger.info(f"data off the GPU (--data_on_device {args.data_on_device}): a corpus stays in its memory "
-                        "map; each step's windows are read in host memory, pinned and copied asynchronously ("
+            logger.info(f"data off the GPU (--data_on_device {args.data_on_device}): {stays_on_host}; each step's "
+                        "windows are read in host memory, pinned and copied asynchronously ("
                         + (f"{args.num_workers} loader workers read ahead)" if args.num_workers else
                            "read in this process; --num_workers N reads them ahead in parallel)"))
         return False

@@ -185,6 +185,7 @@ class M4Data(ForecastData):
     scaler = None
     per_series_scaling = True  # no single original scale: --inverse and --do_predict refuse
     dates = None
+    stays_on_host = "M4's windows are cut on the host, batch by batch"  # M4Windows.to: never on a GPU
 
     def __init__(self, root_path, pattern):
         self.root_path, self.pattern = root_path, pattern

@@ -106,6 +106,9 @@ def test_a_corpus_on_a_gpu_is_said_to_stay_in_its_memory_map_and_its_batches_are
     batch = next(iter(val.batches()))
     parts = sum(t is not None for micro in step for t in micro) + sum(t is not None for t in batch)
     assert batch[0].device.type == "cpu" and len(pinned) == parts > 0
+    from data_provider.m4 import M4Data
+
+    assert "on the host" in M4Data.stays_on_host  # M4's windows are cut on the host too: the same rule
 
 
 def test_the_auto_estimate_counts_univariate_datas_window_indices(tmp_path):
