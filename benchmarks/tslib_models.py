@@ -402,8 +402,8 @@ def verdict(row, failures, total):
 
 def finish(row, started):
     row["seconds"] = f"{time.perf_counter() - started:.0f}"
-    print(f"  {row['file']}: {row['status']} {row['difference']} {row.get('micro', '')} {row['reload']} {row['contract']} "
-          f"({row['seconds']} s) {row['note']}", flush=True)
+    print(f"  {row['file']}: {row['status']} {row['difference']} {row.get('micro', '')} {row['reload']} "
+          f"{row['contract']} ({row['seconds']} s) {row['note']}", flush=True)
     return row
 
 
@@ -512,10 +512,10 @@ def main(argv=None):
     if args.models:
         unknown = sorted(set(args.models) - {path.stem for path in files})
         require(not unknown, f"--models {' '.join(unknown)}: not in {tslib / 'models'}")
-        files = [path for path in files if path.stem in args.models]
-    kinds = {path: classify(path) for path in files}
+    kinds = {path: classify(path) for path in files}  # every file: the excluded ones are listed in any case
     excluded = [(path.stem, why) for path, (kind, why) in kinds.items() if kind != "ltf"]
-    chosen = [path for path, (kind, _) in kinds.items() if kind == "ltf"]
+    chosen = [path for path, (kind, _) in kinds.items()
+              if kind == "ltf" and (not args.models or path.stem in args.models)]
     print(f"{len(chosen)} long-term-forecasting model files in {tslib / 'models'}, {len(excluded)} excluded", flush=True)
     started = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:

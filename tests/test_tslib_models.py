@@ -155,7 +155,8 @@ def test_a_failure_is_checked_against_tslibs_own_file(tmp_path):
     (root / "models").mkdir(parents=True)
     (root / "models" / "Narrow.py").write_text(NARROW)
     ours = "mat1 and mat2 shapes cannot be multiplied (192x7 and 1x1)"  # 4 x 48 rows of 7 columns
-    failure = f"Narrow breaks the model contract: output shape (--features MS, batch 4): RuntimeError: {ours} (at x.py:1); see"
+    failure = (f"Narrow breaks the model contract: output shape (--features MS, batch 4): RuntimeError: {ours} "
+               "(at x.py:1); see")
     [line] = tslib_models.tslib_alike(root, "Narrow", [failure, INVARIANCE])
     assert line == f"TSLib's own Narrow.py at --features MS: RuntimeError: {ours} (the same failure: the file's own)"
     [line] = tslib_models.tslib_alike(root, "Narrow", [failure.replace("192x7", "192x6")])
