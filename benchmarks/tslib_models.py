@@ -453,7 +453,8 @@ def markdown(rows, excluded, tslib, runs):
                                                        "replaces its earlier row):", "", *(f"- {x}" for x in said)]),
              "",
              f"TSLib {checkout_version(tslib)}; torch {torch_version()}, CPU (2 cores shared with other jobs), "
-             f"{sum(run['seconds'] for run in runs):.0f} s in all.",
+             f"{sum(run['seconds'] for run in runs):.0f} s of runs in all" + (" (some of them at once)." if len(runs) > 1
+                                                                            else "."),
              "", summary(rows), "",
              "Each file was copied alone into a scratch copy of this repository. *1 vs 2*: the largest relative "
              "difference of the metrics and losses of one epoch with `--global_batch_size 8 --sync_bn` on 1 and "

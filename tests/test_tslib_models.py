@@ -181,4 +181,4 @@ def test_a_merged_results_file_names_every_run_its_rows_come_from(tmp_path):
     text = tslib_models.markdown(merged, [], tmp_path, runs)
     assert "- `python benchmarks/tslib_models.py --files A B`, 2026-01-01 10:00 UTC, this repository's commit " \
            "abc1234, 100 s (2 files)" in text
-    assert "- `python again`, " in text and ", 160 s in all." in text and "**1 of 2 model files run" in text
+    assert "- `python again`, " in text and ", 160 s of runs in all" in text and "**1 of 2 model files run" in text
