@@ -7,8 +7,9 @@ One optimizer step as Exp_Forecast.train_step takes it (bench_models.OursStep), 
 --input_token_len 24 so that --tokens tokens are seq_len = 24 x tokens steps, dropout 0.1. Variants, each in
 a fresh process:
 
-- `keyed`: what the CPU runs in training (layers.dropout.KeyedDropout.attend): the weights [B, H, S, S]
-  formed in full, softmax, a float32 mask from layers.dropout's keyed draws, then @ value;
+- `keyed`: what the CPU runs in training (layers.dropout.KeyedDropout.attend): layers.keyed_attention, the
+  weights formed a query block of a sample at a time, bool masks from layers.dropout's keyed draws, drawn
+  again in backward (before issue 43: [B, H, S, S] formed whole with a float32 mask, 436 MiB here);
 - `per_sample`: what a GPU runs: PyTorch's scaled_dot_product_attention with dropout_p, once per sample
   under the sample's seed (on a GPU the flash or memory-efficient kernel; on the CPU its math path);
 - `fused`: masks from the global generator, one scaled_dot_product_attention call with dropout_p
@@ -69,8 +70,9 @@ def measure(variant, tokens, batch_size, steps, d_model, n_heads):
 
 
 def script_step_times(models, rounds, steps, data_root):
-    """Each model's step at its ETTh1 script's settings (bench_models.script_arguments), keyed attention as
-    the CPU runs it and per sample, alternating in this process: the median over rounds of each round's
+    """Each model's step at its ETTh1 script's settings (bench_models.script_arguments): keyed attention as
+    the CPU runs it, per sample (a GPU's path), and plain (masks from the global generator, F.dropout and
+    SDPA's dropout_p: the unkeyed step), alternating in this process: the median over rounds of each round's
     median step (s)."""
     from benchmarks.bench_models import data_arguments, script_arguments
 
@@ -78,11 +80,13 @@ def script_step_times(models, rounds, steps, data_root):
     times = {}
     for model in models:
         argv = [*script_arguments(model), *data, "--num_threads", "1", "--use_gpu", "false"]
-        step = OursStep(argv, torch.device("cpu"), steps)
-        medians = {"keyed": [], "per_sample": []}
+        keyed_step = OursStep(argv, torch.device("cpu"), steps)
+        plain_step = OursStep(argv, torch.device("cpu"), steps, keyed=False)
+        medians = {"keyed": [], "per_sample": [], "plain": []}
         for _ in range(rounds):
             for variant in medians:
                 dropout_module.KeyedDropout.per_sample_attention = variant == "per_sample"
+                step = plain_step if variant == "plain" else keyed_step
                 step()
                 taken = []
                 for _ in range(steps):
@@ -128,7 +132,8 @@ def main():
     torch.set_num_threads(1)
     script_rows = []
     for model, seconds in script_step_times(args.scripts, args.rounds, 5, args.data_root).items():
-        script_rows.append(f"| {model} | {seconds['keyed'] * 1e3:.1f} | {seconds['per_sample'] * 1e3:.1f} |")
+        script_rows.append(f"| {model} | {seconds['keyed'] * 1e3:.1f} | {seconds['per_sample'] * 1e3:.1f} | "
+                           f"{seconds['plain'] * 1e3:.1f} | {seconds['keyed'] / seconds['plain']:.2f} |")
         print(script_rows[-1], flush=True)
     weights = args.batch_size * args.n_heads * args.tokens**2 * 4 / 2**20
     table = "\n".join([
@@ -143,11 +148,11 @@ def main():
         "|---|---|---|",
         *rows, "",
         "At each model's ETTh1 script settings (horizon 96, 1 thread), a step with keyed attention as the CPU",
-        "runs it (the weights formed) and per sample (a GPU's path), alternating in one process, median of "
-        f"{args.rounds} rounds of 5 steps:",
+        "runs it (query blocks), per sample (a GPU's path) and plain (unkeyed masks: F.dropout and SDPA's",
+        f"dropout_p), alternating in one process, median of {args.rounds} rounds of 5 steps:",
         "",
-        "| model | keyed, the weights formed (ms) | per sample (ms) |",
-        "|---|---|---|",
+        "| model | keyed, query blocks (ms) | per sample (ms) | plain (ms) | keyed / plain |",
+        "|---|---|---|---|---|",
         *script_rows, ""])
     Path(args.out).write_text(table)
     print(f"written to {args.out}")
