@@ -3,15 +3,14 @@ Time Series Forecasting", AAAI 2024) under TSLib's module, class and argument na
 convolution (mix-hop propagation over a learned adjacency, after MTGNN), causal multi-head attention,
 a small ViT and the output projection.
 """
-from math import sqrt
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from einops.layers.torch import Rearrange
 from torch import nn, Tensor
 
-from utils.masking import TriangularCausalMask
+# TSLib's MSGBlock defines FullAttention again; here it is the one of SelfAttention_Family, same function
+from layers.SelfAttention_Family import FullAttention  # noqa: F401 (also TSLib's name in this module)
 
 
 class Predict(nn.Module):
@@ -76,29 +75,6 @@ class self_attention(nn.Module):
                                          self.value_projection(values).view(batch, source, heads, -1),
                                          attn_mask)
         return self.out_projection(out.view(batch, length, -1)), attn
-
-
-class FullAttention(nn.Module):
-    """Scaled dot-product attention on [B, L, H, E], causal unless mask_flag=False; dropout (an
-    nn.Dropout, keyed per window by the experiment) on the weights."""
-
-    def __init__(self, mask_flag=True, factor=5, scale=None, attention_dropout=0.1, output_attention=False):
-        super().__init__()
-        self.scale = scale
-        self.mask_flag = mask_flag
-        self.output_attention = output_attention
-        self.dropout = nn.Dropout(attention_dropout)
-
-    def forward(self, queries, keys, values, attn_mask):
-        batch, length, _, width = queries.shape
-        scores = torch.einsum("blhe,bshe->bhls", queries, keys)
-        if self.mask_flag:
-            if attn_mask is None:
-                attn_mask = TriangularCausalMask(batch, length, device=queries.device)
-            scores = scores.masked_fill(attn_mask.mask, float("-inf"))
-        weights = self.dropout(torch.softmax((self.scale or 1. / sqrt(width)) * scores, dim=-1))
-        out = torch.einsum("bhls,bshd->blhd", weights, values).contiguous()
-        return out, (weights if self.output_attention else None)
 
 
 class GraphBlock(nn.Module):
