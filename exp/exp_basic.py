@@ -80,7 +80,8 @@ class Exp_Basic:
         then searches the graph every step, and say so once. Plain DDP would stop at the second step."""
         if not distributed.is_dist() or len(dataset) == 0:
             return []
-        batch = dataset.__getitems__(torch.arange(min(2, len(dataset)), device=getattr(dataset, "device", None)))  # 2: BatchNorm trains on no fewer
+        first = torch.arange(min(2, len(dataset)), device=getattr(dataset, "device", None))  # BatchNorm needs 2
+        batch = dataset.__getitems__(first)
 
         def loss_of(model):
             with distributed.local_batch_norm(model), self.autocast():  # no collective inside the probe
