@@ -171,6 +171,38 @@ def max_difference(a, b):
     return f"max |difference| {(a.double() - b.double()).abs().max().item():.3g}"
 
 
+# A forward that is not bit-reproducible call to call (TSLib's Koopa solves torch.linalg.lstsq per batch, whose
+# CPU result can move in the last bits between calls on the same input) is held to its own rounding, not bit
+# equality: identical weights and an output difference within the rounding of float32 arithmetic.
+ROUNDING = 1e-5  # of the output's scale: far above float32 rounding, far below any real randomness
+JITTER_CALLS = 8
+
+
+def call_to_call_jitter(exp, model, batch, first):
+    """How far `model`'s eval output moves from `first` over repeated calls on the same batch (0: bit-reproducible)."""
+    for _ in range(JITTER_CALLS):
+        moved = (eval_output(exp, model, batch).double() - first.double()).abs().max().item()
+        if moved:
+            return moved
+    return 0.0
+
+
+def same_or_own_rounding(exp, model, batch, first, other, same_weights):
+    """Bit-equal outputs; or, where the weights are bit-equal and the model's own forward moves from call to call,
+    outputs apart by no more than rounding: the models are the same function, the difference is the forward's."""
+    if torch.equal(first, other):
+        return True
+    difference = (first.double() - other.double()).abs().max().item()
+    scale = max(first.abs().max().item(), 1e-12)
+    return same_weights and difference <= ROUNDING * scale and call_to_call_jitter(exp, model, batch, first) > 0
+
+
+def same_state(a, b):
+    """Every parameter and buffer of two models bit for bit (state_dict keys, shapes and values)."""
+    a, b = a.state_dict(), b.state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
 def parameter_digests(model):
     return {name: hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest()
             for name, p in model.named_parameters()}
@@ -403,13 +435,16 @@ def check_world_size_invariance(spec, single, pair):
 
 
 def check_same_seed(spec):
-    """Two models built with the same seed give identical eval-mode outputs on the same batch."""
+    """Two models built with the same seed give identical eval-mode outputs on the same batch (within its own
+    rounding for a forward that is not bit-reproducible call to call, when the weights are identical)."""
     title = "same seed, same output"
     with clause(spec, title, "the model must build and run in eval mode"):
         first, second = build_experiment(spec), build_experiment(spec)
         batch = first_windows(first, "train", 4)
         out_first, out_second = eval_output(first, first.raw_model, batch), eval_output(second, second.raw_model, batch)
-    if not torch.equal(out_first, out_second):
+        same = same_or_own_rounding(first, first.raw_model, batch, out_first, out_second,
+                                    same_state(first.raw_model, second.raw_model))
+    if not same:
         raise violation(spec, title, f"two models built with --seed {SEED} disagree ({max_difference(out_first, out_second)}); "
                         "draw initial values only from torch's global generator in __init__ (the experiment seeds it) "
                         "and use no randomness in eval-mode forward")
@@ -429,7 +464,9 @@ def check_state_dict_round_trip(spec, folder):
         load_weights(fresh.raw_model, str(path))
         batch = first_windows(original, "train", 4)
         expected, loaded = eval_output(original, original.raw_model, batch), eval_output(fresh, fresh.raw_model, batch)
-    if not torch.equal(expected, loaded):
+        same = same_or_own_rounding(original, original.raw_model, batch, expected, loaded,
+                                    same_state(original.raw_model, fresh.raw_model))
+    if not same:
         raise violation(spec, title, f"the reloaded model's output differs ({max_difference(expected, loaded)}); "
                         "register every tensor forward reads as a parameter or (persistent) buffer, or derive it "
                         "from configs deterministically")
@@ -718,6 +755,12 @@ BROKEN_MODELS = {
     "Unseeded": dict(init="        private = torch.Generator().manual_seed(torch.initial_seed() ^ id(self))\n"
                           "        self.offset = nn.Parameter(torch.randn(1, generator=private))\n",
                      forward="        out = out + self.offset\n"),
+    # a forward that moves in the last bits from call to call (as TSLib's Koopa's lstsq can): held to rounding
+    "Jittery": dict(forward="        out = out + 1e-8 * torch.randn_like(out)\n"),
+    "JitteryUnseeded": dict(init="        private = torch.Generator().manual_seed(torch.initial_seed() ^ id(self))\n"
+                                 "        self.offset = nn.Parameter(1e-9 * torch.randn(1, generator=private))\n",
+                            forward="        out = out + self.offset + 1e-8 * torch.randn_like(out)\n"),
+    "NoisyEval": dict(forward="        out = out + 1e-3 * torch.randn_like(out)  # randomness, not rounding\n"),
     "Unsaved": dict(init="        self.scale = torch.rand(1) + 0.5  # a plain attribute: not in the state_dict\n",
                     forward="        out = out * self.scale\n"),
     "NoTemplate": dict(doc="", attributes="", inputs="x_enc, x_mark=None"),
@@ -751,6 +794,8 @@ BREAKAGE_CASES = {
     "Unseeded": (check_same_seed, "same seed, same output", "disagree"),
     "Unsaved": (lambda spec: check_state_dict_round_trip(spec, Path(spec.path).parent), "state_dict round trip",
                 "output differs"),
+    "JitteryUnseeded": (check_same_seed, "same seed, same output", "disagree"),
+    "NoisyEval": (check_same_seed, "same seed, same output", "use no randomness in eval-mode forward"),
     "NoTemplate": (check_template, "template and CPU", "write forward(self, x_enc, x_mark_enc=None"),
     "TSLibStyle": (check_house_style, "house style", "no docstring"),
     "Undeclared": (check_declared_inputs, "declared inputs", "output changes when x_mark_enc, x_dec, x_mark_dec"),
@@ -795,6 +840,14 @@ def test_zoo_only_clauses(broken_models, undated_data, broken):
     message = str(caught.value)
     assert message.startswith(f"{broken} breaks the model contract: {title}: "), message
     assert phrase in message, message
+
+
+def test_forward_rounding_is_the_models_own(broken_models):
+    """A forward whose output moves in the last bits between calls (TSLib's Koopa: torch.linalg.lstsq) passes the
+    same-seed and round-trip clauses when the weights are bit-equal; JitteryUnseeded and NoisyEval above fail."""
+    spec = broken_models["Jittery"]
+    check_same_seed(spec)
+    check_state_dict_round_trip(spec, Path(spec.path).parent)
 
 
 def test_zoo_membership():
