@@ -25,10 +25,28 @@ copied into the repository itself) as `models/<Name>.py`, replacing ours of that
   2. reloads the 1-process checkpoint with `--is_training 0`: the test metrics must be the training run's;
   3. runs the model contract on it (`tests/test_model_contract.py`, which holds every file in `models/` to it).
 
+Two findings are the file's own, not this repository's, and each is named in its row and in the summary line:
+
+  * *rounding-sensitive*: where 1 vs 2 processes differ by more than 1e-6, equal micro-batches do not explain
+    it and everything else passes, one process trains again with `--num_threads 2`: the same arithmetic in
+    another summation order, without DDP, so its difference from the 1-thread run is the file's own rounding
+    floor. 1 vs 2 processes within ROUNDING_FACTOR (4) times a floor that itself exceeds 1e-6 is that rounding
+    (TSLib's PatchTST and Pyraformer: a BatchNorm after a bias that Adam moves by rounding, FOUND_CAUSES): the
+    file runs, as rounding-sensitive. The floor costs one more run, so only such files measure it;
+  * *own limit*: a contract configuration where the file raises (`--features S` or `MS`) is tried on TSLib's
+    own file, imported from the checkout outside this repository, at the same shapes. The same exception and
+    message there is the file's limit (TSLib's TemporalFusionTransformer knows no `--features S`), so that
+    clause does not count against it; the note keeps the error, the contract column the count. Any other
+    failure counts.
+
 A file whose run is refused in one line (a package that is not installed: `pip install ...`) is listed as
 refused with that line. Sizes are tiny (synthetic data, d_model 16, one layer): seconds per step, so every
 file takes well under a minute and the whole checkout some minutes. Prints `N of M model files run unchanged`
-(the batch-dependent ones apart) and the table, and writes it to `--out` as markdown.
+(the batch-dependent ones apart) and the table, and writes it to `--out` as markdown. `--merge_markdown` takes
+the rows (and run records) of a results file written earlier, so that checking a few files again updates it:
+
+    python benchmarks/tslib_models.py --tslib /path/to/TSLib --files PatchTST \\
+        --merge_markdown benchmarks/results/tslib_models.md --out benchmarks/results/tslib_models.md
 """
 import argparse
 import ast
@@ -74,6 +92,11 @@ BY_DESIGN = {
                  "window to B x N rows, so channel n of window b is embedded with the dates of window (b N + n) "
                  "mod B, a batch-mate (in training and evaluation)",
 }
+# 1 process with 2 threads: the same arithmetic in another summation order, no DDP (appended, it overrides
+# RUN_ARGS' --num_threads 1). Its difference from the 1-thread run is the file's own rounding floor; 1 vs 2
+# processes within ROUNDING_FACTOR of a floor above TOLERANCE is that rounding, not DDP's.
+OTHER_THREADS = ["--num_threads", "2"]
+ROUNDING_FACTOR = 4
 # Why a file's 1 vs 2 processes differ when not by design, as found by hand (2026-11-27, TSLib 4e938a1; the
 # figures from runs of this script's settings with the named biases removed from a scratch copy's layers).
 FOUND_CAUSES = {
@@ -299,6 +322,7 @@ def check_file(repo, model_file, keep=None):
             difference, where = metrics_difference(one, two)
             row["difference"] = f"{difference:.1e} ({where})" if difference else "0"
             row["equal"] = difference <= TOLERANCE and two["world_size"] == 2
+            row["gap"] = difference if two["world_size"] == 2 else None
             if not row["equal"]:  # the same micro-batches on 1 process: is it the batch, not the processes?
                 equal_micro_batches(scratch, name, outputs / "1x2", two, row)
         reload_proc, reloaded = run_py(scratch, name, outputs / "1", "--is_training", "0")
@@ -309,22 +333,66 @@ def check_file(repo, model_file, keep=None):
             row["reload"] = "same metrics" if difference <= TOLERANCE else f"differs by {difference:.1e}"
         passed, total, failures = run_contract(scratch, name, outputs)
         row["contract"] = f"{passed}/{total}"
-        if failures:
-            row["note"] = "; ".join(filter(None, [row["note"], *dict.fromkeys(failures)]))
-        row["note"] = "; ".join(filter(None, [row["note"], *tslib_alike(Path(model_file).parents[1], name, failures)]))
-        row["status"] = verdict(row, failures, total)
-        if row["status"] == "batch-dependent":
-            clauses = [title for title in (INVARIANCE_CLAUSE, WINDOWS_CLAUSE) if any(title in f for f in failures)]
-            row["note"] = f"by design: {BY_DESIGN.get(name, GENERIC_DESIGN)}" + (
-                f" (the contract's clauses it fails, of that property: {'; '.join(clauses)})" if clauses else "")
-        elif row.get("micro_train"):  # it fails for other reasons too; 1 vs 2 is still the design's
-            row["note"] = "; ".join(filter(None, [f"1 vs 2 by design: {BY_DESIGN.get(name, GENERIC_DESIGN)}",
-                                                  row["note"]]))
-        elif row["difference"] and not row.get("equal") and name in FOUND_CAUSES:
-            row["note"] = "; ".join(filter(None, [f"1 vs 2: {FOUND_CAUSES[name]}", row["note"]]))
-        if failures and name in CONTRACT_CAUSES:
-            row["note"] = "; ".join([row["note"], f"TSLib's own {name}.py: {CONTRACT_CAUSES[name]}"])
+        said = tslib_said(Path(model_file).parents[1], name, failures)
+        if needs_floor(row, failures, total, said):  # one more run, only where the floor decides
+            rounding_floor(scratch, name, outputs / "1t2", one, row)
+        judge(row, name, failures, total, said)
     return finish(row, started)
+
+
+def joined(*parts):
+    return "; ".join(part for part in parts if part)
+
+
+def judge(row, name, failures, total, said):
+    """The row's status (verdict) and its note: the failures that count, what TSLib's own file does where ours
+    raised, and the causes found by hand (by design, FOUND_CAUSES, CONTRACT_CAUSES)."""
+    row["status"] = verdict(row, failures, total, said)
+    own = own_limits(failures, said)
+    counted = [failure for failure in dict.fromkeys(failures) if failure not in own]
+    compared = []
+    for failure in dict.fromkeys(failures):
+        features, error = raised_at(failure) or (None, None)
+        if failure in own:
+            compared.append(f"--features {features}: fails in TSLib's own file identically: {error} (the file's own "
+                            "limit: that contract clause does not count against it)")
+        elif features in said:
+            compared.append(f"TSLib's own {name}.py at --features {features}: {said[features]} (ours differs from "
+                            "TSLib's)")
+    design = BY_DESIGN.get(name, GENERIC_DESIGN)
+    if row["status"].startswith("batch-dependent"):
+        clauses = [title for title in (INVARIANCE_CLAUSE, WINDOWS_CLAUSE) if any(title in f for f in counted)]
+        fails = f" (the contract's clauses it fails, of that property: {', '.join(clauses)})" if clauses else ""
+        row["note"] = joined(f"by design: {design}{fails}", *compared)
+    elif row.get("micro_train"):  # it fails for other reasons too; 1 vs 2 is still the design's
+        row["note"] = joined(f"1 vs 2 by design: {design}", row["note"], *counted, *compared)
+    elif row["difference"] and not row.get("equal"):
+        row["note"] = joined(floor_line(row), f"1 vs 2: {FOUND_CAUSES[name]}" if name in FOUND_CAUSES else "",
+                             row["note"], *counted, *compared)
+    else:
+        row["note"] = joined(row["note"], *counted, *compared)
+    if counted and name in CONTRACT_CAUSES:
+        row["note"] = joined(row["note"], f"TSLib's own {name}.py: {CONTRACT_CAUSES[name]}")
+
+
+def floor_line(row):
+    """The rounding floor's figures, where it was measured."""
+    if row.get("floor") is None:
+        return ""
+    within = "within" if rounding_sensitive(row) else "not within"
+    return (f"rounding floor: 1 process on 1 vs 2 threads {row['floor_text']}, 1 vs 2 processes {row['difference']}: "
+            f"{within} {ROUNDING_FACTOR} x the floor")
+
+
+def rounding_floor(scratch, name, outputs, one, row):
+    """Trains 1 process again on 2 threads (OTHER_THREADS): row['floor'] is the largest relative difference of
+    its metrics and losses from the 1-thread run `one`, the file's own rounding (no DDP in either)."""
+    proc, threaded = run_py(scratch, name, outputs, *OTHER_THREADS)
+    if threaded is None:
+        row["note"] = joined(row["note"], f"1 process on 2 threads: {one_line(proc)}")
+        return
+    floor, where = metrics_difference(one, threaded)
+    row.update(floor=floor, floor_text=f"{floor:.1e} ({where})" if floor else "0")
 
 
 # TSLib's own file, imported from its checkout in a process of its own (never from this repository), trained
@@ -357,22 +425,39 @@ def own_configs(name, features):
     return dict(vars(args), task_name="long_term_forecast")
 
 
-def tslib_alike(tslib, name, failures):
-    """For each contract configuration (--features S / MS) where the file raised, what TSLib's own file does
-    at the same shapes: the same exception and message is the file's own failure, anything else means our
-    layers differ from TSLib's."""
-    lines = []
-    raised = r"output shape \(--features (\w+), batch 4\): (\w+: .*?)(?: \(at [^)]*\))?(?:; |$)"
-    for features, error in dict(re.findall(raised, "; ".join(failures))).items():
+# The contract's clause where the model raised at a --features configuration: the configuration and the error.
+RAISED = re.compile(r"output shape \(--features (\w+), batch 4\): (\w+: .*?)(?: \(at [^)]*\))?(?:; |$)")
+
+
+def raised_at(failure):
+    """(features, 'Error: message') of a contract failure where the model raised at that configuration, or None."""
+    found = RAISED.search(failure)
+    return found.groups() if found else None
+
+
+def tslib_said(tslib, name, failures):
+    """{features: what TSLib's own file does at the same shapes} for each contract configuration (--features
+    S / MS) where ours raised: 'runs, output (...)' or its exception and message."""
+    said = {}
+    for features, _ in filter(None, map(raised_at, failures)):
         proc = subprocess.run([sys.executable, "-c", OWN_FORWARD, str(tslib), name,
                                json.dumps(own_configs(name, features), default=str)],
                               cwd=tempfile.gettempdir(), env=dict(os.environ, OMP_NUM_THREADS="1"),
                               capture_output=True, text=True, timeout=STEP_TIMEOUT)
-        said = (proc.stdout.strip().splitlines() or [one_line(proc)])[-1]
-        alike = said == error  # the same exception and message (shapes included)
-        lines.append(f"TSLib's own {name}.py at --features {features}: {said}"
-                     + (" (the same failure: the file's own)" if alike else " (ours differs from TSLib's)"))
-    return lines
+        said[features] = (proc.stdout.strip().splitlines() or [one_line(proc)])[-1]
+    return said
+
+
+def own_limits(failures, said):
+    """{failure: its --features} of the contract failures that are the file's own limit: TSLib's own file
+    raised at the same configuration with the same exception and message, shapes included (`said`, from
+    tslib_said). Any other failure, and one where TSLib's file runs or raises otherwise, is not."""
+    limits = {}
+    for failure in failures:
+        features, error = raised_at(failure) or (None, None)
+        if features is not None and said.get(features) == error:
+            limits[failure] = features
+    return limits
 
 
 def equal_micro_batches(scratch, name, outputs, two, row):
@@ -392,20 +477,47 @@ def equal_micro_batches(scratch, name, outputs, two, row):
         row["micro"] += f", training loss {training:.1e}" if training else ", training loss 0"
 
 
-def verdict(row, failures, total):
+def verdict(row, failures, total, said=None):
     """'runs': 1 vs 2 processes agree, the reload gives the same metrics, every contract clause passes.
     'batch-dependent': all of that except 1 x 8 vs 2 x 4, which agree at equal micro-batches (every metric, or
     the training losses where the contract finds that the evaluation reads the batch too), and no contract
-    clause fails but those of the same property. Else 'fails': never counted as running."""
+    clause fails but those of the same property. 'runs (rounding-sensitive)': as 'runs', but 1 vs 2 processes
+    agree only within the file's own rounding (rounding_sensitive). A contract failure TSLib's own file shares
+    (own_limits of `said`) does not count, and the status names it: 'runs (own limit: --features S)'. Else
+    'fails': never counted as running."""
+    own = own_limits(failures, said or {})
+    counted = [failure for failure in failures if failure not in own]
     reloaded = row["reload"] == "same metrics" and total > 0
-    if row.get("equal") and reloaded and not failures:
-        return "runs"
-    same_property = all(INVARIANCE_CLAUSE in failure or WINDOWS_CLAUSE in failure for failure in failures)
-    evaluation_reads_batch = any(WINDOWS_CLAUSE in failure for failure in failures)
-    if (row.get("micro_train") and (row.get("micro_all") or evaluation_reads_batch) and reloaded
-            and same_property):
-        return "batch-dependent"
-    return "fails"
+    same_property = all(INVARIANCE_CLAUSE in failure or WINDOWS_CLAUSE in failure for failure in counted)
+    evaluation_reads_batch = any(WINDOWS_CLAUSE in failure for failure in counted)
+    qualifiers = []
+    if row.get("equal") and reloaded and not counted:
+        status = "runs"
+    elif (row.get("micro_train") and (row.get("micro_all") or evaluation_reads_batch) and reloaded
+          and same_property):
+        status = "batch-dependent"
+    elif rounding_sensitive(row) and reloaded and not counted:  # equal micro-batches do not explain it
+        status, qualifiers = "runs", ["rounding-sensitive"]
+    else:
+        return "fails"
+    qualifiers += [f"own limit: --features {features}" for features in dict.fromkeys(own.values())]
+    return status + (f" ({'; '.join(qualifiers)})" if qualifiers else "")
+
+
+def rounding_sensitive(row):
+    """1 vs 2 processes (row['gap']) within ROUNDING_FACTOR x the file's own rounding floor (row['floor']: 1 vs
+    2 threads on 1 process), a floor itself above TOLERANCE: a file whose floor is below it rounds finely, so a
+    larger 1 vs 2 is not its rounding."""
+    gap, floor = row.get("gap"), row.get("floor")
+    return gap is not None and floor is not None and floor > TOLERANCE and gap <= ROUNDING_FACTOR * floor
+
+
+def needs_floor(row, failures, total, said):
+    """Whether the rounding floor decides the verdict: 1 vs 2 processes differ, equal micro-batches do not
+    explain it, and the file would run with any floor (so a file that fails anyway costs no extra run)."""
+    unbounded = dict(row, floor=float("inf"))
+    return (row.get("gap") is not None and not row.get("equal") and row.get("floor") is None
+            and verdict(unbounded, failures, total, said).startswith("runs (rounding-sensitive"))
 
 
 def finish(row, started):
@@ -417,7 +529,7 @@ def finish(row, started):
 
 # ---------------------------------------------------------------- the report
 
-WHOLE = ("1 vs 2", "by design", "TSLib's own")  # the benchmark's own findings, never cut
+WHOLE = ("1 vs 2", "by design", "TSLib's own", "--features", "rounding floor")  # its own findings, never cut
 
 
 def shortened(note, each=240):
@@ -430,15 +542,45 @@ def cell(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def status_parts(status):
+    """'runs (rounding-sensitive; own limit: --features S)' -> ('runs', ['rounding-sensitive', 'own limit: ...'])."""
+    base, _, inside = status.partition(" (")
+    return base, [part for part in inside.removesuffix(")").split("; ") if part]
+
+
+def own_findings(rows):
+    """What of the files' own their statuses name (verdict's qualifiers), as the summary line says it."""
+    rounding = [Path(row["file"]).stem for row in rows if "rounding-sensitive" in status_parts(row["status"])[1]]
+    limits = {Path(row["file"]).stem: [part.removeprefix("own limit: ") for part in status_parts(row["status"])[1]
+                                       if part.startswith("own limit: ")] for row in rows}
+    limits = {name: features for name, features in limits.items() if features}
+    said = []
+    if rounding:
+        said.append(f"{len(rounding)} rounding-sensitive: 1 vs 2 processes within {ROUNDING_FACTOR} x the file's own "
+                    f"rounding floor, 1 vs 2 threads ({', '.join(rounding)})")
+    if limits:
+        said.append(f"{len(limits)} with a contract configuration that fails in TSLib's own file identically ("
+                    + ", ".join(f"{name} {' and '.join(features)}" for name, features in limits.items()) + ")")
+    return said
+
+
 def summary(rows):
-    """The line the issue asks for: files that run (every check passed), the batch-dependent ones apart."""
-    count = {status: sum(row["status"] == status for row in rows) for status in
+    """The line the issue asks for: files that run (every check passed), the batch-dependent ones apart, each
+    class of the files' own findings counted and named."""
+    bases = [status_parts(row["status"])[0] for row in rows]
+    count = {status: bases.count(status) for status in
              ("runs", "batch-dependent", "refused", "fails", "not run")}  # not run: a merged run ended first
-    parts = [f"**{count['runs']} of {len(rows)} model files run unchanged**"]
+    running = [row for row, base in zip(rows, bases) if base == "runs"]
+    said = own_findings(running)
+    parts = [f"**{count['runs']} of {len(rows)} model files run unchanged**"
+             + (f", of them {' and '.join(said)}" if said else "")]
     if count["batch-dependent"]:
-        names = ", ".join(Path(row["file"]).stem for row in rows if row["status"] == "batch-dependent")
+        dependent = [row for row, base in zip(rows, bases) if base == "batch-dependent"]
+        names = ", ".join(Path(row["file"]).stem for row in dependent)
+        said = own_findings(dependent)
         parts.append(f"{count['batch-dependent']} more run unchanged but train alike on 1 and 2 processes only at "
-                     f"equal micro-batches: they read their batch by design ({names})")
+                     f"equal micro-batches: they read their batch by design ({names})"
+                     + (f", of them {' and '.join(said)}" if said else ""))
     parts.append(f"{count['refused']} refused in one line for a package that is not installed")
     parts.append(f"{count['fails']} fail")
     if count["not run"]:
@@ -470,7 +612,13 @@ def markdown(rows, excluded, tslib, runs):
              "process with `--accumulation_steps 2` (micro-batches of 4, as on each of the 2 processes) against "
              "the 2 processes; *reload*: the checkpoint tested again with `--is_training 0`; *contract*: clauses "
              "of tests/test_model_contract.py passed (a batch-dependent file fails only those of that property: "
-             "1 x 8 vs 2 x 4, and windows independent where its evaluation reads the batch too).", "",
+             "1 x 8 vs 2 x 4, and windows independent where its evaluation reads the batch too). *Rounding-sensitive*: "
+             "1 vs 2 differs, equal micro-batches do not explain it and all else passes, so 1 process trained again "
+             "with `--num_threads 2` gives the file's own rounding floor (the same arithmetic in another summation "
+             f"order, no DDP); 1 vs 2 within {ROUNDING_FACTOR} x that floor, a floor above {TOLERANCE:g}, is "
+             "counted as running. *Own limit*: a contract configuration where the file raises fails in TSLib's own "
+             "file, run from the checkout at the same shapes, with the same exception and message; that clause "
+             "does not count against the file (the contract column still counts it; any other failure counts).", "",
              "| file | status | 1 vs 2 | equal micro-batches | reload | contract | seconds | refusal or failure |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {row['file']} | {row['status']} | {row['difference']} | {row.get('micro', '')} | {row['reload']} "
@@ -510,6 +658,8 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="also write the rows here, for --merge")
     parser.add_argument("--merge", nargs="*", default=[],
                         help="rows of earlier runs (--json files) under this run's; a file checked again replaces them")
+    parser.add_argument("--merge_markdown", help="rows and run records of a results file this script wrote (e.g. "
+                        "benchmarks/results/tslib_models.md), under this run's and --merge's")
     return parser.parse_args(argv)
 
 
@@ -533,7 +683,7 @@ def main(argv=None):
     run = run_record(command, time.perf_counter() - started, len(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, seconds=run["seconds"], run=run), indent=1))
-    rows, runs = merged(rows, run, args.merge)
+    rows, runs = merged(rows, run, args.merge, args.merge_markdown)
     text = markdown(rows, excluded, tslib, runs)
     print(text)
     if args.out:
@@ -541,10 +691,15 @@ def main(argv=None):
     return rows
 
 
-def merged(rows, run, earlier):
-    """`rows` with those of earlier runs' --json files for the files not checked here, in file order, and the
-    run records of every run (an earlier file without one: its seconds only)."""
+def merged(rows, run, earlier, results=None):
+    """`rows` with those of a results file (`results`, markdown_rows) and of earlier runs' --json files for the
+    files not checked here, in file order, and the run records of every run (an earlier file without one: its
+    seconds only)."""
     by_file, runs = {}, []
+    if results:
+        table, records = markdown_rows(results)
+        by_file.update({row["file"]: row for row in table})
+        runs += records
     for path in earlier:
         saved = json.loads(Path(path).read_text())
         by_file.update({row["file"]: row for row in saved["rows"]})
@@ -552,6 +707,27 @@ def merged(rows, run, earlier):
                                              seconds=saved["seconds"], files=len(saved["rows"])))
     by_file.update({row["file"]: row for row in rows})
     return [by_file[name] for name in sorted(by_file, key=str.lower)], [*runs, run]
+
+
+# A run record as markdown() writes it, in the list of runs or alone.
+RUN_LINE = re.compile(r"^(?:- )?`(?P<command>[^`]+)`, (?P<date>[^,]+), this repository's (?P<version>[^,]+), "
+                      r"(?P<seconds>[\d.]+) s \((?P<files>\d+) files\)$")
+COLUMNS = ("file", "status", "difference", "micro", "reload", "contract", "seconds", "note")
+
+
+def markdown_rows(path):
+    """(rows, run records) of a results file markdown() wrote: the committed table is the source when the --json
+    files of its runs are gone. A note is as the table shows it (long failures already cut, shortened)."""
+    rows, runs = [], []
+    for line in Path(path).read_text().splitlines():
+        record = RUN_LINE.match(line)
+        if record:
+            runs.append(dict(record.groupdict(), seconds=float(record["seconds"]), files=int(record["files"])))
+        elif line.startswith("| models/") and line.count(" | ") >= len(COLUMNS) - 1:
+            cells = [part.strip().replace("\\|", "|") for part in re.split(r"(?<!\\)\|", line)[1:-1]]
+            rows.append(dict(zip(COLUMNS, cells, strict=True)))
+    require(rows, f"--merge_markdown {path}: no row of this script's table in it")
+    return rows, runs
 
 
 if __name__ == "__main__":
