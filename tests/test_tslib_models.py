@@ -270,6 +270,9 @@ def test_the_note_keeps_the_own_limit_and_the_floor():
     tslib_models.judge(row, "PatchTST", [], 14, {})
     assert row["note"].startswith("rounding floor: 1 process on 1 vs 2 threads 2.4e-05 (mspe), 1 vs 2 processes "
                                   "2.5e-05 (mspe): within 4 x the floor; 1 vs 2: with --sync_bn"), row["note"]
+    row = dict(equal=True, reload="same metrics", difference="7.0e-08 (mspe)", note="")
+    tslib_models.judge(row, "Koopa", [], 14, {})  # passes the contract, by its rounding allowance: said so
+    assert row["status"] == "runs" and row["note"].startswith("TSLib's own Koopa.py: the same weights"), row
 
 
 def test_the_summary_counts_and_names_the_files_own_findings():
