@@ -159,5 +159,5 @@ def data_provider(args, flag, device=None):
                 f"processes x {args.accumulation_steps} accumulation steps); lower --batch_size or drop "
                 "--train_drop_last")
         return dataset, TrainLoader(dataset, sampler, args.num_workers, pin_memory=feeds_gpu)
-    sampler = ShardSampler(len(dataset))  # every window is scored
+    sampler = ShardSampler(len(dataset), batch_size)  # every window is scored, in one process's batches
     return dataset, WindowLoader(dataset, sampler, batch_size, args.num_workers, pin_memory=feeds_gpu)

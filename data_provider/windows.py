@@ -9,8 +9,10 @@ Sharding under DDP:
   (data_provider.global_batches.GlobalBatches): one seeded order per epoch, step k takes its k-th
   chunk of batch_size x world_size x accumulation_steps windows, and each rank a contiguous part
   of it, cut into micro-batches; nothing padded or repeated;
-- val/test (WindowLoader): each rank takes a contiguous, unpadded share of the windows
-  (ShardSampler), so every window is scored exactly once and no loader drops any.
+- val/test (WindowLoader): each rank takes a contiguous, unpadded share of whole evaluation batches
+  (ShardSampler), so every window is scored exactly once, no loader drops any, and each batch holds the
+  windows it holds on one process (a model that reads its batch-mates, TSLib's TimesNet, scores alike on
+  any number of processes at the same --eval_batch_size).
 """
 import itertools
 from dataclasses import dataclass
@@ -143,10 +145,14 @@ def _identity(batch):
 
 
 class ShardSampler:
-    """This rank's contiguous, unpadded share of range(n), in order."""
+    """This rank's contiguous, unpadded share of range(n), in order: whole batches of `batch_size` (the
+    last one short), so the batches cut from the shares are one process's batches, dealt out."""
 
-    def __init__(self, n):
-        self.start, self.stop = distributed.shard_range(n)
+    def __init__(self, n, batch_size=1):
+        batches, rank, world = -(-n // batch_size), distributed.rank(), distributed.world_size()
+        # shares of the batches differ by at most one, the larger first: rank 0 (which shows progress) has one
+        first, last = -(-batches * rank // world), -(-batches * (rank + 1) // world)
+        self.start, self.stop = min(first * batch_size, n), min(last * batch_size, n)
 
     def __iter__(self):
         return iter(range(self.start, self.stop))

@@ -43,6 +43,50 @@ def test_a_test_subset_is_the_same_windows_and_metrics_on_any_world_size():
                 assert r[batch][2] == pytest.approx(metrics, rel=1e-6), (world, batch)
 
 
+class ReadsBatchMates(torch.nn.Module):
+    """A linear map over time minus half its batch's mean forecast: its output depends on which windows share
+    its batch, as TSLib's TimesNet's (top periods from the batch's mean spectrum) does."""
+
+    autoregressive = False
+
+    def __init__(self, configs):
+        super().__init__()
+        self.time = torch.nn.Linear(configs.seq_len, configs.pred_len)
+
+    def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
+        out = self.time(x_enc.transpose(1, 2)).transpose(1, 2)
+        return out - 0.5 * out.mean(0, keepdim=True)
+
+
+def _evaluation_batches(rank, world, argv):
+    """This rank's test batches (window numbers) and the test metrics of ReadsBatchMates, at evaluation
+    batches of 7 and 64."""
+    from unittest import mock
+
+    args = make_args(*argv, "--ddp")
+    with mock.patch("exp.settings.get_model_class", return_value=ReadsBatchMates):
+        exp = make_experiment(args)
+    results = {}
+    for batch in (7, 64):
+        args.eval_batch_size = batch
+        _, loader = data_provider(args, "test")
+        results[batch] = ([b.tolist() for b in loader.batch_indices()], exp.evaluate(loader, "test").metrics())
+    return results
+
+
+def test_each_evaluation_batch_holds_the_windows_it_holds_on_one_process():
+    """Ranks take whole evaluation batches: on 2 and 3 processes the batches are one process's, dealt out, so a
+    model that reads its batch-mates scores alike on any number of processes at the same --eval_batch_size."""
+    argv = [*SMALL, "--test_windows", 150]
+    (reference,) = run_on_ranks(_evaluation_batches, 1, argv)
+    for world in (2, 3):
+        ranks = run_on_ranks(_evaluation_batches, world, argv)
+        for batch in (7, 64):
+            assert [b for r in ranks for b in r[batch][0]] == reference[batch][0], (world, batch)
+            for r in ranks:
+                assert r[batch][1] == pytest.approx(reference[batch][1], rel=1e-9), (world, batch)
+
+
 def _univariate(folder):
     """Three series of 400, 300 and 250 rows; value = 1000 x series number + row, so a window shows
     which series and rows it came from."""

@@ -243,7 +243,8 @@ def build_parser():
                         "validation and test always score every window")
     g.add_argument("--eval_batch_size", type=positive_int, default=None,
                    help="per process, validation and test (default 4 x batch_size: no gradients are kept, "
-                        "and metrics are exact sums, so it only changes speed)")
+                        "and metrics are exact sums, so it only changes speed; a model that reads its batch-mates "
+                        "scores alike on any number of processes at the same --eval_batch_size)")
     g.add_argument("--patience", type=positive_int, default=3)
     g.add_argument("--learning_rate", type=non_negative_float, default=1e-4, help="0 keeps the initial weights (a baseline run)")
     g.add_argument("--lradj", default="type1", help="type1 (halve from epoch 3), type2, cosine, constant, TST (one-cycle per step, pct_start 0.2)")
