@@ -118,8 +118,8 @@ CONTRACT_CAUSES = {
 }
 GENERIC_DESIGN = "its forward reads its batch-mates (a statistic over the batch)"
 # The contract's clauses of that same property: training (1 x 8 vs 2 x 4) and evaluation (a window's forecast
-# alone and in a batch of 4). A file that reads its batch in evaluation too cannot give equal test metrics at
-# equal micro-batches (the processes' evaluation batches hold other windows): its training losses must agree.
+# alone and in a batch of 4). Evaluation batches are one process's, dealt out (data_provider.windows.ShardSampler),
+# so at equal micro-batches such a file agrees on every metric; the verdict asks only its training losses to.
 INVARIANCE_CLAUSE = "the same training on 1 process x 8 windows and 2 processes x 4"
 WINDOWS_CLAUSE = "windows are independent"
 # A file's own settings where it cannot run on RUN_ARGS, as its TSLib scripts set them (applied in the
