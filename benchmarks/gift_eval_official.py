@@ -106,6 +106,8 @@ def official_rows(checkout, root, names):
 
 
 def main():
+    from golden_files import write_or_check  # beside this script (run as a file): stdlib and numpy only
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gift_eval", required=True, help="a checkout of SalesforceAIResearch/gift-eval")
     parser.add_argument("--check", action="store_true", help="compare with the committed file, write nothing")
@@ -121,13 +123,7 @@ def main():
     text = json.dumps({"made_by": "benchmarks/gift_eval_official.py", "rows": rows,
                        "versions": {"gluonts": gluonts.__version__, "statsforecast": statsforecast.__version__,
                                     "datasets": datasets.__version__}}, indent=1, sort_keys=True) + "\n"
-    same = OUT.exists() and OUT.read_text() == text
-    if args.check:
-        print(f"{OUT} {'unchanged' if same else 'DIFFERS'}")
-        sys.exit(0 if same else 1)
-    if not same:
-        OUT.write_text(text)
-    print(f"{OUT} {'unchanged' if same else 'written'}")
+    write_or_check({OUT: text}, args.check)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ variates, item then variate; evaluate_model(axis=None, mask_invalid_label=True, 
 seasonality=get_seasonality(freq)) with the notebooks' 11 metrics), with the prediction lengths and window
 counts written in (12 for monthly short, 48 / 480 hourly short / medium; the harness derives them from its
 rules and the test checks they agree). gluonts 0.17 needs pandas < 3, so it runs in its own environment and
-imports nothing from the repository:
+imports nothing from the repository but golden_files.py beside it (stdlib and numpy):
 
     /work/venvs/gluonts/bin/python benchmarks/gift_eval_reference.py           # writes nothing if unchanged
     /work/venvs/gluonts/bin/python benchmarks/gift_eval_reference.py --check   # exit 1 if the files differ
@@ -22,7 +22,6 @@ sMAPE), a NaN pair around a season (its seasonal difference masked).
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +117,8 @@ def gluonts_figures(series_by_set, rng):
 
 
 def main():
+    from golden_files import write_or_check  # beside this script (run as a file): stdlib and numpy only
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
     check = parser.parse_args().check
@@ -132,19 +133,7 @@ def main():
     text = json.dumps({"made_by": "benchmarks/gift_eval_reference.py", "configurations": expected,
                        "versions": {"gluonts": gluonts.__version__, "pandas": pd.__version__,
                                     "numpy": np.__version__}}, indent=1, sort_keys=True) + "\n"
-    npz_path, json_path = OUT / "fixtures.npz", OUT / "expected.json"
-    same_npz = npz_path.exists() and set(np.load(npz_path)) == set(arrays) and all(
-        np.array_equal(np.load(npz_path)[k], v, equal_nan=True) for k, v in arrays.items())
-    same_json = json_path.exists() and json_path.read_text() == text
-    if check:
-        print(f"fixtures {'unchanged' if same_npz else 'DIFFER'}, expected {'unchanged' if same_json else 'DIFFER'}")
-        sys.exit(0 if same_npz and same_json else 1)
-    OUT.mkdir(parents=True, exist_ok=True)
-    if not same_npz:
-        np.savez_compressed(npz_path, **arrays)
-    if not same_json:
-        json_path.write_text(text)
-    print(f"{npz_path} {'unchanged' if same_npz else 'written'}, {json_path} {'unchanged' if same_json else 'written'}")
+    write_or_check({OUT / "fixtures.npz": arrays, OUT / "expected.json": text}, check)
     for c, e in expected.items():
         print(c, {k: round(v, 6) if math.isfinite(v) else v for k, v in e["figures"].items()})
 

@@ -4,7 +4,7 @@ GIFT-Eval's seasonal naive and naive rows come from statsforecast's SeasonalNaiv
 intervals at the levels that give its nine quantiles (notebooks/naive.ipynb: level 80 gives 0.1 and 0.9, ...,
 the mean is 0.5). benchmarks/gift_eval.py writes the same methods without statsforecast (which is not a
 dependency here); tests/test_gift_eval.py compares them with these figures. statsforecast runs in its own
-environment, outside the repository, and this script imports nothing from it:
+environment, outside the repository, and this script imports nothing from it but golden_files.py beside it:
 
     python -m venv /work/venvs/statsforecast
     /work/venvs/statsforecast/bin/pip install 'statsforecast==2.0.1' 'pandas<3'
@@ -20,7 +20,6 @@ forecasts). Cases: several seasons and horizons longer than a season, a history 
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,16 +48,12 @@ def figures(seed=3):
 
 
 def main():
+    from golden_files import write_or_check  # beside this script (run as a file): stdlib and numpy only
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed file, write nothing")
-    text = json.dumps(figures(), indent=1) + "\n"
-    same = OUT.exists() and OUT.read_text() == text
-    if parser.parse_args().check:
-        print(f"{OUT} {'unchanged' if same else 'DIFFERS'}")
-        sys.exit(0 if same else 1)
-    if not same:
-        OUT.write_text(text)
-    print(f"{OUT} {'unchanged' if same else 'written'}")
+    check = parser.parse_args().check
+    write_or_check({OUT: json.dumps(figures(), indent=1) + "\n"}, check)
 
 
 if __name__ == "__main__":

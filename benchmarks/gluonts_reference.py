@@ -4,7 +4,8 @@ utils.metrics.ProbabilisticSums must give gluonts' figures (gluonts.ev, evaluate
 gluonts.model.evaluate_model as GIFT-Eval evaluates: axis=None, mask_invalid_label=True,
 allow_nan_forecast=False) to 1e-9 relative; tests/test_probabilistic_metrics.py compares it with
 the figures this script commits. gluonts 0.17 needs pandas < 3 (this project runs pandas 3), so the
-script runs in its own virtual environment, outside the repository, and imports nothing from it:
+script runs in its own virtual environment, outside the repository, and imports nothing from it but
+golden_files.py beside it:
 
     python -m venv /work/venvs/gluonts
     /work/venvs/gluonts/bin/pip install 'gluonts==0.17.*' 'pandas<3' numpy packaging
@@ -28,7 +29,6 @@ the share of truths y with q_lo <= y <= q_hi.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -173,26 +173,14 @@ def interval_coverage(fx, levels):
 
 
 def main():
+    from golden_files import write_or_check  # beside this script (run as a file): stdlib and numpy only
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
     check = parser.parse_args().check
     fx = build_fixtures()
     expected = json.dumps(gluonts_figures(fx), indent=1, sort_keys=True) + "\n"
-    npz_path, json_path = OUT / "fixtures.npz", OUT / "expected.json"
-    same_fixtures = npz_path.exists() and all(
-        np.array_equal(v, np.load(npz_path)[k]) for k, v in fx.items()) and set(np.load(npz_path)) == set(fx)
-    same_expected = json_path.exists() and json_path.read_text() == expected
-    if check:
-        print(f"fixtures {'unchanged' if same_fixtures else 'DIFFER'}, expected figures "
-              f"{'unchanged' if same_expected else 'DIFFER'}")
-        sys.exit(0 if same_fixtures and same_expected else 1)
-    OUT.mkdir(parents=True, exist_ok=True)
-    if not same_fixtures:
-        np.savez(npz_path, **fx)
-    if not same_expected:
-        json_path.write_text(expected)
-    print(f"{npz_path} {'unchanged' if same_fixtures else 'written'}, "
-          f"{json_path} {'unchanged' if same_expected else 'written'}")
+    write_or_check({OUT / "fixtures.npz": fx, OUT / "expected.json": expected}, check, compressed=False)
 
 
 if __name__ == "__main__":
