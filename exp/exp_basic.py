@@ -35,18 +35,43 @@ def unshare_gradients(model):
             seen.add(grad.data_ptr())
 
 
-def parameters_without_gradient(model, loss_of, device):
-    """Names of `model`'s trainable parameters that one backward of loss_of(model) leaves without a gradient.
-    The model is as it was afterwards: its buffers (BatchNorm's statistics), gradients and random streams."""
+def probe_training_step(model, loss_of, device):
+    """One backward of loss_of(model), undone: (names of `model`'s trainable parameters it leaves without a
+    gradient, names of the buffers its forward changed). The model is as it was afterwards: its buffers
+    (BatchNorm's statistics), gradients and random streams."""
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         loss_of(model).backward()
     missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    changed = [name for name, b in model.named_buffers() if not torch.equal(b, buffers[name])]
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    return missing
+    return missing, changed
+
+
+def parameters_without_gradient(model, loss_of, device):
+    """Names of `model`'s trainable parameters that one backward of loss_of(model) leaves without a gradient
+    (probe_training_step's first half)."""
+    return probe_training_step(model, loss_of, device)[0]
+
+
+def unsynchronised_buffers(model, changed, accumulation_steps):
+    """The names in `changed` (buffers a training forward updates) that a step does not compute from its whole
+    global batch: all of them but the running statistics of BatchNorm layers that normalise with the global
+    batch (--sync_bn's SyncBatchNorm / GlobalBatchNorm), and those too when a rank accumulates micro-batches."""
+    synchronised = set()
+    if accumulation_steps == 1:
+        for prefix, module in model.named_modules():
+            if isinstance(module, (torch.nn.SyncBatchNorm, distributed.GlobalBatchNorm)):
+                synchronised.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_buffers())
+    return [name for name in changed if name not in synchronised]
+
+
+def _shown(names):
+    """The first four names, and how many more."""
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 class Exp_Basic:
@@ -74,11 +99,17 @@ class Exp_Basic:
         self.objective = objective_for(args)  # a probabilistic --loss (utils.probabilistic), or None
 
     def allow_unused_parameters(self, dataset):
-        """Under DDP: if one training forward of the first windows of `dataset` leaves parameters without a
-        gradient (TSLib's files often build layers a configuration never reads: FEDformer's attention
-        projections, MSGNet's predict_linear), wrap the model again with DDP's find_unused_parameters, which
-        then searches the graph every step, and say so once. Plain DDP would stop at the second step."""
-        if not distributed.is_dist() or len(dataset) == 0:
+        """Under DDP or --accumulation_steps: one training
+        forward of the first windows of `dataset`, undone, finds
+        - parameters left without a gradient (TSLib's files often build layers a configuration never reads:
+          FEDformer's attention projections, MSGNet's predict_linear): under DDP the model is wrapped again with
+          find_unused_parameters, which then searches the graph every step (plain DDP would stop at the
+          second step), and rank 0 says so once;
+        - buffers the forward updates that are not computed from the whole global batch (BatchNorm without
+          --sync_bn, a model's own running mean): each micro-batch updates them alone, so training depends on
+          the number of processes and micro-batches; rank 0 says so once.
+        Returns the unused parameters' names."""
+        if not (distributed.is_dist() or self.args.accumulation_steps > 1) or len(dataset) == 0:
             return []
         first = torch.arange(min(2, len(dataset)), device=getattr(dataset, "device", None))  # BatchNorm needs 2
         batch = dataset.__getitems__(first)
@@ -88,20 +119,39 @@ class Exp_Basic:
                 return training_loss(model, batch, self.args, self.device, self.loss)[0]
         was_training = self.raw_model.training
         self.raw_model.train()
-        unused = parameters_without_gradient(self.raw_model, loss_of, self.device)
+        unused, changed = probe_training_step(self.raw_model, loss_of, self.device)
         self.raw_model.train(was_training)
-        if not distributed.any_rank(bool(unused)):
+        if distributed.world_size() > 1 or self.args.accumulation_steps > 1:
+            self._warn_unsynchronised(unsynchronised_buffers(self.raw_model, changed, self.args.accumulation_steps))
+        if not distributed.is_dist() or not distributed.any_rank(bool(unused)):
             return []
         if distributed.is_main():
-            shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
-            logger.warning(f"model {self.args.model}: {len(unused)} parameters get no gradient in training ({shown}); "
-                           "DDP searches for unused parameters every step (find_unused_parameters), which costs "
-                           "time: build only the layers this configuration uses")
+            logger.warning(f"model {self.args.model}: {len(unused)} parameters get no gradient in training "
+                           f"({_shown(unused)}); DDP searches for unused parameters every step "
+                           "(find_unused_parameters), which costs time: build only the layers this configuration uses")
         self.model = None  # the old wrapper's gradient hooks go with it
         self.model = distributed.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
         if self.args.compile:
             self.model = torch.compile(self.model)
         return unused
+
+    def _warn_unsynchronised(self, names):
+        """Rank 0's one line on buffers that training updates from each micro-batch alone (see
+        allow_unused_parameters): what it costs and the way out."""
+        if not names or not distributed.is_main():
+            return
+        args = self.args
+        parts = [f"{distributed.world_size()} processes"] if distributed.world_size() > 1 else []
+        if args.accumulation_steps > 1:
+            parts.append(f"{args.accumulation_steps} accumulation steps")
+        split = " x ".join(parts)
+        batch_norm = any(name.endswith(("running_mean", "running_var", "num_batches_tracked")) for name in names)
+        remedy = ("BatchNorm: add --sync_bn" + (" and drop --accumulation_steps" if args.accumulation_steps > 1 else "")
+                  + "; other buffers: " if batch_norm else "")
+        logger.warning(f"model {args.model}: training updates {len(names)} buffers from each micro-batch alone "
+                       f"({_shown(names)}), not from the whole global batch, so with {split} the model trains "
+                       f"differently than on one process without accumulation; {remedy}compute them from "
+                       "parameters or keep them fixed for results that do not depend on the world size")
 
     def loss(self, pred, true):
         """Mean training loss of a batch: --loss MSE / MAE, or the probabilistic objective's."""
