@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from helpers import assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
+from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 from models import ZOO
 from utils.probabilistic import (DistributionObjective, QuantileObjective, SampleStream, parse_levels,
                                  sample_quantiles, window_keys)
@@ -42,6 +42,100 @@ def test_distribution_likelihood_and_quantiles_are_the_distributions(name):
     np.testing.assert_allclose(quantiles, np.stack([law.ppf(q) for q in LEVELS], -1), rtol=1e-5, atol=1e-6)
 
 
+def _documented_parameters(name, raw):
+    """(loc, scale, df) from raw outputs [..., width] by docs/probabilistic.md's map, in numpy float64, written here
+    without the objective: scale = softplus(raw1) + 1e-6, df = 2 + softplus(raw2) (a finite variance)."""
+    raw = np.asarray(raw, dtype=np.float64)
+    softplus = lambda v: np.logaddexp(0.0, v)  # noqa: E731
+    return raw[..., 0], softplus(raw[..., 1]) + 1e-6, (2.0 + softplus(raw[..., 2])) if name == "studentt" else None
+
+
+def _law(name, loc, scale, df):
+    return stats.t(df, loc, scale) if name == "studentt" else stats.norm(loc, scale)
+
+
+def _raw_parameters(width, seed, shape=(4, 6, 2)):
+    """Raw outputs around 0, where softplus and exp differ most, and at its ends (-30, 30)."""
+    raw = torch.randn(*shape, width, generator=torch.Generator().manual_seed(seed)) * 1.5
+    raw[0, 0, 0, 1:] = -30.0
+    raw[0, 1, 0, 1:] = 30.0
+    return raw
+
+
+@pytest.mark.parametrize("name", ["studentt", "normal"])
+def test_distribution_parameters_likelihood_and_quantiles_follow_the_documented_map(name):
+    """The map from a model's raw outputs to the distribution's parameters, pinned against an independent numpy /
+    scipy computation (not the objective's own parameters): the loss trained on, the exact quantiles and, with
+    --num_samples, the sampled ones scored are those of t(df, loc, scale) / N(loc, scale) with scale = softplus +
+    1e-6 and df = 2 + softplus. Planted: the scale through exp instead of softplus + 1e-6 fails here."""
+    from utils.probabilistic import SampleStream
+
+    objective = DistributionObjective(name, LEVELS)
+    raw = _raw_parameters(objective.width, seed=11)
+    true = torch.randn(raw.shape[:-1], generator=torch.Generator().manual_seed(12)) * 2
+    loc, scale, df = _documented_parameters(name, raw.numpy())
+    got = objective.parameters(raw)
+    np.testing.assert_allclose(got[0].numpy(), loc, rtol=1e-6)
+    np.testing.assert_allclose(got[1].numpy(), scale, rtol=1e-6)
+    if name == "studentt":
+        np.testing.assert_allclose(got[2].numpy(), df, rtol=1e-6)
+    assert (got[2] is None) == (name == "normal")
+    law = _law(name, loc, scale, df)
+    np.testing.assert_allclose(objective.loss_elements(raw, true).numpy(), -law.logpdf(true.numpy()), rtol=1e-5,
+                               atol=1e-5)
+    assert objective.loss(raw, true).item() == pytest.approx(-law.logpdf(true.numpy()).mean(), rel=1e-5)
+    exact = np.stack([law.ppf(q) for q in LEVELS], -1)
+    np.testing.assert_allclose(objective.quantiles(raw).numpy(), exact, rtol=1e-5, atol=1e-6)
+    # sampled: each window's uniforms from its key's stream, through the documented law's inverse CDF
+    sampled = DistributionObjective(name, LEVELS, samples=64)
+    keys = window_keys(7, "test", range(raw.shape[0]))
+    uniforms = SampleStream(keys, 64, raw.shape[1:-1], torch.device("cpu")).uniforms().numpy()  # [B, N, P, C]
+    draws = loc[:, None] + scale[:, None] * (stats.t.ppf(uniforms, df[:, None]) if name == "studentt"
+                                             else stats.norm.ppf(uniforms))
+    expected = np.moveaxis(np.quantile(draws, LEVELS, axis=1), 0, -1)
+    np.testing.assert_allclose(sampled.quantiles(raw, keys).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("samples", [[], ["--num_samples", 32]])
+def test_a_studentt_runs_scored_quantiles_are_the_documented_laws(samples):
+    """DLinear --loss studentt, its raw widened output on test windows: the quantiles the test scores (the median
+    returned, WQL, sMAPE and coverage) and the objective loss equal those of the documented law computed here with
+    scipy from the raw output (sampled: each window's uniforms from window_keys(seed, "test", its number)).
+    Planted: the scale through exp fails here."""
+    from data_provider.data_factory import data_provider, split_numbering
+    from exp.forward import forward
+    from exp.scoring import ProbabilisticScoring
+    from utils.metrics import ProbabilisticSums
+    from utils.probabilistic import SampleStream
+
+    exp = make_experiment(make_args("--model", "DLinear", *SMALL, "--loss", "studentt", "--quantiles", "0.1,0.5,0.9",
+                                    "--num_threads", 1, *samples))
+    dataset = data_provider(exp.args, "test")[0]
+    picks = torch.tensor([0, 7, len(dataset) - 1])
+    with torch.no_grad():
+        raw, true = forward(exp.raw_model.eval(), dataset.__getitems__(picks), exp.args, "test", exp.device)
+    loc, scale, df = _documented_parameters("studentt", raw.numpy())
+    levels = (0.1, 0.5, 0.9)
+    if samples:
+        numbers = split_numbering(dataset)[0][picks.numpy()]
+        uniforms = SampleStream(window_keys(exp.args.seed, "test", numbers), 32, raw.shape[1:-1],
+                                torch.device("cpu")).uniforms().numpy()
+        draws = loc[:, None] + scale[:, None] * stats.t.ppf(uniforms, df[:, None])
+        expected = np.moveaxis(np.quantile(draws, levels, axis=1), 0, -1)
+    else:
+        expected = np.stack([stats.t.ppf(q, df, loc, scale) for q in levels], -1)
+    scoring = ProbabilisticScoring(exp.args, dataset, exp.device)
+    median = scoring.update(raw, true, picks)
+    np.testing.assert_allclose(median.numpy(), expected[..., 1], rtol=1e-5, atol=1e-6)
+    reference = ProbabilisticSums(levels)
+    reference.update(torch.from_numpy(expected), true.double())
+    mine, theirs = scoring.metrics(), reference.metrics()
+    for key in ("wql", "smape", "coverage_80"):
+        assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-9), key
+    nll = -stats.t.logpdf(true.numpy(), df, loc, scale)
+    assert exp.objective.loss(raw, true).item() == pytest.approx(nll.mean(), rel=1e-5)
+
+
 def test_quantiles_never_cross():
     """A quantile head's raw outputs may cross (nothing in training orders them); what is scored is sorted.
     Planted: quantiles() returning the raw parameters fails here."""
@@ -56,6 +150,81 @@ def test_quantiles_never_cross():
         extreme = torch.tensor([[-1e4, 30.0, -30.0], [0.0, -30.0, 30.0], [5.0, 0.0, -10.0]])
         distribution = DistributionObjective(name, LEVELS)
         assert (distribution.quantiles(extreme[:, :distribution.width]).diff(dim=-1) >= 0).all()
+
+
+ASYMMETRIC = (0.1, 0.5, 0.6, 0.9)  # a median that is not the middle of the levels: reversing them moves it
+
+
+def _crossed(shape, seed):
+    """[..., L] parameters whose levels cross, each element in its own random order (a reversal of symmetric
+    levels keeps the median's block in place and hides a median read before sorting)."""
+    generator = torch.Generator().manual_seed(seed)
+    ordered = torch.randn(*shape, generator=generator).cumsum(-1)  # increasing along the levels
+    order = torch.rand(*shape, generator=generator).argsort(-1)  # each element's levels shuffled
+    return ordered.gather(-1, order)
+
+
+def test_the_point_forecast_is_the_median_of_the_sorted_levels():
+    """What validation scores and a rollout feeds back is the median of the element's sorted quantiles, not the raw
+    0.5 block. Planted: point() reading params[..., levels.index(0.5)] before sorting fails here."""
+    objective = QuantileObjective(ASYMMETRIC)
+    raw = _crossed((6, 5, 3, len(ASYMMETRIC)), seed=3)
+    expected = np.sort(raw.numpy(), axis=-1)[..., ASYMMETRIC.index(0.5)]  # the second smallest of four
+    assert (raw[..., ASYMMETRIC.index(0.5)].numpy() != expected).mean() > 0.4  # the raw block is often not it
+    np.testing.assert_array_equal(objective.point(raw).numpy(), expected)
+
+
+def test_validation_scores_the_sorted_median():
+    """The validation split's MSE and MAE (the point metrics of evaluate()) are the sorted median's, computed here
+    from the model's raw widened output with numpy, at asymmetric levels. Planted: the median read from the
+    unsorted 0.5 block fails here."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+
+    exp = make_experiment(make_args("--model", "DLinear", *SMALL, "--loss", "quantile", "--quantiles",
+                                    ",".join(map(str, ASYMMETRIC)), "--num_threads", 1))
+    weight = exp.raw_model.Linear_Seasonal.weight  # DLinear starts every block alike (1 / seq_len): no crossing
+    with torch.no_grad():  # random weights: blocks that cross, as a badly trained head's do
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(5)) / 10)
+    loader = data_provider(exp.args, "val")[1]
+    dataset = loader.dataset
+    with torch.no_grad():
+        pred, true = forward(exp.raw_model.eval(), dataset.__getitems__(torch.arange(len(dataset))), exp.args, "val",
+                             exp.device)
+    raw, truth = pred.double().numpy(), true.double().numpy()
+    median = np.sort(raw, axis=-1)[..., ASYMMETRIC.index(0.5)]
+    assert (raw[..., ASYMMETRIC.index(0.5)] != median).mean() > 0.2
+    metrics = exp.evaluate(loader, "val").metrics()
+    assert metrics["mse"] == pytest.approx(np.mean((median - truth) ** 2), rel=1e-6)
+    assert metrics["mae"] == pytest.approx(np.mean(np.abs(median - truth)), rel=1e-6)
+
+
+def test_a_token_models_rollout_feeds_back_the_sorted_median():
+    """TimerXL --loss quantile rolls out 36 steps in three of 12: each step's input ends with the previous step's
+    forecast, which is the median of its sorted levels (read here from the model's own output, block k of the
+    widened token the k-th level). Planted: the rollout feeding back the unsorted 0.5 block fails here."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+
+    exp = make_experiment(make_args(*SMALL_TIMERXL, "--data", "synthetic", "--synthetic_rows", 1000,
+                                    "--synthetic_channels", 2, "--seq_len", 48, "--input_token_len", 12,
+                                    "--output_token_len", 12, "--test_pred_len", 36, "--loss", "quantile",
+                                    "--quantiles", ",".join(map(str, ASYMMETRIC)), "--num_threads", 1))
+    width, out_len = len(ASYMMETRIC), 12
+    inputs, outputs = [], []
+    exp.raw_model.register_forward_pre_hook(lambda module, args: inputs.append(args[0].clone()))
+    exp.raw_model.register_forward_hook(lambda module, args, out: outputs.append(out.clone()))
+    dataset = data_provider(exp.args, "test")[0]
+    with torch.no_grad():
+        pred, _ = forward(exp.raw_model.eval(), dataset.__getitems__(torch.arange(4)), exp.args, "test", exp.device)
+    assert len(inputs) == 3 and pred.shape == (4, 36, 2, width)
+    for step in range(2):
+        last = outputs[step][:, -out_len * width:].numpy()  # the last token's widened output: width blocks
+        blocks = last.reshape(4, width, out_len, 2)
+        median = np.sort(blocks, axis=1)[:, ASYMMETRIC.index(0.5)]
+        assert (blocks[:, ASYMMETRIC.index(0.5)] != median).mean() > 0.2  # the raw 0.5 block is often not it
+        np.testing.assert_array_equal(inputs[step + 1][:, -out_len:].numpy(), median)
+        np.testing.assert_array_equal(pred[:, step * out_len:(step + 1) * out_len].numpy(), blocks.transpose(0, 2, 3, 1))
 
 
 # ------------------------------------------------------------------ samples that follow the window
