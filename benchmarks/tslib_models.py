@@ -437,6 +437,14 @@ def raised_at(failure):
     return found.groups() if found else None
 
 
+def tslib_env():
+    """The environment TSLib's own file is imported in: this one's without PYTHONPATH, which could name this
+    repository, whose `models` package (a regular one) Python would import before a checkout's namespace folder
+    whatever sys.path's order; one thread."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    return dict(env, OMP_NUM_THREADS="1")
+
+
 def tslib_said(tslib, name, failures):
     """{features: what TSLib's own file does at the same shapes} for each contract configuration (--features
     S / MS) where ours raised: 'runs, output (...)' or its exception and message."""
@@ -444,7 +452,7 @@ def tslib_said(tslib, name, failures):
     for features, _ in filter(None, map(raised_at, failures)):
         proc = subprocess.run([sys.executable, "-c", OWN_FORWARD, str(tslib), name,
                                json.dumps(own_configs(name, features), default=str)],
-                              cwd=tempfile.gettempdir(), env=dict(os.environ, OMP_NUM_THREADS="1"),
+                              cwd=tempfile.gettempdir(), env=tslib_env(),
                               capture_output=True, text=True, timeout=STEP_TIMEOUT)
         said[features] = (proc.stdout.strip().splitlines() or [one_line(proc)])[-1]
     return said

@@ -1,4 +1,5 @@
 """Shared test helpers: run the CLI as a user would, and run functions on several gloo ranks."""
+import hashlib
 import json
 import os
 import queue as queue_module
@@ -37,8 +38,26 @@ def write_etth1_shaped(folder):
     return folder
 
 
+def _this_interpreter_first(path):
+    """`path` with a folder first whose `python` is the interpreter running the tests: a script a test starts
+    (`bash scripts/ddp_forecast.sh` calls `python`) runs with it, whatever `python` PATH names otherwise
+    (a virtual environment not activated, another Python first on PATH)."""
+    tag = hashlib.sha1(sys.executable.encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"tsl-test-python-{os.getuid()}-{tag}"
+    folder.mkdir(exist_ok=True)
+    for name in ("python", "python3"):
+        link = folder / name
+        if not (link.is_symlink() and os.readlink(link) == sys.executable):
+            spare = folder / f".{name}-{uuid.uuid4().hex}"  # made aside and renamed: two suites may race here
+            spare.symlink_to(sys.executable)
+            os.replace(spare, link)
+    return os.pathsep.join([str(folder), *filter(None, path.split(os.pathsep))])
+
+
 def subprocess_env():
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    """The environment of a process a test starts: this one's, its `python` the running interpreter, unbuffered,
+    one thread, and no variable of a launcher that started the suite itself."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PATH=_this_interpreter_first(os.environ.get("PATH", "")))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(name, None)
     for name in [n for n in env if n.startswith("SLURM_")]:  # a suite run inside a SLURM job: no task of it

@@ -73,6 +73,28 @@ def test_the_suite_runs_this_checkouts_code_wherever_pytest_starts(tmp_path):
     assert not marker.exists(), f"the other copy ran: {marker.read_text().split()}"
 
 
+def test_tests_that_start_processes_do_not_depend_on_the_callers_path_or_pythonpath(tmp_path):
+    """Tests that start a script or a child interpreter pass when the suite runs under a `python` on PATH that is
+    not its interpreter (a virtual environment called by path, not activated) and with PYTHONPATH naming this
+    checkout: a script's `python` is the running interpreter, and TSLib's file is imported without PYTHONPATH."""
+    import subprocess
+    import sys
+
+    from helpers import REPO, subprocess_env
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python").write_text("#!/bin/sh\necho 'not the interpreter running the tests' >&2\nexit 1\n")
+    (shims / "python").chmod(0o755)
+    inner = [f"{REPO / 'tests' / 'test_cli.py'}::test_ddp_forecast_script_runs_as_is",
+             f"{REPO / 'tests' / 'test_tslib_models.py'}::test_a_failure_is_checked_against_tslibs_own_file"]
+    env = dict(subprocess_env(), PATH=f"{shims}:{subprocess_env()['PATH']}", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                           str(tmp_path / "inner"), *inner], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     # DDP(torch.compile(m)) and torch.compile(DDP(m)) nest the two wrappers either way round

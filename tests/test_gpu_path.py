@@ -214,9 +214,9 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     import os
     import subprocess
 
-    from helpers import REPO
+    from helpers import REPO, subprocess_env
 
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env = {**subprocess_env(), "CUDA_VISIBLE_DEVICES": ""}
     refused = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=120,
                              env={**env, "OUT": str(tmp_path / "refused")})
     assert refused.returncode == 3 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused
