@@ -250,3 +250,18 @@ def test_zero_denominators_follow_gluonts():
     assert off.metrics()["wql"] == np.inf and off.metrics()["mase"] == 0.5 and off.metrics()["smape"] == 2.0
     empty = ProbabilisticSums(levels).all_reduce().metrics()
     assert np.isnan(empty["wql"]) and np.isnan(empty["smape"]) and "mase" not in empty
+
+
+def test_smape_where_the_median_and_the_truth_differ_in_sign():
+    """sMAPE (gluonts' sMAPE[0.5]: 2 |y - median| / (|y| + |median|), 0 / 0 left out) on medians and truths of
+    opposite signs, where it is 2 (|y - f| = |y| + |f|), and at zeros, against terms computed here by hand. The
+    gluonts fixture's values are all non-negative, so it cannot tell |y| + |f| from |y + f|. Planted: the
+    denominator |y + f| fails here."""
+    median = torch.tensor([1.0, -1.0, -2.5, 0.0, 0.0, -4.0, 2.0, -2.0, -3.0, 0.5, 6.0, -1.0], dtype=torch.float64)
+    truth = torch.tensor([-1.0, 3.0, 0.5, 0.0, 5.0, 0.0, 4.0, -4.0, 1.0, -0.5, 6.0, -3.0], dtype=torch.float64)
+    terms = [2.0, 2.0, 2.0, None, 2.0, 2.0, 2 * 2 / 6, 2 * 2 / 6, 2.0, 2.0, 0.0, 1.0]  # None: 0 / 0, left out
+    expected = np.mean([t for t in terms if t is not None])
+    quantiles = torch.stack([median - 1, median, median + 1], -1).view(2, 6, 1, 3)
+    sums = ProbabilisticSums((0.1, 0.5, 0.9))
+    sums.update(quantiles, truth.view(2, 6, 1))
+    assert sums.metrics()["smape"] == pytest.approx(expected, rel=1e-15)
