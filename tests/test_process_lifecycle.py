@@ -355,11 +355,26 @@ def test_every_file_a_run_or_a_corpus_build_writes_has_the_umasks_mode(tmp_path,
     try:
         assert run.main(list(map(str, argv))) == 0
         build(str(tmp_path / "corpus"), [str(tmp_path / "series.csv")], progress=False)
+        _export_every_release_folder(tmp_path / "export")
     finally:
         os.umask(before)
-    written = [p for folder in ("checkpoints", "results", "corpus") for p in (tmp_path / folder).rglob("*")
+    written = [p for folder in ("checkpoints", "results", "corpus", "export") for p in (tmp_path / folder).rglob("*")
                if p.is_file()]
     names = {p.name for p in written}
     assert {"checkpoint.pth", "last.pth", "metrics.json", "window_errors.csv", "steps.csv", "forecast.csv",
-            "results.jsonl", "index.json"} <= names, names
+            "results.jsonl", "index.json", "model.safetensors", "config.json", "ours.pth"} <= names, names
     assert {str(p): oct(p.stat().st_mode & 0o777) for p in written} == {str(p): oct(mode) for p in written}
+
+
+def _export_every_release_folder(out):
+    """`python -m utils.checkpoint export` of each released folder the tests hold, back to its own layout
+    (config.json + model.safetensors, which safetensors' save_file made 0o600) and to ours (one .pth)."""
+    from pathlib import Path
+
+    from utils.checkpoint import main as checkpoint_main
+
+    releases = Path(__file__).parent / "golden" / "foundation"
+    for folder, layout in (("timer_base", "timer-base"), ("sundial", "sundial"), ("time_moe", "time-moe"),
+                           ("moirai2", "moirai2")):
+        assert checkpoint_main(["export", "--to", layout, str(releases / folder), str(out / layout)]) == 0
+    assert checkpoint_main(["export", "--to", "ours", str(releases / "timer_base"), str(out / "ours.pth")]) == 0

@@ -16,7 +16,7 @@ from utils import sundial
 from utils import time_moe
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
-from utils.files import atomic_write, release_file_lock, same_file, take_file_lock
+from utils.files import atomic_write, file_versions, give_open_mode, release_file_lock, same_file, take_file_lock
 from utils.tools import rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
@@ -587,7 +587,9 @@ def export(src, dst, to="openltm"):
     out = holder.from_ours(state) if to != "ours" else state
     try:
         if folder_format:  # a released foundation model's folder (config.json + model.safetensors)
+            before = file_versions(dst)
             holder.write(out, dst)
+            give_open_mode(dst, before)  # the files get open()'s mode, as every file this codebase writes
         else:
             save_atomic(out, dst)
     except OSError as exc:

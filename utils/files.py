@@ -34,6 +34,30 @@ def _umask_by_setting_it():
     return mask
 
 
+def open_mode():
+    """The mode open() gives a new file: 0o666 less the umask."""
+    return 0o666 & ~current_umask()
+
+
+def file_versions(folder):
+    """{name: (inode, mtime, size)} of the plain files in `folder` ({} if it is not there): what give_open_mode
+    compares with."""
+    if not os.path.isdir(folder):
+        return {}
+    return {entry.name: (s.st_ino, s.st_mtime_ns, s.st_size) for entry in os.scandir(folder)
+            if entry.is_file(follow_symlinks=False) for s in (entry.stat(follow_symlinks=False),)}
+
+
+def give_open_mode(folder, before):
+    """Give every plain file of `folder` that is new or rewritten since `before` (file_versions) the mode
+    open() would have given it: writers of other packages pick modes of their own (safetensors' save_file
+    makes its files 0o600 whatever the umask), and a release folder is often shared between users."""
+    mode = open_mode()
+    for name, version in file_versions(folder).items():
+        if before.get(name) != version:
+            os.chmod(os.path.join(folder, name), mode)
+
+
 def atomic_write(path, write, binary=True):
     """Call write(f) on a temp file in `path`'s folder, fsync it, then rename it over `path`. The file
     gets the mode open() would give it (0o666 less the umask), not mkstemp's private 0o600."""
@@ -42,7 +66,7 @@ def atomic_write(path, write, binary=True):
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX, suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~current_umask())
+            os.fchmod(f.fileno(), open_mode())
             write(f)
             f.flush()
             os.fsync(f.fileno())
