@@ -74,13 +74,26 @@ def atomic_write(path, write, binary=True):
     except BaseException as failure:
         if os.path.exists(tmp):
             os.remove(tmp)
-        stop = failure.__context__
-        if isinstance(failure, Exception) and stop is not None and not isinstance(stop, Exception):
-            # a signal (SIGTERM, Ctrl-C) mid-write, and the writer's clean-up then failing on the half-written
-            # file (torch.save's zip writer does): the stop is what happened, not the clean-up's error
-            raise stop from None
+        first = _what_stopped_the_write(failure)
+        if first is not failure:
+            raise first from None
         raise
     return path
+
+
+def _what_stopped_the_write(failure):
+    """The failure that stopped a write, under the writer's own clean-up error. torch.save's zip writer
+    meets a failed write (a full disk: ENOSPC; past RLIMIT_FSIZE: EFBIG) or a signal (SIGTERM, Ctrl-C)
+    mid-write, then fails again finishing the half-written archive, with a RuntimeError ('unexpected pos
+    ...') whose context is the first failure: that one is what happened, and what callers catch (OSError)."""
+    if not isinstance(failure, Exception) or isinstance(failure, OSError):
+        return failure
+    first = failure.__context__
+    while first is not None:
+        if not isinstance(first, Exception) or isinstance(first, OSError):
+            return first
+        first = first.__context__
+    return failure
 
 
 def remove_stale_temporaries(folder, older_than):
