@@ -534,3 +534,32 @@ def test_an_openltm_timer_xl_file_given_to_dlinear_is_refused_naming_it(tmp_path
     assert err.count("\n") == 1 and err.startswith("error: checkpoint "), err
     assert ("holds OpenLTM's Timer-XL (models/timer_xl.py) weights: load it with --model TimerXL, not DLinear"
             in err), err
+
+
+def with_format_version(path, version):
+    """`path` rewritten as a newer torch would write it: the archive's version record (<archive>/version)
+    says `version`, everything else as torch.save wrote it."""
+    import zipfile
+
+    entries = [(info, zipfile.ZipFile(path).read(info.filename)) for info in zipfile.ZipFile(path).infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for info, data in entries:
+            archive.writestr(info, f"{version}\n".encode() if info.filename.endswith("/version") else data)
+    return path
+
+
+def test_a_checkpoint_of_a_newer_torch_is_called_so_not_corrupt(tmp_path):
+    """A file whose format version is past this torch's reads as what it is: whole, and for a newer torch (it
+    was 'truncated, corrupt or not a PyTorch weights file ... Re-train')."""
+    model = ours("TimerXL")
+    path = with_format_version(save_atomic(model.state_dict(), str(tmp_path / "checkpoint.pth")), 99)
+    with pytest.raises(UserError) as refused:
+        load_weights(ours("TimerXL", seed=1), path)
+    line = str(refused.value)
+    assert line.startswith(f"cannot read checkpoint {path}: it was written by a newer PyTorch (file format version 99; "
+                           f"torch {torch.__version__} here reads up to version ")
+    assert "upgrade PyTorch here (pip install -U torch)" in line and "corrupt" not in line
+    assert "\n" not in line
+    (tmp_path / "cut.pth").write_bytes((tmp_path / "checkpoint.pth").read_bytes()[:300])  # a cut file stays one
+    with pytest.raises(UserError, match="it is truncated, corrupt or not a PyTorch weights file"):
+        load_weights(ours("TimerXL"), str(tmp_path / "cut.pth"))

@@ -72,6 +72,23 @@ def test_resume_refuses_another_validation_subset(tmp_path):
     assert "val_windows (saved 40, now 0)" in _refused(proc, started)
 
 
+def test_resume_of_a_training_state_of_a_newer_torch_says_so_and_keeps_it(tmp_path):
+    """A last.pth whose format version is past this torch's: one line saying a newer PyTorch wrote it (it was
+    'truncated or corrupt ...; delete it to start over': advice that loses a good run)."""
+    from test_openltm_checkpoints import with_format_version
+
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1))
+    last = tmp_path / "checkpoints" / records(tmp_path)[-1]["setting"] / "last.pth"
+    before = with_format_version(last, 11).read_bytes()
+    started = time.time()
+    line = _refused(run_cli(tmp_path, *DLINEAR, "--train_epochs", 2, "--resume"), started)
+    assert line.startswith(f"error: cannot read training state {last}: it was written by a newer PyTorch (file format "
+                           f"version 11; torch {torch.__version__} here reads up to version "), line
+    assert line.endswith("upgrade PyTorch here (pip install -U torch) to resume it, or resume where it was written")
+    assert "delete" not in line and "corrupt" not in line
+    assert last.read_bytes() == before and len(records(tmp_path)) == 1
+
+
 # ---------------------------------------------------------------- elastic restarts
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting

@@ -4,6 +4,7 @@ of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
 import logging
 import os
+import re
 import socket
 import tempfile
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ def read_weights(path, map_location="cpu"):
         try:
             state = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as exc:  # torch raises many types for truncated / foreign files
+            newer = written_by_newer_torch(exc)
+            if newer:
+                raise UserError(f"cannot read checkpoint {path}: {newer}; upgrade PyTorch here (pip install -U torch) "
+                                "to evaluate it, or evaluate it where it was written") from None
             raise UserError(
                 f"cannot read checkpoint {path}: it is truncated, corrupt or not a PyTorch weights file "
                 f"({type(exc).__name__}). Re-train or point --checkpoint at a valid file."
@@ -70,6 +75,22 @@ def read_weights(path, map_location="cpu"):
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"checkpoint {path} does not hold a model state_dict")
     return strip_wrapper_prefixes(state), adapters.hf_config(tensors_file) if tensors_file else {}
+
+
+# How torch.load fails on an archive whose version record (<archive>/version) is past what this torch reads
+# (caffe2's PyTorchStreamReader): "Attempted to read a PyTorch file with version 11, but the maximum supported
+# version for reading is 10. ..."
+NEWER_FORMAT = re.compile(r"PyTorch file with version (\d+), but the maximum supported version for reading is (\d+)")
+
+
+def written_by_newer_torch(failure):
+    """'it was written by a newer PyTorch (...)' if torch.load's `failure` says the file's format version is
+    past this torch's, else None: such a file is whole, and deleting it would lose a good run."""
+    found = NEWER_FORMAT.search(str(failure))
+    if found is None:
+        return None
+    return (f"it was written by a newer PyTorch (file format version {found[1]}; torch {torch.__version__} here "
+            f"reads up to version {found[2]}), and is not damaged")
 
 
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
@@ -358,6 +379,10 @@ def read_training_state(path):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
+        newer = written_by_newer_torch(exc)
+        if newer:
+            raise UserError(f"cannot read training state {path}: {newer}; upgrade PyTorch here (pip install -U "
+                            "torch) to resume it, or resume where it was written") from None
         raise UserError(f"cannot read training state {path}: it is truncated or corrupt ({type(exc).__name__}); "
                         "delete it to start over") from None
     required = {"model", "optimizer", "early_stopping", "epoch", "rng", "model_args", "history"}
