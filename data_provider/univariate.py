@@ -142,7 +142,7 @@ def prepare_univariate(args):
     pattern = openltm.files if openltm and openltm.files else args.data_path
     series, ends = [], []
     for path in matching_files(args.root_path, pattern, args.data):
-        values = read_file(path).values
+        values = read_file(path, getattr(args, "date_format", None), dates_used=False).values
         file_ends = None
         if openltm:
             values = values[:, :max(int(values.shape[1] * openltm.column_share), 1)]

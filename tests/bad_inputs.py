@@ -227,6 +227,26 @@ def _daylight_saving(folder):
     return _csv(folder, "dst.csv", frame)
 
 
+def _numbers_header_over_integers(folder):
+    """pd.DataFrame(array).to_csv(path, index=False) of an integer array: the header 0,1 or a row of data?"""
+    pd.DataFrame(np.arange(800).reshape(400, 2)).to_csv(folder / "integers.csv", index=False)
+    return ["--data", "custom", "--root_path", folder, "--data_path", "integers.csv"]
+
+
+def _written_dates(folder, name, dates, written):
+    frame = pd.DataFrame({"date": dates.strftime(written), "a": np.arange(len(dates)) / 8, "OT": np.ones(len(dates))})
+    return _csv(folder, name, frame)
+
+
+def _either_way_round(folder):
+    return _written_dates(folder, "days.csv", pd.date_range("2016-07-01", periods=10, freq="D"), "%d.%m.%Y")
+
+
+def _day_first_told_month_first(folder):
+    return [*_written_dates(folder, "day_first.csv", pd.date_range("2016-07-01", periods=400, freq="h"),
+                            "%d.%m.%Y %H:%M"), "--date_format", "%m.%d.%Y %H:%M"]
+
+
 def _trained_with_another_moving_average(folder):
     """The weights of a run trained with --moving_avg 25 and its training record beside them, evaluated with 13."""
     import torch
@@ -662,6 +682,18 @@ PROBES = [
           "dst.csv: the 'date' column's UTC offset changes ('2021-03-20 00:00:00+01:00' in row 1, "
           "'2021-03-28 03:00:00+02:00' in row 195",
           shows="dates with `+01:00`, then `+02:00` from 28 March"),
+    Probe("header of numbers over integers", _numbers_header_over_integers,
+          "integers.csv: its first line '0,1' may be a header (the column names pandas writes for a frame made from "
+          "an array) or a row of data (every value below it is an integer)",
+          shows="`pd.DataFrame(np.arange(800).reshape(400, 2)).to_csv(path, index=False)`"),
+    Probe("day and month either way round", _either_way_round,
+          "days.csv: the 'date' column reads as dates with the day first or the month first alike ('01.07.2016' is "
+          "1 July 2016 or 7 January 2016), at regular steps both ways; give the order with --date_format",
+          shows="ten days written `01.07.2016` ... `10.07.2016`"),
+    Probe("dates not in --date_format", _day_first_told_month_first,
+          "day_first.csv: the 'date' column does not match --date_format '%m.%d.%Y %H:%M' ('13.07.2016 00:00' in "
+          "row 289): the dates are day first, which --date_format '%d.%m.%Y %H:%M' reads",
+          shows="hours written `01.07.2016 00:00` ... `17.07.2016 15:00`, `--date_format '%m.%d.%Y %H:%M'`"),
     Probe("evaluation under other model arguments", _trained_with_another_moving_average,
           "moving_avg (saved 25, now 13). Evaluate with the arguments it was trained with", shows="`--is_training 0 --moving_avg 13` of weights whose "
           "`last.pth` beside them records `--moving_avg 25`"),

@@ -229,6 +229,22 @@ def test_bad_sources_stop_the_build_in_one_line(tmp_path, capsys, case, message)
     assert not (tmp_path / "out" / INDEX).exists()
 
 
+def test_a_csv_whose_header_is_pandas_column_numbers_gives_series_of_its_rows(tmp_path):
+    """pd.DataFrame(array).to_csv(path, index=False) writes the header 0,1,2, once read as a first row of data:
+    3 001 points a series for 3 000. The series are the .npy's, point for point."""
+    array = np.random.default_rng(0).normal(size=(3000, 3))
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "npy").mkdir()
+    pd.DataFrame(array).to_csv(tmp_path / "csv" / "a.csv", index=False)
+    np.save(tmp_path / "npy" / "a.npy", array)
+    assert _cli("build", tmp_path / "from_csv", tmp_path / "csv" / "*") == 0
+    assert _cli("build", tmp_path / "from_npy", tmp_path / "npy" / "*") == 0
+    built = {kind: json.loads((tmp_path / kind / INDEX).read_text()) for kind in ("from_csv", "from_npy")}
+    assert [s["length"] for s in built["from_csv"]["series"]] == [3000, 3000, 3000]
+    assert [(s["ends"], s["mean"], s["std"]) for s in built["from_csv"]["series"]] == \
+        [(s["ends"], s["mean"], s["std"]) for s in built["from_npy"]["series"]]
+
+
 def test_a_finished_corpus_is_not_built_over(tmp_path, corpus, capsys):
     src, out = corpus
     copy = tmp_path / "copy"

@@ -426,6 +426,130 @@ def test_an_unnamed_column_that_is_no_row_index_is_refused_naming_it(tmp_path):
                                   "the timestamps), or remove it")
 
 
+
+def test_a_csv_whose_header_is_pandas_column_numbers_keeps_it_and_runs_as_the_npy(tmp_path):
+    """pd.DataFrame(array).to_csv(path, index=False) writes the header 0,1,2, once taken for a file without a
+    header: its row [0, 1, 2] was trained on (1001 rows, a scaler fitted with an outlier, mse 0.32 against 0.96
+    for the same array as .npy). The header stays the column names, and the run is the .npy's."""
+    array = np.random.default_rng(0).normal(size=(1000, 3))
+    np.save(tmp_path / "array.npy", array)
+    pd.DataFrame(array).to_csv(tmp_path / "array.csv", index=False)
+    pd.Series(array[:, 0]).to_csv(tmp_path / "series.csv", index=False)  # one column: the header '0'
+    table, npy = read_file(str(tmp_path / "array.csv")), read_file(str(tmp_path / "array.npy"))
+    assert table.columns == npy.columns == ["0", "1", "2"]
+    np.testing.assert_array_equal(table.values, npy.values)
+    np.testing.assert_array_equal(read_file(str(tmp_path / "series.csv")).values, array[:, :1])
+    runs = {}
+    for name in ("array.csv", "array.npy"):
+        folder = tmp_path / name.replace(".", "_")
+        proc = run_cli(folder, "--data", "custom", "--root_path", tmp_path, "--data_path", name, "--seq_len", 48,
+                       "--label_len", 24, "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1)
+        assert_ok(proc)
+        runs[name] = records(folder)[0]
+    assert runs["array.csv"]["args"]["enc_in"] == 3
+    assert [runs["array.csv"][k] for k in ("mse", "mae", "vali_loss")] == \
+        [runs["array.npy"][k] for k in ("mse", "mae", "vali_loss")]
+
+
+def test_a_csv_without_a_header_is_still_read_whole_and_a_header_of_numbers_over_integers_is_refused(tmp_path):
+    """Files without a header, as np.savetxt and to_csv(header=False) write them, keep their first row; numbers
+    that are not 0, 1, ... are a row too. A first line 0,1 over integer values could be either: refused."""
+    array = np.random.default_rng(1).normal(size=(50, 2))
+    np.savetxt(tmp_path / "savetxt.csv", array, delimiter=",")
+    pd.DataFrame(array).to_csv(tmp_path / "no_header.csv", index=False, header=False)
+    (tmp_path / "counts.csv").write_text("1,2\n3,4\n5,6\n")
+    for name in ("savetxt.csv", "no_header.csv"):
+        table = read_file(str(tmp_path / name))
+        assert table.columns == ["0", "1"] and len(table.values) == 50, name
+        np.testing.assert_allclose(table.values, array, rtol=1e-15)
+    np.testing.assert_array_equal(read_file(str(tmp_path / "counts.csv")).values, [[1, 2], [3, 4], [5, 6]])
+    pd.DataFrame(np.arange(10).reshape(5, 2)).to_csv(tmp_path / "integers.csv", index=False)
+    with pytest.raises(UserError) as refused:
+        read_file(str(tmp_path / "integers.csv"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'integers.csv'}: its first line '0,1' may be a header (the column names pandas writes for a "
+        "frame made from an array) or a row of data (every value below it is an integer); give the columns names "
+        "that are not numbers in a header row (e.g. df.columns = [f'x{i}' for i in df.columns] before "
+        "df.to_csv(path, index=False)), or save the array as .npy")
+
+
+
+def _dated_as(folder, name, dates, written):
+    """A CSV of `dates` written in strftime format `written`, two columns of values."""
+    n = len(dates)
+    pd.DataFrame({"date": dates.strftime(written), "a": np.cos(np.arange(n) / 7), "OT": np.sin(np.arange(n) / 5)}).to_csv(
+        folder / name, index=False)
+    return ["--data", "custom", "--root_path", folder, "--data_path", name]
+
+
+def test_dates_whose_day_and_month_could_be_either_way_round_are_read_in_the_order_the_column_shows(tmp_path):
+    """12 days of hours written day first (01.07.2016 00:00 ...), no day past 12, were read month first: January
+    to December at irregular steps, and --do_predict dated its forecast 2016-12-08 (truth 2016-07-13). The whole
+    column decides: month first its steps are irregular, so day first; a US file (07/01/2016) stays month first.
+    The calendar features and the forecast's dates are those of the same file written in ISO 8601."""
+    hours = pd.date_range("2016-07-01", periods=12 * 24, freq="h")
+    argv = {"day first": _dated_as(tmp_path, "day.csv", hours, "%d.%m.%Y %H:%M"),
+            "month first": _dated_as(tmp_path, "us.csv", hours, "%m/%d/%Y %H:%M"),
+            "told": [*_dated_as(tmp_path, "day.csv", hours, "%d.%m.%Y %H:%M"), "--date_format", "%d.%m.%Y %H:%M"],
+            "ISO 8601": _dated_as(tmp_path, "iso.csv", hours, "%Y-%m-%d %H:%M:%S")}
+    read = {}
+    for kind, data_argv in argv.items():
+        data_factory._prepared_cache.clear()
+        args = make_args(*data_argv, "--seq_len", 48, "--label_len", 24, "--pred_len", 24)
+        args.autoregressive = False
+        data = prepared_data(args)
+        future = data.future_input(data_factory.window_for(args, "test"), args.freq, args.embed)
+        read[kind] = data.dates, data.marks, list(future[1])
+    for kind, (dates, marks, forecast_dates) in read.items():
+        assert list(dates) == list(hours), kind
+        np.testing.assert_array_equal(marks, read["ISO 8601"][1])
+        assert forecast_dates[0] == pd.Timestamp("2016-07-13 00:00") and forecast_dates == read["ISO 8601"][2], kind
+
+
+def test_do_predict_dates_a_day_first_forecast_after_the_last_day(tmp_path):
+    hours = pd.date_range("2016-07-01", periods=12 * 24, freq="h")
+    proc = run_cli(tmp_path, *_dated_as(tmp_path, "day.csv", hours, "%d.%m.%Y %H:%M"), "--seq_len", 48,
+                   "--label_len", 24, "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1, "--do_predict")
+    assert_ok(proc)
+    forecast = pd.read_csv(tmp_path / "results" / records(tmp_path)[0]["setting"] / "forecast.csv", parse_dates=["date"])
+    assert list(forecast["date"]) == list(pd.date_range("2016-07-13", periods=24, freq="h"))
+
+
+def test_a_date_order_the_column_cannot_decide_is_refused_naming_date_format(tmp_path):
+    """Ten days written day first read as ten months just as regularly: refused, naming --date_format, which then
+    reads it. A day-first file that reaches day 13 reads day first; told month first, the line says the dates are
+    day first. A value neither order reads is named, with the order the rows before it are in."""
+    ten_days = pd.date_range("2016-07-01", periods=10, freq="D")
+    _dated_as(tmp_path, "days.csv", ten_days, "%d.%m.%Y")
+    path = str(tmp_path / "days.csv")
+    with pytest.raises(UserError) as refused:
+        read_file(path)
+    assert str(refused.value) == (f"{path}: the 'date' column reads as dates with the day first or the month first "
+                                  "alike ('01.07.2016' is 1 July 2016 or 7 January 2016), at regular steps both ways; "
+                                  "give the order with --date_format '%d.%m.%Y' (day first) or '%m.%d.%Y' (month first)")
+    assert list(read_file(path, "%d.%m.%Y").dates) == list(ten_days)
+    assert list(read_file(path, dates_used=False).values[:, 0]) == list(np.cos(np.arange(10) / 7))  # a corpus' file
+    weeks = pd.date_range("2016-07-01", periods=17 * 24, freq="h")  # to 17.07.2016
+    _dated_as(tmp_path, "weeks.csv", weeks, "%d.%m.%Y %H:%M")
+    path = str(tmp_path / "weeks.csv")
+    assert list(read_file(path).dates) == list(weeks)
+    with pytest.raises(UserError) as refused:
+        read_file(path, "%m.%d.%Y %H:%M")
+    assert str(refused.value) == (f"{path}: the 'date' column does not match --date_format '%m.%d.%Y %H:%M' "
+                                  "('13.07.2016 00:00' in row 289): the dates are day first, which --date_format "
+                                  "'%d.%m.%Y %H:%M' reads; give the format the column is written in, or leave "
+                                  "--date_format out")
+    frame = pd.read_csv(path)
+    frame.loc[350, "date"] = "15.07.2016 14:00 h"
+    frame.to_csv(tmp_path / "typo.csv", index=False)
+    with pytest.raises(UserError) as refused:
+        read_file(str(tmp_path / "typo.csv"))
+    assert str(refused.value) == (f"{tmp_path / 'typo.csv'}: the 'date' column cannot be parsed as timestamps "
+                                  "('15.07.2016 14:00 h' in row 351; the dates before it are day first "
+                                  "('%d.%m.%Y %H:%M'), not month first as pandas reads them); fix the column or "
+                                  "remove it")
+
+
 # ---------------------------------------------------------------- the data interface, on both kinds
 def _univariate_corpus(folder, rows=(600, 400)):
     folder.mkdir(exist_ok=True)

@@ -125,6 +125,9 @@ def build_parser():
     g.add_argument("--features", default="M", help="M: multi->multi, S: uni->uni, MS: multi->target")
     g.add_argument("--target", default=None, help="target column (default: OT if present, else the last column)")
     g.add_argument("--freq", default="h", help="time-feature frequency: s, t, h, d, b, w, m, y (e.g. 15min)")
+    g.add_argument("--date_format", default=None,
+                   help="how the 'date' column is written, in strftime's codes (e.g. '%%d.%%m.%%Y %%H:%%M'); default: "
+                        "guessed, and a day and month that could be either way round decided by the whole column")
     g.add_argument("--embed", default="timeF", choices=("timeF", "fixed", "learned", "none"),
                    help="calendar features: timeF (scaled), fixed/learned (integer), none (the model sees no calendar)")
     g.add_argument("--scale", type=str2bool, default=True, help="z-score with the training split's statistics")
