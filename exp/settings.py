@@ -12,8 +12,9 @@ import os
 
 import torch
 
-from data_provider.data_factory import prepared_data
+from data_provider.data_factory import prepared_data, window_for
 from data_provider.m4 import M4, M4_LOSSES, short_term_settings
+from data_provider.splits import SPLITS
 from exp.adaptation import check_adaptation_args
 from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
@@ -46,6 +47,7 @@ def resolve_args(args, world_size):
     """Fill args in place (and return them) for a run on `world_size` processes; a UserError
     for anything impossible. Reads the data (cached per process), never a process group."""
     check_task(args)
+    check_setting_parts(args)
     fill_defaults(args)
     cls = model_class(args)
     _native_quantiles(args, cls)
@@ -57,7 +59,9 @@ def resolve_args(args, world_size):
     check_task_fits_model(args)
     args.model_inputs = inputs_used(cls)  # the loader gathers only what the model reads
     # every number is in its range already (utils.arguments' types); what is left are relations
-    _fill_shapes(args, prepared_data(args), cls)
+    data = prepared_data(args)
+    _fill_shapes(args, data, cls)
+    _check_windows(args, data)
     require(args.label_len <= args.seq_len,
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
     require(args.seed + args.itr - 1 < SEED_LIMIT,
@@ -73,6 +77,7 @@ def resolve_args(args, world_size):
     _check_devices(args)
     if args.loss not in POINT_LOSSES:
         check_mase_history(args)  # a series shorter than one season: one line before anything runs
+    _check_setting_length(args)
     return args
 
 
@@ -254,6 +259,14 @@ def _fill_shapes(args, data, cls):
     args.test_pred_len = args.test_pred_len or args.pred_len
 
 
+def _check_windows(args, data):
+    """Every split the run reads holds a window (seq_len + horizon rows), checked on the data before anything is
+    allocated: the model's size follows pred_len (a DLinear of --pred_len 1e8 weighs 38 GB), and it is built
+    after this. The data kind raises the one line naming the split and its length."""
+    for flag in SPLITS if args.is_training else ("val", "test"):
+        data.window_dataset(flag, window_for(args, flag), with_marks=False)
+
+
 def build_model(args):
     """The Model of --model for resolved `args`, on the CPU. Models refuse impossible arguments in
     their constructor with ValueError (d_model not divisible by n_heads, PatchTST's patch_len or
@@ -392,6 +405,36 @@ def _check_devices(args):
     require(not (args.ddp and args.gpu is not None),
             f"--gpu {args.gpu} picks the GPU of a single-process run; under --ddp each process uses the GPU of "
             "its LOCAL_RANK: drop --gpu (set CUDA_VISIBLE_DEVICES to choose which GPUs the job sees)")
+
+
+# The arguments setting_name joins as they are given: each becomes part of a folder name under --checkpoints and
+# --results_dir, so each must be one harmless piece of a file name.
+SETTING_PARTS = ("task_name", "model_id", "model", "data", "features", "des")
+NAME_MAX = 255  # bytes of one file name on Linux's file systems (and macOS')
+
+
+def check_setting_parts(args):
+    """A setting part that is empty, holds a path separator or '..' (--model_id 'x/../../escaped' wrote
+    checkpoint.pth outside --checkpoints), or a control character (NUL, a newline) is refused in one line."""
+    for name in SETTING_PARTS:
+        value = str(getattr(args, name))
+        unsafe = ("is empty" if not value else
+                  "holds a path separator" if "/" in value or "\\" in value else
+                  "holds '..'" if ".." in value else
+                  "holds a control character" if any(ord(c) < 32 or ord(c) == 127 for c in value) else None)
+        require(unsafe is None, f"--{name} {value!r} {unsafe}, but it is part of the name of the run's folders "
+                                "under --checkpoints and --results_dir (the setting); use letters, digits, '-', '_' "
+                                "and single dots")
+
+
+def _check_setting_length(args):
+    """The longest setting name of the run (its last --itr, whose seed is the largest) fits in one file name."""
+    last = argparse.Namespace(**{**vars(args), "seed": args.seed + args.itr - 1})
+    name = setting_name(last, args.itr - 1)
+    size = len(name.encode())
+    require(size <= NAME_MAX, f"the setting name {name[:60]}... is {size} bytes long, longer than the {NAME_MAX} a "
+                              "file name may have (it names the run's folders under --checkpoints and --results_dir); "
+                              "shorten --model_id or --des")
 
 
 def setting_name(args, ii):

@@ -593,6 +593,18 @@ PROBES = [
     Probe("no test windows", fixed("--test_windows", 0), "--test_windows must be positive, got 0"),
     Probe("negative test windows", fixed("--test_windows", -5), "--test_windows must be positive, got -5"),
     Probe("unknown choice", fixed("--embed", "nope"), "--embed: invalid choice: 'nope'"),
+    # an argument no run.py defines (ours, TSLib's, OpenLTM's): it trained the default with a warning
+    Probe("misspelt argument", fixed("--learning_rat", 0.01),
+          "unknown argument --learning_rat; did you mean --learning_rate? (run.py takes its own arguments and those "
+          "of TSLib's and OpenLTM's run.py"),
+    Probe("one value too many", fixed("--seq_len", 96, 48), "unexpected value '48' with no argument before it"),
+    # a horizon longer than the data: refused from the data's length before the model (its size follows it) is built
+    Probe("horizon of 1e8", fixed(*SMALL[:6], "--pred_len", 100000000),
+          "the train split of synthetic has 1050 rows, fewer than the 100000048 one window needs"),
+    # the setting's parts name its folders under --checkpoints and --results_dir
+    Probe("model_id leaving --checkpoints", fixed(*SMALL, "--model_id", "x/../../escaped"),
+          "--model_id 'x/../../escaped' holds a path separator, but it is part of the name of the run's folders"),
+    Probe("des of ..", fixed(*SMALL, "--des", ".."), "--des '..' holds '..', but it is part of the name"),
     # arguments that contradict each other
     Probe("label longer than input", fixed("--seq_len", 48, "--label_len", 96), "--label_len must be between 0 and --seq_len (48)"),
     Probe("no batch left to train", fixed("--train_drop_last", "--batch_size", 100000),

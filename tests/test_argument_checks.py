@@ -189,3 +189,85 @@ def test_a_batch_size_that_a_global_batch_replaces_is_named(caplog):
         "process(es); to hold them smaller, add --accumulation_steps"])
     assert warnings_of("--global_batch_size", 32) == (16, [])
     assert warnings_of("--batch_size", 16, "--global_batch_size", 32) == (16, [])
+
+
+# A process that runs run.py under a cap on its address space and reports the child's peak resident memory.
+_MEASURED = """
+import resource, subprocess, sys
+cap = 6 << 30
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True,
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+sys.stdout.write(proc.stdout)
+sys.stderr.write(proc.stderr)
+print("peak_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(proc.returncode)
+"""
+
+
+def test_a_huge_horizon_is_refused_before_the_model_is_built(tmp_path):
+    """--pred_len 1e8 on 1 500 rows: the length check came after the model was built (a DLinear of that horizon
+    weighs 38 GB: the OOM killer ended it, exit 137, no line; 3e6 took 1.5 GB and 9 s). Refused from the data's
+    length before anything is allocated: one line, exit 2, the memory of a bare run.py start (under a 6 GB cap on
+    the address space, so that the bug, were it back, fails the test with a MemoryError, not the machine)."""
+    cmd = [sys.executable, "-c", _MEASURED, sys.executable, "run.py", *map(str, FAST), "--pred_len", 100000000,
+           "--no_plots", "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")]
+    cmd = [str(part) for part in cmd]
+    started = time.time()
+    proc = run_command(cmd, timeout=120)
+    assert_one_error_line(proc, "the train split of synthetic has 1050 rows, fewer than the 100000048 one window "
+                                "needs (seq_len 48 + horizon)")
+    peak_mb = int(re.search(r"peak_kb (\d+)", proc.stdout).group(1)) / 1024
+    assert peak_mb < 700, peak_mb  # about 390 MB: the interpreter, torch and the data
+    assert time.time() - started < 60
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "res").exists()
+
+
+def test_the_window_check_reads_only_the_splits_an_evaluation_uses():
+    """--is_training 0 scores validation and test: a training split too short for one window is no reason to
+    refuse (a zero-shot evaluation on a short series)."""
+    from data_provider.data_factory import prepared_data
+    from exp.settings import _check_windows
+
+    args = make_args(*FAST)
+    args.is_training, args.autoregressive = 0, False
+    data = prepared_data(args)
+    calls = []
+    original = data.window_dataset
+    data.window_dataset = lambda flag, window, with_marks=True: calls.append(flag) or original(flag, window, with_marks)
+    try:
+        _check_windows(args, data)
+        args.is_training = 1
+        _check_windows(args, data)
+    finally:
+        del data.window_dataset
+    assert calls == ["val", "test", "train", "val", "test"]
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("model_id", "x/../../../../escaped", "holds a path separator"), ("des", "a\\b", "holds a path separator"),
+    ("des", "..", "holds '..'"), ("model_id", "v1..2", "holds '..'"), ("model_id", "", "is empty"),
+    ("des", "a\x00b", "holds a control character"), ("model_id", "two\nlines", "holds a control character"),
+    ("features", "M/..", "holds a path separator"),
+])
+def test_a_setting_part_that_is_no_safe_file_name_part_is_refused(name, value, why):
+    """The setting, <checkpoints>/<setting>/, joins these arguments as given: --model_id 'x/../../../../escaped'
+    wrote checkpoint.pth and last.pth outside --checkpoints, then failed with a traceback."""
+    from exp.settings import check_setting_parts
+    from utils.errors import UserError
+
+    args = make_args(*FAST)
+    setattr(args, name, value)
+    with pytest.raises(UserError) as refused:
+        check_setting_parts(args)
+    assert str(refused.value).startswith(f"--{name} {value!r} {why}, but it is part of the name of the run's folders")
+    check_setting_parts(make_args(*FAST, "--model_id", "ETTh1_96.v2", "--des", "Exp 1"))  # ordinary names pass
+
+
+def test_a_setting_name_longer_than_a_file_name_may_be_is_refused():
+    from exp.settings import resolve_args
+    from utils.errors import UserError
+
+    # the first run's name is 255 bytes long, the last one's (_seed2031_10) 256
+    with pytest.raises(UserError, match=r"is 256 bytes long, longer than the 255 a file name may have"):
+        resolve_args(make_args(*FAST, "--des", "d" * 158, "--itr", 11), 1)
+    resolve_args(make_args(*FAST, "--des", "d" * 158), 1)

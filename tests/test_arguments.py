@@ -1,7 +1,8 @@
 """run.py's command line (utils/arguments.py): a TSLib script's command line runs unchanged but for the
 data path, every argument of TSLib's run.py is ours with TSLib's default (a model written for TSLib finds
-each configs field it reads), arguments nobody defines are ignored with one warning, and our own arguments
-keep their type checks, with a hint for a typo. TSLib's task names, and a model with no branch for one."""
+each configs field it reads), OpenLTM's arguments that are not ours are ignored with one warning, any other
+unknown argument is an error naming the closest one, and our own arguments keep their type checks. TSLib's task
+names, and a model with no branch for one."""
 import shlex
 from unittest import mock
 
@@ -35,8 +36,9 @@ TSLIB_DLINEAR_ETTH1 = r"""python -u run.py \
 # Arguments of TSLib's run.py for other tasks and models, which its scripts pass freely: ours too, silently.
 # (--use_multi_gpu --devices are read: DDP over those devices, tests/test_multi_gpu_flags.py.)
 TSLIB_OTHERS = ["--p_hidden_dims", "128", "128", "--distil", "--mask_rate", "0.25", "--seasonal_patterns", "Monthly"]
-# Arguments TSLib's run.py no longer defines (older scripts pass them): ignored, in the warning line
-FOREIGN = ["--embed_type", "0", "--output_attention"]
+# An argument TSLib's run.py no longer defines (older scripts pass it) and OpenLTM's still does: ignored, in the
+# warning line
+FOREIGN = ["--output_attention"]
 
 
 def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
@@ -46,22 +48,69 @@ def test_tslib_command_line_runs_unchanged_but_for_the_data_path(tmp_path):
     proc = run_cli(tmp_path, *argv, "--train_epochs", 1, *TSLIB_OTHERS, *FOREIGN, "--num_threads", 1)
     assert_ok(proc)
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: ignoring arguments run.py does not use: --embed_type 0 --output_attention "
+    assert warnings == ["warning: ignoring arguments run.py does not use: --output_attention "
                         "(--output_attention: no model here returns attention maps)"]
     record = records(tmp_path)[-1]
     assert (record["model"], record["data"], record["pred_len"], record["args"]["enc_in"]) == ("DLinear", "ETTh1", 96, 7)
     assert record["setting"].startswith("long_term_forecast_ETTh1_96_96_DLinear_ETTh1_ftM_sl96_ll48_pl96")
 
 
-def test_our_own_arguments_keep_their_checks_and_typos_get_a_hint():
-    from utils.arguments import build_parser, describe_ignored, parse_args
+def test_our_own_arguments_keep_their_checks():
+    from utils.arguments import build_parser, parse_args
 
     with pytest.raises(SystemExit):
         build_parser().parse_known_args(["--seq_len", "abc"])
-    args = parse_args(["--use_gpu", "--lerning_rate", "0.1", "--seg_len", "24"])  # TSLib's bare --use_gpu too
-    assert args.use_gpu is True and args.learning_rate == 1e-4 and args.seg_len == 24
-    assert describe_ignored(args.ignored_args) == "--lerning_rate 0.1 (--lerning_rate: did you mean --learning_rate?)"
+    args = parse_args(["--use_gpu", "--seg_len", "24"])  # TSLib's bare --use_gpu too
+    assert args.use_gpu is True and args.seg_len == 24 and args.ignored_args == []
     assert parse_args(["--no_use_gpu"]).use_gpu is False
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--learning_rat", "0.01"], "error: unknown argument --learning_rat; did you mean --learning_rate? "),
+    (["--lerning_rate=0.01"], "error: unknown argument --lerning_rate; did you mean --learning_rate? "),
+    (["-learning_rate", "0.01"], "error: unknown argument -learning_rate; did you mean --learning_rate? "),
+    (["--embed_type", "0"], "error: unknown argument --embed_type; did you mean --embed? "),  # no TSLib run.py's
+    (["--seq_len", "96", "48"], "error: unexpected value '48' with no argument before it that takes it"),
+    (["--output_attention", "1"], "error: unexpected value '1'"),  # a switch in OpenLTM's run.py too
+])
+def test_an_argument_no_run_py_defines_is_an_error_naming_the_closest(capsys, argv, line):
+    """A misspelt flag used to be ignored with a warning, and the run trained at the default learning rate."""
+    from utils.arguments import parse_args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--model", "DLinear", *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+
+
+# Every argument of thuml/OpenLTM's run.py (commit 0b30050, 2026-03-22), as `git show HEAD:run.py` lists them.
+OPENLTM_ARGUMENTS = (
+    "--task_name --is_training --model_id --model --seed --data --root_path --data_path --checkpoints --test_flag "
+    "--seq_len --input_token_len --output_token_len --test_seq_len --test_pred_len --dropout --e_layers --d_model "
+    "--n_heads --d_ff --activation --covariate --node_num --node_list --use_norm --nonautoregressive --test_dir "
+    "--test_file_name --output_attention --visualize --flash_attention --adaptation --pretrain_model_path "
+    "--subset_rand_ratio --num_workers --itr --train_epochs --batch_size --patience --learning_rate --des --loss "
+    "--lradj --cosine --tmax --weight_decay --valid_last --last_token --gpu --ddp --dp --devices --gpt_layers "
+    "--patch_size --kernel_size --stride --n_vars --factor --mode --AP_levels --use_decoder --d_mode --layers "
+    "--hidden_dim --ts_vocab_size --domain_des --llm_model --llm_layers").split()
+
+
+def test_exactly_openltms_other_arguments_are_accepted_and_ignored():
+    """Those of OpenLTM's run.py arguments that are not ours, and no other, are kept aside for the warning
+    line (TSLib's are all ours: test_every_tslib_argument_is_ours_with_tslibs_default)."""
+    from utils.arguments import OPENLTM_ONLY, OPENLTM_SWITCHES, build_parser, describe_ignored, parse_args
+
+    ours = {o for action in build_parser()._actions for o in action.option_strings}
+    assert set(OPENLTM_ONLY) == set(OPENLTM_ARGUMENTS) - ours
+    argv = [token for name in OPENLTM_ONLY for token in ([name] if name in OPENLTM_SWITCHES else [name, "7"])]
+    args = parse_args(["--learning_rate", "0.01", *argv])
+    assert args.learning_rate == 0.01 and args.ignored_args == argv
+    line = describe_ignored(["--gpt_layers", "6", "--patch_size=4", "--AP_levels", "-1", "--flash_attention"])
+    assert line == ("--gpt_layers 6 --patch_size=4 --AP_levels -1 --flash_attention (--gpt_layers, --patch_size, "
+                    "--AP_levels: OpenLTM's, read by its GPT4TS, TTM, Time-LLM and AutoTimes, which are not models "
+                    "here; --flash_attention: attention here always runs through PyTorch's fused "
+                    "scaled_dot_product_attention)")
 
 
 # ---------------------------------------------------------------- TSLib's configs

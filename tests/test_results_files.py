@@ -149,14 +149,14 @@ def test_original_scale_metrics_of_huge_values_are_float64_and_an_overflow_is_na
 
 @pytest.fixture(scope="module")
 def quiet_run_on_zeros(tmp_path_factory):
-    """One --quiet --inverse run, with a mistyped argument, on data whose target holds zeros."""
+    """One --quiet --inverse run, with an argument of OpenLTM's that is ignored here, on data whose target holds zeros."""
     tmp = tmp_path_factory.mktemp("zeros")
     rows = 600
     frame = pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h"),
                           "a": np.sin(np.arange(rows) / 5.0), "OT": 2.0 * (np.arange(rows) % 2)})  # 0, 2, ...: mean 1 and std 1, so the 0s come back exactly
     frame.to_csv(tmp / "zeros.csv", index=False)
     proc = run_cli(tmp, "--data", "custom", "--root_path", tmp, "--data_path", "zeros.csv", *TINY, "--inverse",
-                   "--quiet", "--lerning_rate", "0.01")
+                   "--quiet", "--flash_attention")
     assert_ok(proc)
     return tmp, proc
 
@@ -170,19 +170,19 @@ def test_inverse_metrics_with_zero_truths_give_valid_json(quiet_run_on_zeros):
                for line in proc.stdout.splitlines()) == 1
 
 
-def test_quiet_keeps_the_unknown_argument_warning(quiet_run_on_zeros):
+def test_quiet_keeps_the_ignored_argument_warning(quiet_run_on_zeros):
     _, proc = quiet_run_on_zeros
     assert "epoch 1/1" not in proc.stdout  # --quiet is quiet
-    assert proc.stdout.count("--lerning_rate: did you mean --learning_rate?") == 1
+    assert proc.stdout.count("warning: ignoring arguments run.py does not use: --flash_attention (") == 1
 
 
-def test_the_unknown_argument_warning_prints_once_under_ddp(tmp_path):
+def test_the_ignored_argument_warning_prints_once_under_ddp(tmp_path):
     # a missing data file ends the job at once: the warning comes before the data is read
-    proc = run_cli(tmp_path, *TINY, "--quiet", "--lerning_rate", "0.01", "--data", "custom", "--root_path", tmp_path,
+    proc = run_cli(tmp_path, *TINY, "--quiet", "--flash_attention", "--data", "custom", "--root_path", tmp_path,
                    "--data_path", "nope.csv", "--ddp",
                    "--nproc_per_node", 2, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert (proc.stdout + proc.stderr).count("did you mean --learning_rate?") == 1
+    assert (proc.stdout + proc.stderr).count("ignoring arguments run.py does not use: --flash_attention") == 1
 
 
 def test_a_stop_during_a_write_is_raised_as_the_stop_not_as_the_writers_cleanup_error(tmp_path):
@@ -207,3 +207,74 @@ def test_a_stop_during_a_write_is_raised_as_the_stop_not_as_the_writers_cleanup_
     assert list(tmp_path.iterdir()) == []  # nothing half-written left
     with pytest.raises(RuntimeError):  # a writer's own error, with no stop behind it, stays what it is
         atomic_write(str(tmp_path / "x"), lambda f: (_ for _ in ()).throw(RuntimeError("disk says no")))
+
+
+# ------------------------------------------------------------------ a full disk under --results_dir
+@pytest.fixture
+def small_disk(tmp_path, request):
+    """A tmpfs of request.param kB: 4 holds none of the results files, 12 window_errors.csv (7.5 kB) alone.
+    Mounting needs root and a kernel that lets this container mount: skipped elsewhere
+    (test_an_append_that_fails_part_way_leaves_the_file_as_it_was holds the record's half of it everywhere)."""
+    import os
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "small_disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={request.param}k", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (not root, or no mount permission)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("small_disk, unwritten", [(4, "window_errors.csv"), (12, "metrics.json")],
+                         indirect=["small_disk"], ids=["nothing fits", "window errors fit"])
+def test_a_full_results_dir_prints_the_result_then_stops_every_rank_with_one_line(tmp_path, small_disk, unwritten):
+    """--results_dir on a full disk, 2 processes, pictures and --do_predict: the result line is printed, each
+    picture that cannot be written is one warning, and the records stop every rank with one line, exit 2
+    (was: a traceback from window_errors.csv or metrics.json, the result line never printed)."""
+    from helpers import assert_one_error_line, output_args
+
+    argv = [*TINY, "--do_predict", "--num_threads", 1, *output_args(tmp_path)[:2], "--results_dir", small_disk]
+    proc = run_cli(tmp_path, *argv, nproc=2, outputs=False, plots=True, timeout=120)
+    setting = next(small_disk.iterdir())
+    assert_one_error_line(proc, f"error: cannot write {setting / unwritten} (No space left on device); the "
+                                "result line above holds this test's metrics, and results.jsonl no part of its record. "
+                                "Free space under --results_dir (or fix its permissions), then score the weights again "
+                                "with --is_training 0")
+    assert sum(line.startswith(f"test {setting.name}: mse ") for line in proc.stdout.splitlines()) == 1
+    assert sum("warning: cannot write" in line and "(No space left on device); the run goes on without it" in line
+               for line in proc.stdout.splitlines()) == 2  # training_curves.png, forecast.png
+    written = [] if unwritten == "window_errors.csv" else ["window_errors.csv"]
+    assert sorted(p.name for p in setting.iterdir()) == written  # nothing half-written
+    assert not (small_disk / "results.jsonl").exists()
+
+
+def test_an_append_that_fails_part_way_leaves_the_file_as_it_was(tmp_path):
+    """results.jsonl on a disk that fills inside the append (here RLIMIT_FSIZE: the file may grow 3 000 bytes,
+    the record is 5 001): the file keeps its earlier record alone, whole, and the next append starts after it
+    (was: a cut-off record left behind)."""
+    import subprocess
+    import sys
+
+    from helpers import repo_first_env, subprocess_env
+
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"setting": "earlier"}\n')
+    before = path.read_bytes()
+    child = (f"import resource, signal\nfrom utils.files import append_line\n"
+             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # then a write past the limit fails with EFBIG
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY))\n"
+             f"try:\n    append_line({str(path)!r}, '\"' + 'x' * 4999 + '\"')\n"
+             "except OSError as failure:\n    print(failure.strerror)\n")
+    proc = subprocess.run([sys.executable, "-c", child], env=repo_first_env(subprocess_env()), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stdout.strip() == "File too large", proc.stdout + proc.stderr
+    assert path.read_bytes() == before
+    from utils.files import append_line
+
+    append_line(str(path), '{"setting": "next"}')
+    assert [json.loads(line)["setting"] for line in path.read_text().splitlines()] == ["earlier", "next"]

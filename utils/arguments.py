@@ -66,6 +66,16 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument ends in one line that says what to do (no usage block), from one process."""
 
     def error(self, message):
+        match = re.match(r"argument ([^:/]+)[^:]*: (.*)", message)
+        if match:
+            flag, reason = match.groups()
+            action = next((a for a in self._actions if flag in a.option_strings), None)
+            default = "" if action is None or action.default in (None, argparse.SUPPRESS) else f" ({action.default})"
+            message = f"{flag}{' ' if reason.startswith('must') else ': '}{reason}; leave it out for the default{default}"
+        self.fail(f"{message}, or see python run.py --help")
+
+    def fail(self, line):
+        """`error: line` from rank 0 alone, and exit 2 on every process."""
         from utils import distributed
 
         if distributed.env_rank() != 0:
@@ -74,13 +84,7 @@ class Parser(argparse.ArgumentParser):
             # all once one exits: let rank 0 print first
             time.sleep(10)
             sys.exit(2)
-        match = re.match(r"argument ([^:/]+)[^:]*: (.*)", message)
-        if match:
-            flag, reason = match.groups()
-            action = next((a for a in self._actions if flag in a.option_strings), None)
-            default = "" if action is None or action.default in (None, argparse.SUPPRESS) else f" ({action.default})"
-            message = f"{flag}{' ' if reason.startswith('must') else ': '}{reason}; leave it out for the default{default}"
-        print(f"error: {message}, or see python run.py --help", file=sys.stderr, flush=True)
+        print(f"error: {line}", file=sys.stderr, flush=True)
         distributed.end_job_on_user_error()
         sys.exit(2)
 
@@ -367,11 +371,15 @@ def parser_defaults():
 
 
 def parse_args(argv=None):
-    # TSLib scripts pass arguments of other tasks and models (--use_multi_gpu, --p_hidden_dims
-    # 128 128, --distil, ...): keep them aside for one warning instead of failing. Our own
-    # arguments still get their type checks.
-    args, ignored = build_parser().parse_known_args(argv)
-    args.ignored_args = ignored + _unused_here(args)
+    # OpenLTM's scripts pass arguments of its models that are not here (--gpt_layers, --flash_attention, ...):
+    # keep them aside for one warning instead of failing. Any other unknown argument is an error naming the
+    # closest one: a misspelt --learning_rate must not train the default. Our own arguments keep their type checks.
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    problem = unknown_argument_problem(unknown, [o for action in parser._actions for o in action.option_strings])
+    if problem:
+        parser.fail(problem)
+    args.ignored_args = unknown + _unused_here(args)
     from models import canonical_name  # here, not at the top: models/ imports utils
 
     args.model = canonical_name(args.model)  # OpenLTM's timer_xl is TimerXL, in setting names too
@@ -395,12 +403,24 @@ def _unused_here(args):
     return unused
 
 
-# TSLib/OpenLTM arguments that look like a misspelling of one of ours: no "did you mean" for them.
-FOREIGN_LOOKALIKES = ("--checkpoints_dir", "--patch_size")
-# Foreign flags whose absence of effect wants a reason in the warning line.
-WHY_IGNORED = {
-    "--flash_attention": "attention here always runs through PyTorch's fused scaled_dot_product_attention",
+# Every argument of OpenLTM's run.py (thuml/OpenLTM at 0b30050) that is not one of ours, and why it changes
+# nothing here. Only these are accepted and ignored (named in one warning line): OpenLTM's scripts pass them,
+# and OpenLTM's run.py would accept them. Every argument of TSLib's run.py (4e938a1) is one of ours
+# (tests/test_arguments.py). The values say what the warning line says of them.
+_OPENLTM_MODELS_NOT_HERE = "OpenLTM's, read by its GPT4TS, TTM, Time-LLM and AutoTimes, which are not models here"
+OPENLTM_ONLY = {
+    "--test_flag": "OpenLTM's, read by its Era5_Pretrain_Test data set only",
+    "--node_num": "OpenLTM's, read by none of its models", "--node_list": "OpenLTM's, read by none of its models",
+    "--kernel_size": "OpenLTM's, read by none of its models",
     "--output_attention": "no model here returns attention maps",
+    "--flash_attention": "attention here always runs through PyTorch's fused scaled_dot_product_attention",
+    **dict.fromkeys(("--gpt_layers", "--patch_size", "--n_vars", "--mode", "--AP_levels", "--use_decoder", "--d_mode",
+                     "--layers", "--hidden_dim", "--ts_vocab_size", "--domain_des", "--llm_model", "--llm_layers"),
+                    _OPENLTM_MODELS_NOT_HERE),
+}
+OPENLTM_SWITCHES = ("--output_attention", "--flash_attention", "--use_decoder")  # store_true there: no value
+# Our own arguments that a command line may give to no effect (_unused_here), and why.
+WHY_IGNORED = {
     "--devices": "it is read with --use_multi_gpu or --dp only, as in TSLib and OpenLTM",
     "--test_dir": "read with --is_training 0 only; a training run tests what it trained, as in OpenLTM",
     "--test_file_name": "read with --is_training 0 only",
@@ -409,19 +429,42 @@ WHY_IGNORED = {
 }
 
 
+def _is_value(token):
+    """A token argparse leaves as a value, not an option: no leading '-', or a negative number."""
+    return not token.startswith("-") or re.fullmatch(r"-\d+(\.\d*)?([eE][-+]?\d+)?|-\.\d+([eE][-+]?\d+)?", token)
+
+
+def unknown_argument_problem(tokens, ours):
+    """The one line refusing the first token argparse did not take, or None when every one is an OpenLTM
+    argument of OPENLTM_ONLY (or its value): a misspelt flag names the closest argument."""
+    takes_value = False
+    for token in tokens:
+        if _is_value(token) and takes_value:
+            takes_value = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in OPENLTM_ONLY:
+            takes_value = name not in OPENLTM_SWITCHES and "=" not in token
+            continue
+        if _is_value(token):
+            return (f"unexpected value '{token}' with no argument before it that takes it (one value too many?); "
+                    "python run.py --help lists every argument")
+        close = difflib.get_close_matches("--" + name.lstrip("-"), list(ours) + list(OPENLTM_ONLY), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return (f"unknown argument {name}{hint} (run.py takes its own arguments and those of TSLib's and OpenLTM's "
+                "run.py: python run.py --help)")
+    return None
+
+
 def describe_ignored(tokens):
-    """'--distil --lerning_rate 0.01 (--lerning_rate: did you mean --learning_rate?)'."""
-    ours = [o for action in build_parser()._actions for o in action.option_strings]
-    hints = []
+    """'--gpt_layers 6 --devices 0,1 (--gpt_layers: OpenLTM's, ...; --devices: it is read with ...)'."""
+    reasons = {}
     for token in tokens:
         name = token.split("=")[0]
-        if name in WHY_IGNORED:
-            hints.append(f"{name}: {WHY_IGNORED[name]}")
-        if not name.startswith("--") or name in ours or name in FOREIGN_LOOKALIKES or name in WHY_IGNORED:
-            continue
-        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
-        if close:
-            hints.append(f"{name}: did you mean {close[0]}?")
+        why = OPENLTM_ONLY.get(name) or WHY_IGNORED.get(name)
+        if why:
+            reasons.setdefault(why, []).append(name)
+    hints = [f"{', '.join(names)}: {why}" for why, names in reasons.items()]
     return " ".join(tokens) + (f" ({'; '.join(hints)})" if hints else "")
 
 
