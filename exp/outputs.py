@@ -17,7 +17,7 @@ from exp.steps import tensorboard_problem
 from utils import distributed, plots
 from utils.checkpoint import checkpoint_path, require_writable, writable_dir_problem
 from utils.errors import require
-from utils.files import atomic_write, remove_stale_temporaries
+from utils.files import append_line, atomic_write, remove_stale_temporaries
 from utils.metrics import COVERAGE_INTERVALS, ErrorSums
 from utils.probabilistic import objective_for, window_keys
 from utils.tools import eval_mode
@@ -120,9 +120,50 @@ def prepare_training_outputs(args, setting):
 
 
 def save_results(args, setting, metrics, training=None):
-    """Rank 0 writes <results_dir>/<setting>/metrics.json and appends its line to results.jsonl."""
-    if not distributed.is_main():
+    """After the test's result line: rank 0 writes window_errors.csv (test_metrics kept its rows), metrics.json
+    and appends the record to results.jsonl (whole or not at all), and returns the record. A collective: a write
+    that fails (a full disk, a folder made read-only) stops every rank with one line, nothing half-written."""
+    saved = {}
+
+    def write_all():
+        record = _record(args, setting, metrics, training)
+        window_errors = output_path(args, setting, "window_errors.csv")
+        metrics_json = output_path(args, setting, "metrics.json")
+        writes = [(window_errors, _unwritten_window_errors.pop(window_errors, lambda: None)),
+                  (metrics_json, lambda: atomic_write(metrics_json, lambda f: json.dump(
+                      record, f, indent=2, allow_nan=False), binary=False)),
+                  (results_file(args), lambda: append_line(results_file(args), json.dumps(record, allow_nan=False)))]
+        for path, write in writes:
+            try:
+                write()
+            except OSError as exc:
+                return cannot_write(path, exc, "the result line above holds this test's metrics, and results.jsonl "
+                                    "no part of its record", "score the weights again with --is_training 0")
+        saved["record"] = record
         return None
+
+    distributed.raise_on_every_rank(write_all, on="main")
+    return saved.get("record")
+
+
+def cannot_write(path, exc, kept, again):
+    """The line of a results file rank 0 cannot write (`exc`: the OSError): what is `kept`, how to get it `again`."""
+    return (f"cannot write {path} ({exc.strerror or exc}); {kept}. Free space under --results_dir (or fix its "
+            f"permissions), then {again}")
+
+
+def _picture(path, draw):
+    """draw() a picture to `path` (rank 0), or say in one warning line that it cannot be written: a picture holds
+    no result, and the test's metrics still have to be printed and saved. The path drawn, or None."""
+    try:
+        return draw()
+    except OSError as exc:
+        logger.warning(f"cannot write {path} ({exc.strerror or exc}); the run goes on without it")
+        return None
+
+
+def _record(args, setting, metrics, training):
+    """The test's record, as metrics.json and results.jsonl hold it."""
     record = {"setting": setting, "model": args.model, "data": args.data, "pred_len": args.pred_len,
               "seed": args.seed, "world_size": distributed.world_size(), **finite_metrics(metrics)}
     if training:
@@ -132,23 +173,7 @@ def save_results(args, setting, metrics, training=None):
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
         record["dropout_keyed"] = getattr(args, "dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
-    record = _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
-    atomic_write(output_path(args, setting, "metrics.json"),
-                 lambda f: json.dump(record, f, indent=2, allow_nan=False), binary=False)
-    append_line(results_file(args), json.dumps(record, allow_nan=False))  # earlier runs stay
-    return record
-
-
-def append_line(path, line):
-    """Append `line` to a text file on a line of its own, even after a cut-off last line (a run
-    killed in its append): gluing onto it would spoil this record too."""
-    with open(path, "ab+") as f:
-        end = f.seek(0, os.SEEK_END)
-        cut_off = False
-        if end:
-            f.seek(end - 1)
-            cut_off = f.read(1) != b"\n"
-        f.write((("\n" if cut_off else "") + line + "\n").encode())
+    return _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
 
 
 def finite_metrics(metrics):
@@ -192,7 +217,7 @@ def _nulls_for_non_finite(value):
 
 
 def save_window_errors(args, setting, errors, numbers, scoring=None):
-    """window_errors.csv (rank 0): each test window's MSE and MAE, in test order, so metrics over
+    """window_errors.csv (rank 0; save_results writes it): each test window's MSE and MAE, in test order, so metrics over
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
     benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
     the test split (0, 1, 2, ... unless --test_windows scored a subset). A probabilistic run's `scoring`
@@ -204,8 +229,14 @@ def save_window_errors(args, setting, errors, numbers, scoring=None):
     if scoring is not None:
         columns, values = scoring.window_columns()
         rows, names, fmt = np.column_stack([rows, values]), names + columns, fmt + ["%.17g"] * len(columns)
-    atomic_write(output_path(args, setting, "window_errors.csv"), lambda f: np.savetxt(
+    path = output_path(args, setting, "window_errors.csv")
+    # written by save_results, after the result line: a full disk must not take the test's metrics with it
+    _unwritten_window_errors[path] = lambda: atomic_write(path, lambda f: np.savetxt(
         f, rows, fmt=fmt, delimiter=",", header=",".join(names), comments=""), binary=False)
+
+
+# window_errors.csv files a test computed and save_results has not written yet: path -> its write
+_unwritten_window_errors = {}
 
 
 def original_scale_sums(args, device):
@@ -221,7 +252,7 @@ def original_scale_sums(args, device):
 def test_metrics(args, setting, sums, original, vali_loss, dataset, scoring=None):
     """The test's record from its global ErrorSums (and `original`'s, with --inverse; a probabilistic run's
     `scoring`, exp.scoring.ProbabilisticScoring): every metric, the validation loss and the windows scored;
-    window_errors.csv written beside it."""
+    window_errors.csv kept for save_results to write beside it."""
     numbers, split_windows = split_numbering(dataset)
     save_window_errors(args, setting, sums.window_errors(), numbers, scoring)
     metrics = sums.metrics()
@@ -258,9 +289,9 @@ def draw_training(args, setting, history):
     """training_curves.png: losses per epoch and the learning rate (rank 0)."""
     if args.no_plots or not distributed.is_main() or not history:
         return
-    path = plots.plot_training(output_path(args, setting, "training_curves.png"), history,
-                               f"{args.model} on {_data_label(args)}\n{setting}")
-    logger.info(f"training curves: {path}")
+    path = output_path(args, setting, "training_curves.png")
+    if _picture(path, lambda: plots.plot_training(path, history, f"{args.model} on {_data_label(args)}\n{setting}")):
+        logger.info(f"training curves: {path}")
 
 
 def draw_forecasts(exp, setting, n_windows=4):
@@ -296,10 +327,12 @@ def draw_forecasts(exp, setting, n_windows=4):
         windows.append({"history": history[i], "truth": true[i], "forecast": pred[i], "label": label,
                         "bands": {f"{name} %": (lo[i], hi[i]) for name, (lo, hi) in bands.items()}})
     target = data.columns[-1]
-    path = plots.plot_forecasts(
-        output_path(args, setting, "forecast.png"), windows,
-        f"{args.model} on {_data_label(args)}: target {target}, input {window.x_len}, horizon {len(true[0])}",
-        f"{target} ({'scaled' if data.per_series_scaling else 'original scale'})")
+    path = output_path(args, setting, "forecast.png")
+    if not _picture(path, lambda: plots.plot_forecasts(
+            path, windows,
+            f"{args.model} on {_data_label(args)}: target {target}, input {window.x_len}, horizon {len(true[0])}",
+            f"{target} ({'scaled' if data.per_series_scaling else 'original scale'})")):
+        return
     shown = f" (median, {' / '.join(bands)} % band{'s' if len(bands) > 1 else ''})" if bands else ""
     logger.info(f"forecast picture: {path}{shown}")
 
@@ -309,12 +342,20 @@ def predict(exp, setting):
     (token models roll out), on the original scale; dated data continues its dates at --freq,
     undated data counts steps 1..horizon. A probabilistic run writes its median in each forecast column
     and the quantiles beside it (<column>_q<level>, in level order, non-decreasing; sampled ones drawn
-    from window_keys(seed, "future", [0])). Rank 0 writes it and returns it as a DataFrame."""
+    from window_keys(seed, "future", [0])). Rank 0 writes it and returns it as a DataFrame; a collective, so
+    that a file rank 0 cannot write stops every rank with one line."""
     args = exp.args
     data = prepared_data(args)
     require_one_scale(data, args)
-    if not distributed.is_main():
-        return None
+    written = {}
+    distributed.raise_on_every_rank(lambda: _predict_on_main(exp, setting, data, written), on="main")
+    return written.get("frame")
+
+
+def _predict_on_main(exp, setting, data, written):
+    """predict's forecast and forecast.csv, on rank 0: None (the frame in written["frame"]), or why the file
+    could not be written."""
+    args = exp.args
     dataset, index, last_row = data.future_input(window_for(args, "test"), args.freq, args.embed)
     pred, _ = _forecast(exp, dataset.__getitems__([0]))
     to_original = OriginalScale(data.scaler, exp.device)
@@ -327,13 +368,18 @@ def predict(exp, setting):
     if quantiles is not None:
         frame = _with_quantile_columns(frame, to_original(quantiles[0].movedim(-1, 0)).cpu().numpy(), levels)
     frame.insert(0, index.name, index)
-    path = atomic_write(output_path(args, setting, "forecast.csv"),
-                        lambda f: frame.to_csv(f, index=False), binary=False)  # float64 as repr: every digit kept
+    path = output_path(args, setting, "forecast.csv")
+    try:
+        atomic_write(path, lambda f: frame.to_csv(f, index=False), binary=False)  # float64 as repr: every digit kept
+    except OSError as exc:
+        return cannot_write(path, exc, "metrics.json and results.jsonl hold this test's record",
+                            "forecast again with --is_training 0 --do_predict")
     forecast_columns = ", ".join(data.columns[-forecast.shape[1]:])
     quantile_note = f"; the median, and beside each its quantiles {_levels_text(levels)} (<column>_q<level>)" if levels else ""
     logger.info(f"forecast of the {len(index)} steps after {last_row} ({forecast_columns}, original scale"
                 f"{quantile_note}): {path}")
-    return frame
+    written["frame"] = frame
+    return None
 
 
 def _quantiles(args, pred, split, numbers):

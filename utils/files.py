@@ -96,6 +96,28 @@ def _what_stopped_the_write(failure):
     return failure
 
 
+def append_line(path, line):
+    """Append `line` to a text file (made with open()'s mode) on a line of its own, even after a cut-off last
+    line (a run killed in its append: gluing onto it would spoil this record too), whole or not at all: a write
+    that fails part-way (a full disk) is cut back off, so the file holds what it held. Appenders take turns
+    (an exclusive flock), so cutting back never takes another run's record with it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        cut_off = end > 0 and os.pread(fd, 1, end - 1) != b"\n"
+        data = memoryview((("\n" if cut_off else "") + line + "\n").encode())
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)  # where the disk reports it only now (NFS), a full disk fails here, still cut back
+        except BaseException:
+            os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)  # and with it the lock
+
+
 def remove_stale_temporaries(folder, older_than):
     """Remove the temp files atomic_write left in `folder` (a process SIGKILLed mid-write) that were
     last written before `older_than` (a time.time()); the names removed. The caller must be the
