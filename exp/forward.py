@@ -57,6 +57,13 @@ def window_draws(seed, stage, dataset):
     return draws
 
 
+def widened(args):
+    """Whether the model's output is `width` blocks of the horizon, read back as [..., C, width]: under every
+    probabilistic --loss, one block (a single quantile level) included; not for a model that forecasts its
+    quantiles natively (its forward returns them as a last dimension of their own)."""
+    return objective_for(args) is not None and not getattr(args, "native_quantiles", None)
+
+
 def direct_forward(model, batch, args, device):
     x, y, x_mark, y_mark = on_device(batch, device)
     width = output_width(args)
@@ -65,8 +72,10 @@ def direct_forward(model, batch, args, device):
     steps = args.pred_len * width
     if out.shape[1] != steps:  # even a no-op slice costs a zero-fill and copy in backward
         out = out[:, -steps:]
-    levels = width > 1 or bool(getattr(args, "native_quantiles", None))  # [..., C, levels]: its own or widened
-    return target_channels(blocks(out, width), args, levels), target_channels(y[:, -args.pred_len:], args)
+    if widened(args):
+        out = blocks(out, width)
+    levels = objective_for(args) is not None  # [..., C, levels]: widened, or the model's own
+    return target_channels(out, args, levels), target_channels(y[:, -args.pred_len:], args)
 
 
 def decoder_inputs(y, y_mark, args, width=1):
@@ -84,8 +93,6 @@ def decoder_inputs(y, y_mark, args, width=1):
 
 def blocks(out, width):
     """[B, width * T, C] -> [B, T, C, width]: block k of the widened horizon is parameter k of every step."""
-    if width == 1:
-        return out
     batch, steps, channels = out.shape
     return out.reshape(batch, width, steps // width, channels).permute(0, 2, 3, 1)
 
@@ -98,18 +105,19 @@ def token_forward(model, batch, args, stage, device):
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), None, None), args)
     batch_size, n_tokens = x.shape[0], x.shape[1] // token
     pred = out.reshape(batch_size, n_tokens, width * out_len, -1)
-    if width > 1:  # each token's widened output: width blocks of out_len steps -> [B, N, out_len, C, width]
+    if widened(args):  # each token's widened output: width blocks of out_len steps -> [B, N, out_len, C, width]
         pred = pred.reshape(batch_size, n_tokens, width, out_len, -1).permute(0, 1, 3, 4, 2)
     true = y.unfold(1, out_len, token).permute(0, 1, 3, 2)  # [B, N, out_len, C]
     if args.last_token or (stage == "val" and args.valid_last):
         pred, true = pred[:, -1:], true[:, -1:]
-    return target_channels(pred, args, width > 1), target_channels(true, args)
+    return target_channels(pred, args, widened(args)), target_channels(true, args)
 
 
 def rollout(model, batch, args, device):
     """Autoregressive test: feed predictions back until test_pred_len steps exist."""
     x, y, x_mark, y_mark = on_device(batch, device)
     out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], output_width(args)
+    levels = widened(args)
     steps = math.ceil(horizon / out_len)
     # step s reads the marks of its input rows, s * out_len onwards: the last step's input ends at
     # (steps - 1) * out_len + history < history + horizon, within the window's own marks
@@ -117,11 +125,12 @@ def rollout(model, batch, args, device):
     preds = []
     for step in range(steps):
         window_marks = None if marks is None else marks[:, step * out_len: step * out_len + history]
-        nxt = blocks(forecast_of(model(x, window_marks, None, None), args)[:, -out_len * width:], width)
+        nxt = forecast_of(model(x, window_marks, None, None), args)[:, -out_len * width:]
+        nxt = blocks(nxt, width) if levels else nxt
         preds.append(nxt)
-        x = torch.cat([x[:, out_len:], nxt if width == 1 else objective_for(args).point(nxt).to(x.dtype)], dim=1)
+        x = torch.cat([x[:, out_len:], objective_for(args).point(nxt).to(x.dtype) if levels else nxt], dim=1)
     pred = torch.cat(preds, dim=1)[:, :horizon]
-    return target_channels(pred, args, width > 1), target_channels(y, args)
+    return target_channels(pred, args, levels), target_channels(y, args)
 
 
 def forecast_of(out, args):

@@ -360,6 +360,49 @@ def test_a_widened_output_is_read_as_one_block_per_parameter():
     torch.testing.assert_close(pred, torch.cat([last, last]).expand(2, -1, -1, -1), rtol=0, atol=1e-3)
 
 
+def test_a_single_quantile_level_is_read_as_one_block():
+    """--quantiles 0.5 alone: a width of one is still a block, [..., C, 1], for a direct model, a token model's
+    tokens and its roll-out (which feeds back that block). Was: the [..., C] output taken for the parameters, and a
+    shape RuntimeError at the first training step."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+
+    c, t = torch.arange(2) / 100, torch.arange(24)
+    with mock.patch("exp.settings.get_model_class", return_value=BlockCoded):
+        exp = make_experiment(make_args("--model", "BlockCoded", *SMALL, "--synthetic_channels", 2, "--loss",
+                                        "quantile", "--quantiles", "0.5"))
+    batch = data_provider(exp.args, "train")[0].__getitems__(torch.arange(2))
+    pred, true = forward(exp.raw_model, batch, exp.args, "train", exp.device)
+    torch.testing.assert_close(pred, (t[:, None, None] + c[:, None]).expand(2, -1, -1, 1), rtol=0, atol=1e-4)
+    assert exp.loss(pred, true).dim() == 0
+
+    token = ["--seq_len", 48, "--input_token_len", 12, "--output_token_len", 12, "--test_pred_len", 24]
+    with mock.patch("exp.settings.get_model_class", return_value=TokenCoded):
+        exp = make_experiment(make_args("--model", "TokenCoded", *SMALL, "--synthetic_channels", 2, *token,
+                                        "--loss", "quantile", "--quantiles", "0.5"))
+    s = torch.arange(12)
+    batch = data_provider(exp.args, "train")[0].__getitems__(torch.arange(2))
+    pred, _ = forward(exp.raw_model, batch, exp.args, "train", exp.device)  # [B, tokens, out_len, C, 1]
+    expected = 1000 * torch.arange(4)[:, None, None, None] + s[:, None, None] + c[:, None]
+    torch.testing.assert_close(pred, expected.expand(2, -1, -1, -1, -1), rtol=0, atol=1e-3)
+    batch = data_provider(exp.args, "test")[0].__getitems__(torch.arange(2))
+    pred, _ = forward(exp.raw_model, batch, exp.args, "test", exp.device)
+    last = 1000 * 3 + s[:, None] + c
+    torch.testing.assert_close(pred, torch.cat([last, last])[..., None].expand(2, -1, -1, 1), rtol=0, atol=1e-3)
+
+
+def test_a_run_at_the_single_level_0_5_trains_and_is_scored(tmp_path):
+    """run.py --loss quantile --quantiles 0.5 (every documented rule met) trains and scores: its objective is the
+    pinball loss at 0.5, half the median's absolute error, so the recorded test_objective_loss is half the mae;
+    wql and mase are reported, and no coverage or msis (they need interval ends)."""
+    assert_ok(run_cli(tmp_path, "--model", "DLinear", *SMALL, "--loss", "quantile", "--quantiles", "0.5",
+                      "--train_epochs", 1, "--num_threads", 1))
+    record = records(tmp_path)[-1]
+    assert record["test_objective_loss"] == pytest.approx(record["mae"] / 2, rel=1e-5)
+    assert record["wql_levels"] == [0.5] and record["wql"] > 0 and record["mase"] > 0
+    assert not any(key.startswith(("coverage", "msis")) for key in record)
+
+
 def _build_fixed_horizon(rank, world_size):
     from utils.errors import UserError
 
