@@ -42,7 +42,8 @@ RUN = ["--model", "SpareLayer", "--synthetic_rows", 200, "--synthetic_channels",
 def run_user_model(rank, world_size, model_file, argv, probe):
     """run.py's main on each rank with `--model SpareLayer` being the file's Model; the exit code. Without `probe`
     the experiment's search for unused parameters is switched off (the bug this file guards against: plain DDP
-    then stops at the second step on every rank)."""
+    then stops at the second step on every rank); with probe "told", no probe forward runs either, but the model is
+    wrapped with find_unused_parameters outright, as a user who knew of the spare layer would ask."""
     import contextlib
     import importlib.util
     import io
@@ -57,6 +58,8 @@ def run_user_model(rank, world_size, model_file, argv, probe):
                contextlib.redirect_stdout(io.StringIO()), mock.patch("utils.distributed.cleanup")]
     if not probe:
         patches.append(mock.patch("exp.exp_basic.Exp_Basic.allow_unused_parameters", return_value=[]))
+    elif probe == "told":
+        patches.append(mock.patch("exp.exp_basic.Exp_Basic.allow_unused_parameters", _find_unused_without_probe))
     with contextlib.ExitStack() as stack:
         for patch in patches:
             stack.enter_context(patch)
@@ -66,6 +69,15 @@ def run_user_model(rank, world_size, model_file, argv, probe):
             return exc.code
         except Exception:  # plain DDP's RuntimeError at the second step
             return 1
+
+
+def _find_unused_without_probe(self, dataset):
+    """Exp_Basic.allow_unused_parameters' outcome for this model, told rather than probed: DDP with
+    find_unused_parameters, and no forward before training."""
+    from utils import distributed
+
+    self.model = distributed.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
+    return ["spare.weight", "spare.bias"]
 
 
 def _run(tmp_path, name, world_size, *argv, probe=True):
@@ -108,3 +120,20 @@ def test_the_probe_names_the_unused_and_leaves_the_model_as_it_was():
     assert all(p.grad is None for p in model.parameters())
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key]), f"{key} changed by the probe"
+
+
+def test_the_probe_leaves_training_as_a_run_that_never_probed(tmp_path):
+    """The probe's forward before training is undone: the run trains and scores as one whose DDP was told to find
+    unused parameters and ran no probe (the 1, 2 and 3 process runs above all probe, so they cannot tell). Planted:
+    the probe leaving BatchNorm's running statistics as its forward set them fails here."""
+    runs = {}
+    for name, world, probe in (("told", 1, "told"), ("probed", 1, True), ("probed on 2", 2, True)):
+        codes, folder = _run(tmp_path, name.replace(" ", "_"), world, probe=probe)
+        assert codes == [0] * world, f"{name}: exit codes {codes}"
+        runs[name] = records(folder)[-1]
+    reference = runs.pop("told")
+    for name, record in runs.items():
+        for key in ("mse", "mae", "vali_loss"):
+            assert record[key] == pytest.approx(reference[key], rel=1e-6, abs=0), f"{name}: {key}"
+        for got, want in zip(record["history"], reference["history"]):
+            assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-6, abs=0), name
