@@ -15,8 +15,9 @@ Exact on any number of processes: in every configuration the test windows are cu
 padded), rank 0 gathers each window's own sums and adds them with math.fsum (correctly rounded in any order).
 So the CSV is byte for byte the same on any number of processes; the baselines' at any batch size too (a
 model's float32 forward may round a window differently in another batch: about 1e-9 relative here).
-Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored; a run
-started again with the same arguments skips the configurations already there.
+Each configuration's result is written atomically to OUT/configurations/ as soon as it is scored, naming the
+data it was computed on (the data set's sha256); a run started again with the same arguments skips the
+configurations already there whose data is unchanged.
 
 Models: benchmarks/gift_eval_models.py runs any model of this codebase; written here are three baselines
 (seasonal naive, GIFT-Eval's reference, naive and mean), each with
@@ -134,7 +135,8 @@ def parse_args(argv=None):
 
 def plan(args):
     """Every configuration's facts, checked before anything is written: [{name, term, csv, horizon, windows,
-    season, freq}]. Bad folders and undefined frequencies stop the run here (UserError)."""
+    season, freq, data_sha256}] (data_sha256: the data set's content, gift_eval_data.content_digest). Bad
+    folders and undefined frequencies stop the run here (UserError)."""
     configs = data.configurations(args.datasets, args.terms)
     root = Path(args.data_root)
     require(root.is_dir(), f"--data_root {root} is not a folder")
@@ -145,15 +147,16 @@ def plan(args):
     for name, term in configs:
         if name not in cache:
             ds = data.read_dataset(root / name)
-            cache = {name: (ds["freq"], data.shortest(ds))}  # one data set's facts at a time
-        freq, shortest = cache[name]
+            # one data set's facts at a time
+            cache = {name: (ds["freq"], data.shortest(ds), data.content_digest(root / name))}
+        freq, shortest, digest = cache[name]
         horizon = data.prediction_length(name, freq, term)
         n_windows = data.windows(name, shortest, horizon)
         require(shortest > horizon * n_windows, f"{name} ({term}): its shortest series ({shortest} steps) has no "
                 f"history before its {n_windows} test window(s) of {horizon} steps")
         facts.append({"name": name, "term": term, "csv": data.csv_name(name, term), "freq": freq,
                       "horizon": horizon, "windows": n_windows,
-                      "season": seasonality(freq)})
+                      "season": seasonality(freq), "data_sha256": digest})
     return facts
 
 
@@ -164,27 +167,30 @@ def evaluate(config, series, args):
     # do not depend on the number of processes
     batches = [todo[b:b + args.batch_size] for b in range(0, len(todo), args.batch_size)]
     start, stop = distributed.shard_range(len(batches))
-    rows, reference, point_only = [], [], False
+    rows, reference, point_only, crossed = [], [], False, 0
     for batch in batches[start:stop]:
         histories = [series[s][:t] for s, _, t in batch]
         labels = np.stack([series[s][t:t + config["horizon"]] for s, _, t in batch])
         scale = scores.seasonal_errors(histories, config["season"])
-        point, quantiles = forecast_batch(args, histories, config, [(s, t) for s, _, t in batch])
+        point, quantiles, crossings = forecast_batch(args, histories, config, [(s, t) for s, _, t in batch])
         rows.append(scores.window_sums(labels, point, quantiles, scale))
         point_only = quantiles is None
+        crossed += crossings
         if args.model != "seasonal_naive":  # the leaderboard's reference, for the relative scores
             point, quantiles = baseline_forecasts(seasonal_naive, histories, config["horizon"], config["season"])
             reference.append(scores.window_sums(labels, point, quantiles, scale))
     width = len(scores.FIELDS)
     return (np.concatenate(rows) if rows else np.zeros((0, width)),
-            np.concatenate(reference) if reference else np.zeros((0, width)), len(todo), point_only)
+            np.concatenate(reference) if reference else np.zeros((0, width)), len(todo), point_only, crossed)
 
 
 def forecast_batch(args, histories, config, keys):
-    """mean [B, P] and quantiles [B, 9, P] (None for a point forecast) of the windows whose histories are
-    given; keys: each window's (series, start), for forecasts looked up rather than computed."""
-    if args.model in BASELINES:
-        return baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"])
+    """mean [B, P], quantiles [B, 9, P] (None for a point forecast) and how many elements (a step of a window)
+    had crossing quantiles before the rule was applied (utils.probabilistic.QuantileObjective: a release's kept
+    as forecast, a --loss quantile's sorted), of the windows whose histories are given; keys: each window's
+    (series, start), for forecasts looked up rather than computed."""
+    if args.model in BASELINES:  # Gaussian quantiles around the point: never crossing
+        return (*baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"]), 0)
     if getattr(args, "forecaster", None) is None:
         from benchmarks.gift_eval_models import ModelForecaster
 
@@ -201,7 +207,10 @@ def run(args):
     # a killed run's finished configurations are kept if they are this run's; rank 0 decides for all (its
     # disk is the one results are written to)
     distributed.raise_on_every_rank(lambda: another_runs(paths, identity))
-    finished = distributed.broadcast_object([path.exists() for path in paths])
+    # a stored result counts only for the data it was computed on (its config's data_sha256): a data set that
+    # changed under --data_root since, or a result from before results named their data, is scored again
+    finished = distributed.broadcast_object([computed_on(path, config) if distributed.is_main() else None
+                                             for config, path in zip(facts, paths)])
     warned = False
     # a bar of configurations on a terminal (rank 0), else one line per configuration
     bar = None
@@ -215,23 +224,28 @@ def run(args):
             continue
         began = time.perf_counter()
         ds = data.read_dataset(Path(args.data_root) / config["name"])
-        rows, reference, n_windows, point_only = evaluate(config, data.univariate_series(ds), args)
-        gathered = distributed.gather_on_main((rows, reference, point_only))
+        rows, reference, n_windows, point_only, crossed = evaluate(config, data.univariate_series(ds), args)
+        gathered = distributed.gather_on_main((rows, reference, point_only, crossed))
         if distributed.is_main():
             all_rows = np.concatenate([g[0] for g in gathered])
             ref_rows = np.concatenate([g[1] for g in gathered]) if args.model != "seasonal_naive" else all_rows
             point_only = any(g[2] for g in gathered)
+            crossed = sum(g[3] for g in gathered)
             assert len(all_rows) == n_windows  # every window scored exactly once
             if point_only and not warned:
                 print(f"warning: {args.model} gives point forecasts, no quantiles: its CRPS "
                       "(mean_weighted_sum_quantile_loss) and MSIS columns are left empty", file=sys.stderr)
                 warned = True
             result = {"identity": identity, "config": config, "windows": n_windows, "point_only": point_only,
+                      "quantiles_crossed": crossed, "quantile_order": quantile_order(args, point_only),
                       "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
+            crossing = ("" if point_only else f"quantiles crossed at {crossed} of {n_windows * config['horizon']} "
+                        f"steps ({result['quantile_order']}), ")
             say(f"[{i + 1}/{len(facts)}] {config['csv']}: {n_windows} windows, "
                   f"MASE {result['metrics']['MASE[0.5]']:.4f}, CRPS "
                   f"{'-' if point_only else format(result['metrics'][scores.COLUMNS[-1]], '.4f')}, "
+                  f"{crossing}"
                   f"{time.perf_counter() - began:.1f}s")
             if bar is not None:
                 bar.update(1)
@@ -241,6 +255,33 @@ def run(args):
         results = [json.loads(path.read_text()) for path in paths]
         write_outputs(args, results)
         print(relative_table(results))
+
+
+def quantile_order(args, point_only):
+    """The rule the scored quantiles follow (utils.probabilistic.QuantileObjective.order): a release's own
+    quantiles "as forecast", a --loss quantile's and a baseline's "sorted"; None for a point forecast."""
+    if point_only:
+        return None
+    if args.model in BASELINES:
+        return "sorted"
+    from models import get_model_class
+    from utils.probabilistic import native_levels
+
+    return "as forecast" if native_levels(get_model_class(args.model)) else "sorted"
+
+
+def computed_on(path, config):
+    """Whether the stored result at `path` is of this configuration's data as it is now; rank 0 says so in a line
+    where it is not (its data changed since, or it names none)."""
+    if not path.exists():
+        return False
+    stored = json.loads(path.read_text())["config"].get("data_sha256")
+    if stored == config["data_sha256"]:
+        return True
+    print(f"{config['csv']}: its stored result was computed on "
+          + (f"other data (data set sha256 {stored[:12]}, now {config['data_sha256'][:12]})" if stored else
+             "data it does not name (written before results named their data)") + "; scoring it again", flush=True)
+    return False
 
 
 def another_runs(paths, identity):

@@ -137,6 +137,23 @@ def read_dataset(folder):
             "target": targets}
 
 
+def content_digest(folder):
+    """The sha256 of what read_dataset reads: state.json, then each Arrow file it names, name and bytes. A
+    stored result names the data it was computed on by it (a file replaced, edited or added changes it)."""
+    import hashlib
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    state = (folder / "state.json").read_bytes()
+    digest.update(state)
+    for entry in json.loads(state)["_data_files"]:
+        digest.update(b"\0" + entry["filename"].encode() + b"\0")
+        with open(folder / entry["filename"], "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def write_dataset(folder, freq, targets, start="2020-01-01"):
     """Write series as save_to_disk does (tests' synthetic sets): targets [T] or [C, T] arrays (NaN gaps kept)."""
     import pyarrow as pa

@@ -8,17 +8,19 @@ How a GIFT-Eval window becomes the model's input:
 - the last --seq_len steps are the context; a shorter history is left-padded with its first value, since
   a model here reads a full, finite context;
 - weights trained by this codebase saw standardised data, so the context is standardised by its own mean and
-  standard deviation and the forecast mapped back; a released foundation model (a folder) scales its input
-  itself and gets the raw values;
+  standard deviation and the forecast mapped back; a released foundation model (`series_as_given`, as run.py
+  hands it the series: exp.adaptation) scales its input itself and gets the raw values;
 - a model built for the horizon (a foundation model, which rolls out internally, and a token model, which
   exp.forward rolls out to --test_pred_len) forecasts it in one call; a direct model with fixed weights
   (--checkpoint) forecasts its trained --pred_len and is rolled out here, its point forecast (the median)
   fed back, as exp.forward.rollout does for token models;
 - quantiles: a model's native ones (foundation models) or its probabilistic --loss's, at GIFT-Eval's nine
-  levels, which must be among them; a point model gives none, and the CRPS and MSIS columns stay empty.
+  levels, which must be among them; a point model gives none, and the CRPS and MSIS columns stay empty. The
+  rule is run.py's (utils.probabilistic.QuantileObjective): a release's quantiles as it forecasts them (its
+  package's pipeline and GIFT-Eval's own runs score them so), a --loss quantile's sorted; the forecaster counts
+  the elements whose quantiles crossed before the rule, over all of the model's levels.
 """
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,14 +30,13 @@ from utils.errors import require
 
 
 class ModelForecaster:
-    """forecast(histories, horizon) -> (point [B, P], quantiles [B, 9, P] or None)."""
+    """forecast(histories, horizon) -> (point [B, P], quantiles [B, 9, P] or None, elements whose quantiles
+    crossed before the rule was applied)."""
 
     def __init__(self, run_argv, world_size):
         self.run_argv = [str(a) for a in run_argv]
         self.world_size = world_size
         self.models = {}  # horizon built for -> (model, args)
-        pretrained = self._value("--pretrain_model_path")
-        self.released = pretrained is not None and Path(pretrained).is_dir()
         self.fixed_horizon = self._value("--checkpoint") is not None
 
     def _value(self, flag):
@@ -63,26 +64,29 @@ class ModelForecaster:
         return self.models[horizon]
 
     def forecast(self, histories, horizon, impute):
+        from exp.adaptation import series_as_given
+
         model, args = self._built(horizon)
         contexts = np.stack([_context(impute(h), args.seq_len) for h in histories])  # [B, seq_len]
         loc = np.zeros((len(contexts), 1))
         scale = np.ones((len(contexts), 1))
-        if not self.released:
+        if not series_as_given(model, args):
             loc, scale = contexts.mean(1, keepdims=True), contexts.std(1, keepdims=True)
             scale = np.where(scale > 1e-8, scale, 1.0)
         x = torch.tensor((contexts - loc) / scale, dtype=torch.float32)[..., None]  # [B, seq_len, 1]
-        points, quantiles = [], []
+        points, quantiles, crossed = [], [], 0
         steps = args.test_pred_len if args.autoregressive else args.pred_len
         for _ in range(math.ceil(horizon / steps)):
-            point, levels = _one_call(model, args, x)
+            point, levels, crossings = _one_call(model, args, x, horizon - steps * len(points))
             points.append(point)
             quantiles.append(levels)
+            crossed += crossings
             x = torch.cat([x, point[..., None].to(x.dtype)], 1)[:, -args.seq_len:]
         point = torch.cat(points, 1)[:, :horizon].double().numpy() * scale + loc
         if quantiles[0] is None:
-            return point, None
+            return point, None, 0
         q = torch.cat(quantiles, 1)[:, :horizon].double().numpy()  # [B, P, 9]
-        return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None]
+        return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None], crossed
 
 
 def _context(history, length):
@@ -91,8 +95,9 @@ def _context(history, length):
     return np.concatenate([np.full(length - len(history), history[0]), history])
 
 
-def _one_call(model, args, x):
-    """(point [B, steps], quantiles [B, steps, 9] or None) of one forward as exp.forward runs the test."""
+def _one_call(model, args, x, wanted):
+    """(point [B, steps], quantiles [B, steps, 9] or None, how many of the first `wanted` steps' elements had
+    crossing quantiles before the rule) of one forward as exp.forward runs the test."""
     from exp.forward import forward
     from utils.probabilistic import objective_for
 
@@ -104,12 +109,13 @@ def _one_call(model, args, x):
     with torch.no_grad():
         pred, _ = forward(model, (x, y, None, None), args, "test", torch.device("cpu"))
     if pred.dim() == 3:  # a point forecast
-        return pred[..., 0], None
-    native = getattr(args, "native_quantiles", None)
-    levels = list(native) if native else list(objective_for(args).levels)
-    values = pred[:, :, 0] if native else objective_for(args).quantiles(pred[:, :, 0])
+        return pred[..., 0], None, 0
+    objective = objective_for(args)
+    levels = list(objective.levels)
+    crossed = int(objective.crossed(pred[:, :wanted, 0]))
+    values = objective.quantiles(pred[:, :, 0])  # a release's as forecast, a --loss quantile's sorted
     missing = [q for q in LEVELS if q not in levels]
     require(not missing, f"--model {args.model} forecasts the levels {levels}, without GIFT-Eval's {missing}; "
             "train it with --quantiles including 0.1, 0.2, ..., 0.9")
     chosen = values[..., [levels.index(q) for q in LEVELS]]
-    return chosen[..., LEVELS.index(0.5)], chosen
+    return chosen[..., LEVELS.index(0.5)], chosen, crossed

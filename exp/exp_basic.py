@@ -4,6 +4,7 @@ import logging
 
 import torch
 
+from exp.adaptation import forecast_series_as_given
 from exp.forward import training_loss
 from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
@@ -89,6 +90,7 @@ class Exp_Basic:
         report = DropoutReport(args.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
         self.raw_model, model = distributed.wrap_ddp(keyed.to(device), device, args.sync_bn)
+        forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         # masks keyed by the sample inside training steps, unless the model says they cannot be
         self.masks_follow_samples = getattr(self.raw_model, "randomness_follows_sample", True) and not args.compile

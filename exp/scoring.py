@@ -103,13 +103,17 @@ class ProbabilisticScoring:
 
     def window_columns(self):
         """(names, [windows, fields] float64 array): each test window's sums, every rank's on rank 0 after
+        self.crossed = torch.zeros((), dtype=torch.int64, device=device)  # elements whose quantiles cross
         all_reduce (None on the others); window_errors.csv carries them (subset_metrics reads them back)."""
         if self._all_windows is None:
             return None
         return self.window_names(), self._all_windows.numpy()
 
+        self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
     def metrics(self):
-        metrics = dict(self.sums.metrics())
+        """The probabilistic metrics; `quantiles_crossed`: how many scored elements (a step of a channel of a
+        window) had a quantile above the next level's before `quantile_order` (the rule) was applied."""
+        metrics = dict(self.sums.metrics(), quantiles_crossed=int(self.crossed), quantile_order=self.objective.order)
         if self.original is not None:
             metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items() if k != "wql_levels"})
         return metrics
@@ -119,6 +123,7 @@ def window_fields(levels, scaled):
     """What window_sums keeps of ProbabilisticSums' sums: all but the window counts (a row is one window);
     MASE's and MSIS's only where a scale was given."""
     fields = [k for k in ProbabilisticSums(levels).sums if k not in ("windows", "scaled_windows")]
+        self.crossed = int(distributed.all_reduce_sum([float(self.crossed)])[0])
     return fields if scaled else [k for k in fields if k not in _SCALED]
 
 

@@ -15,7 +15,7 @@ import torch
 from data_provider.data_factory import prepared_data, window_for
 from data_provider.m4 import M4, M4_LOSSES, short_term_settings
 from data_provider.splits import SPLITS
-from exp.adaptation import check_adaptation_args
+from exp.adaptation import check_adaptation_args, check_series_as_given
 from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
 from utils import distributed
@@ -62,6 +62,7 @@ def resolve_args(args, world_size):
     data = prepared_data(args)
     _fill_shapes(args, data, cls)
     _check_windows(args, data)
+    check_series_as_given(args, cls)  # a release sees each series as given: per-series scaling is refused
     require(args.label_len <= args.seq_len,
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
     require(args.seed + args.itr - 1 < SEED_LIMIT,

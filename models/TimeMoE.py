@@ -231,6 +231,9 @@ class Model(nn.Module):
     inputs_used = ("x_enc",)
     computes_loss = True
     checkpoint_adapters = (release.TIME_MOE,)
+    # the series as given with --use_norm 1 (the README's path standardises each window itself); --use_norm 0 is
+    # run_eval.py's protocol, whose model reads the data standardised by the training split (--scale's)
+    series_as_given = staticmethod(lambda configs: bool(getattr(configs, "use_norm", 1)))
 
     def __init__(self, configs):
         super().__init__()

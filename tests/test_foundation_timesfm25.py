@@ -46,9 +46,12 @@ def reduced_package(monkeypatch):
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
+    return write_release(tmp_path_factory.mktemp("timesfm25_release"))
+
+
+def write_release(folder):
     """A folder as google/timesfm-2.5-200m-pytorch is laid out, written by the package: random weights (the
     package starts its norm scales at zero, which would silence every layer)."""
-    folder = tmp_path_factory.mktemp("timesfm25_release")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
         model = package.TimesFM_2p5_200M_torch(torch_compile=False)

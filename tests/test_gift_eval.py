@@ -101,7 +101,7 @@ def fixed_forecasts(arrays, point_only=False):
         key = config["csv"].replace("/", "__")
         rows = [index[config["csv"]][k] for k in keys]
         mean, quantiles = arrays[f"{key}__mean"][rows], arrays[f"{key}__quantiles"][:, rows].swapaxes(0, 1)
-        return (mean, None) if point_only else (mean, quantiles)
+        return (mean, None, 0) if point_only else (mean, quantiles, 0)
     return forecast_batch
 
 
@@ -191,6 +191,37 @@ def test_a_killed_run_resumes_at_the_next_unfinished_configuration(tmp_path, cap
                                    "seasonal_naive", "--datasets", "hospital"))
 
 
+def test_a_result_stored_for_other_data_is_scored_again_on_resume(tmp_path, capsys):
+    """A configuration's stored result names the data set it was computed on (its files' sha256): after the data
+    under --data_root changed, the same command scores it again, equal to a fresh run's, and keeps the others."""
+    write_synthetic_sets(tmp_path / "data")
+    args = ("--model", "seasonal_naive", "--datasets", "hospital", "m4_weekly")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", *args))
+    before = {r["dataset"]: r for r in csv_rows(tmp_path / "out" / "all_results.csv")}
+    rng = np.random.default_rng(5)
+    data.write_dataset(tmp_path / "data" / "hospital", "M", [rng.normal(100, 30, 80), rng.normal(50, 9, 40)])
+    capsys.readouterr()
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", *args))
+    out = capsys.readouterr().out
+    assert "hospital/M/short: its stored result was computed on other data (data set sha256 " in out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("[")] == ["[2/2] hospital/M/short"]
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "fresh", *args))
+    after = (tmp_path / "out" / "all_results.csv").read_text()
+    assert after == (tmp_path / "fresh" / "all_results.csv").read_text()
+    rows = {r["dataset"]: r for r in csv_rows(tmp_path / "out" / "all_results.csv")}
+    assert rows["m4_weekly/W/short"] == before["m4_weekly/W/short"]
+    assert rows["hospital/M/short"]["eval_metrics/MSE[0.5]"] != before["hospital/M/short"]["eval_metrics/MSE[0.5]"]
+    # a result from before results named their data is scored again too
+    stored = tmp_path / "out" / "configurations" / "m4_weekly__W__short.json"
+    result = json.loads(stored.read_text())
+    del result["config"]["data_sha256"]
+    stored.write_text(json.dumps(result))
+    capsys.readouterr()
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", *args))
+    assert "m4_weekly/W/short: its stored result was computed on data it does not name" in capsys.readouterr().out
+    assert (tmp_path / "out" / "all_results.csv").read_text() == after
+
+
 def test_relative_scores_of_seasonal_naive_are_one(tmp_path, capsys):
     write_synthetic_sets(tmp_path / "data")
     gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", "seasonal_naive", "--datasets",
@@ -267,8 +298,8 @@ def test_a_trained_zoo_model_forecasts_as_its_forward_and_is_exact_on_2_processe
     write_synthetic_sets(tmp_path / "data")
     model, checkpoint = _dlinear_checkpoint(tmp_path / "dlinear.pth")
     history = np.concatenate([[np.nan], np.arange(20.0) % 5 + 1])  # shorter than seq_len, a NaN first
-    point, quantiles = ModelForecaster(["--model", "DLinear", "--checkpoint", checkpoint, *DLINEAR], 1).forecast(
-        [history], 12, gift_eval.impute)
+    point, quantiles, crossed = ModelForecaster(["--model", "DLinear", "--checkpoint", checkpoint, *DLINEAR],
+                                                1).forecast([history], 12, gift_eval.impute)
     context = np.concatenate([np.ones(11), np.ones(1), np.arange(20.0) % 5 + 1])  # filled, padded with the first
     loc, scale = context.mean(), context.std()
     with torch.no_grad():
@@ -276,7 +307,7 @@ def test_a_trained_zoo_model_forecasts_as_its_forward_and_is_exact_on_2_processe
                              None, None, None)[0, :, 0].double()
         rolled = np.concatenate([(context[8:] - loc) / scale, first.numpy()]).astype(np.float32)
         second = model(torch.tensor(rolled)[None, :, None], None, None, None)[0, :4, 0].double()
-    assert quantiles is None
+    assert quantiles is None and crossed == 0
     np.testing.assert_allclose(point[0], np.concatenate([first.numpy(), second.numpy()]) * scale + loc, rtol=1e-6)
     # the same batches on 1 and 2 processes: the same CSV; another batch size: float32 rounding apart
     one = _run_model_on_rank(0, 1, tmp_path / "data", tmp_path / "one", checkpoint, 2)
@@ -300,6 +331,32 @@ def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
     assert all(float(r["eval_metrics/mean_weighted_sum_quantile_loss"]) > 0 and float(r["eval_metrics/MSIS"]) > 0
                for r in rows)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "zero-shot"
+    # run.py's rule: the release's quantiles as its package's pipeline returns them (here they cross), counted
+    for path in (tmp_path / "out" / "configurations").iterdir():
+        result = json.loads(path.read_text())
+        assert result["quantile_order"] == "as forecast" and result["quantiles_crossed"] > 0, path.name
+
+
+def test_a_releases_quantiles_are_its_packages_pipeline_on_the_raw_history(tmp_path):
+    """What the harness scores for a released model: the package's predict_quantiles of the raw context (a
+    non-negative one here, whose quantiles cross), not re-sorted; the crossings counted."""
+    chronos = pytest.importorskip("chronos")
+    import torch
+
+    from benchmarks.gift_eval_models import ModelForecaster
+    from test_foundation_chronos_bolt import write_fixture
+
+    folder = write_fixture(tmp_path / "bolt")
+    rng = np.random.default_rng(3)
+    history = np.maximum(0.0, 4 * np.sin(np.arange(90) / 3) + rng.normal(0, 2, 90))
+    point, quantiles, crossed = ModelForecaster(["--model", "ChronosBolt", "--pretrain_model_path", folder,
+                                                 "--seq_len", 64], 1).forecast([history], 16, gift_eval.impute)
+    pipeline = chronos.ChronosBoltPipeline.from_pretrained(folder)
+    theirs, median = pipeline.predict_quantiles(torch.tensor(history[-64:], dtype=torch.float32)[None],
+                                                prediction_length=16, quantile_levels=list(scores.LEVELS))
+    np.testing.assert_allclose(quantiles[0].T, theirs[0].double().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(point[0], median[0].double().numpy(), rtol=1e-5, atol=1e-6)
+    assert crossed == int((theirs[0, :, 1:] < theirs[0, :, :-1]).any(-1).sum()) > 0
 
 
 def test_a_quantile_model_gives_gift_evals_nine_of_its_levels(tmp_path):
@@ -317,14 +374,16 @@ def test_a_quantile_model_gives_gift_evals_nine_of_its_levels(tmp_path):
     model = build_model(args).eval()
     torch.save(model.state_dict(), tmp_path / "q.pth")
     history = np.sin(np.arange(40.0) / 3) * 5 + 20
-    point, quantiles = ModelForecaster([*argv, "--checkpoint", tmp_path / "q.pth"], 1).forecast(
+    point, quantiles, crossed = ModelForecaster([*argv, "--checkpoint", tmp_path / "q.pth"], 1).forecast(
         [history], 8, gift_eval.impute)
     context = history[-32:]
     loc, scale = context.mean(), context.std()
     with torch.no_grad():
         out = model(torch.tensor((context - loc) / scale, dtype=torch.float32)[None, :, None], None, None, None)
     levels = [float(q) for q in args.quantiles.split(",")]
-    ours = out[0, :, 0].reshape(len(levels), 8).T.sort(-1).values.double().numpy()  # [8, 13]: the widened blocks
+    blocks = out[0, :, 0].reshape(len(levels), 8).T  # [8, 13]: the widened blocks
+    assert crossed == int((blocks[:, 1:] < blocks[:, :-1]).any(-1).sum()) > 0  # counted before they are sorted
+    ours = blocks.sort(-1).values.double().numpy()
     expected = ours[:, [levels.index(q) for q in scores.LEVELS]] * scale + loc
     np.testing.assert_allclose(quantiles[0].T, expected, rtol=1e-6)
     np.testing.assert_allclose(point[0], expected[:, 4], rtol=1e-6)

@@ -131,3 +131,129 @@ def test_a_batchnorm_checkpoint_evaluates_the_same_on_2_processes(tmp_path):
     assert (one["world_size"], two["world_size"]) == (1, 2)
     for key in ("vali_loss", "mse", "mae"):
         assert two[key] == pytest.approx(one[key], rel=1e-7, abs=0), key
+
+
+# ------------------------------------------------------------ a release's zero-shot run is its package's forecast
+PACKAGES = {"ChronosBolt": "chronos", "Chronos2": "chronos", "TimesFM25": "timesfm", "TiRex": "tirex"}
+RELEASE_SHAPE = ["--seq_len", 48, "--label_len", 0, "--pred_len", 16, "--num_threads", 1]
+
+
+def demand(folder, rows=400):
+    """Three non-negative channels that often sit at 0 (demand-like): TimesFM 2.5's non-negativity rule acts on
+    them, and a random release's forecast of them crosses its quantiles."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(rows)
+    values = {name: np.maximum(0.0, amp * np.sin(2 * np.pi * steps / period) + rng.normal(0, amp / 2, rows))
+              for name, amp, period in (("a", 3.0, 24), ("b", 1.0, 12), ("OT", 5.0, 24))}
+    frame = pd.DataFrame({"date": pd.date_range("2020-01-01", periods=rows, freq="h"), **values})
+    frame.to_csv(folder / "demand.csv", index=False)
+    return frame
+
+
+def write_release(model, folder):
+    if model == "ChronosBolt":
+        from test_foundation_chronos_bolt import write_fixture
+        return write_fixture(folder / "chronos-bolt")
+    if model == "Chronos2":
+        from test_foundation_chronos2 import release_folder
+        return release_folder(folder / "chronos-2")
+    if model == "TiRex":
+        from test_foundation_tirex import write_release as tirex_release
+        return tirex_release(folder / "NX-AI" / "TiRex")
+    from test_foundation_timesfm25 import write_release as timesfm_release
+    (folder / "timesfm").mkdir()
+    return timesfm_release(folder / "timesfm")
+
+
+def packages_quantiles(model, release, windows, pred_len, monkeypatch):
+    """The package's own pipeline on every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels]."""
+    if model == "ChronosBolt":
+        import chronos
+
+        batch, length, channels = windows.shape
+        pipeline = chronos.ChronosBoltPipeline.from_pretrained(release)
+        quantiles, _ = pipeline.predict_quantiles(windows.transpose(1, 2).reshape(batch * channels, length),
+                                                  prediction_length=pred_len, quantile_levels=pipeline.quantiles)
+        return quantiles.reshape(batch, channels, pred_len, -1).transpose(1, 2)
+    if model == "Chronos2":
+        from test_foundation_chronos2 import packages_quantiles as chronos2_quantiles
+        return chronos2_quantiles(release, windows, pred_len)
+    if model == "TiRex":
+        from test_foundation_tirex import packages_forecast
+        return packages_forecast(release, windows, pred_len, monkeypatch)
+    from test_foundation_timesfm25 import packages_forecast, reduced_definition
+    from timesfm.timesfm_2p5 import timesfm_2p5_torch as package
+
+    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return packages_forecast(package.TimesFM_2p5_200M_torch, release, windows, pred_len)
+
+
+@pytest.mark.parametrize("model", list(PACKAGES))
+def test_a_releases_zero_shot_scores_and_forecasts_are_its_packages_on_the_raw_series(tmp_path, model, monkeypatch):
+    """run.py --is_training 0 with the release's folder, on non-negative data z-scored by --scale (the default),
+    against the package's own pipeline on the same raw windows: every test metric equal to float rounding, the
+    quantiles kept as the package forecasts them (not re-sorted: they cross here), the count of elements whose
+    quantiles cross in metrics.json, and --do_predict's forecast.csv the package's forecast of the file's last
+    rows. TimesFM 2.5's non-negativity rule only acts on the series as given."""
+    pytest.importorskip(PACKAGES[model])
+    from sklearn.preprocessing import StandardScaler
+
+    from utils.metrics import ProbabilisticSums
+
+    frame = demand(tmp_path)
+    release = write_release(model, tmp_path)
+    assert_ok(run_cli(tmp_path, "--model", model, "--is_training", 0, "--pretrain_model_path", release, "--data",
+                      "custom", "--root_path", tmp_path, "--data_path", "demand.csv", *RELEASE_SHAPE, "--do_predict"))
+    record = records(tmp_path)[-1]
+    levels = record["args"]["native_quantiles"]
+    seq_len, pred_len = 48, 16
+    raw = frame[["a", "b", "OT"]].to_numpy()
+    train, test_end = int(len(raw) * 0.7), len(raw)
+    start = test_end - int(len(raw) * 0.2) - seq_len
+    count = test_end - start - seq_len - pred_len + 1
+    assert record["test_windows"] == count
+    windows = torch.tensor(np.stack([raw[start + i:start + i + seq_len] for i in range(count)]), dtype=torch.float32)
+    truth = np.stack([raw[start + i + seq_len:start + i + seq_len + pred_len] for i in range(count)])
+    with torch.no_grad():
+        theirs = packages_quantiles(model, release, windows, pred_len, monkeypatch).double()  # [N, P, C, L], raw
+    scaler = StandardScaler().fit(raw[:train])
+    mean, std = torch.tensor(scaler.mean_), torch.tensor(scaler.scale_)
+    scaled = ((theirs - mean[:, None]) / std[:, None]).float().double()  # float32, as a model's output: a 0 its z-score
+    true = torch.tensor(scaler.transform(truth.reshape(-1, 3)).reshape(truth.shape)).float().double()
+    median = scaled[..., levels.index(0.5)]
+    sums = ProbabilisticSums(levels)
+    sums.update(scaled, true)
+    expected = {"mse": float(((median - true) ** 2).mean()), "mae": float((median - true).abs().mean()),
+                **{k: v for k, v in sums.metrics().items() if k in ("wql", "coverage_80", "smape")}}
+    assert {k: record[k] for k in expected} == pytest.approx(expected, rel=2e-5), (model, expected)
+    crossed = int((theirs[..., 1:] < theirs[..., :-1]).any(-1).sum())
+    assert record["quantile_order"] == "as forecast"
+    assert abs(record["quantiles_crossed"] - crossed) <= max(2, crossed // 1000), (record["quantiles_crossed"], crossed)
+    if model == "TimesFM25":  # its own fix_quantile_crossing, and a non-negative context forecasts no value below 0
+        assert crossed == 0 and float(theirs.min()) == 0.0
+    else:
+        assert crossed > count * pred_len  # crossing quantiles: a re-sorted forecast would score otherwise
+    # --do_predict: the forecast of the file's last seq_len rows, on the original scale, every level as forecast
+    forecast = pd.read_csv(tmp_path / "results" / record["setting"] / "forecast.csv")
+    last = torch.tensor(raw[None, -seq_len:], dtype=torch.float32)
+    with torch.no_grad():
+        want = packages_quantiles(model, release, last, pred_len, monkeypatch)[0].double().numpy()  # [P, C, L]
+    got = np.stack([forecast[[f"{c}_q{q:g}" for q in levels]].to_numpy() for c in ("a", "b", "OT")], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_release_on_data_scaled_series_by_series_is_refused_in_one_line_unless_unscaled(tmp_path):
+    """--data univariate z-scores each series with its own training part: no one scaler to undo, so released
+    weights would forecast z-scores; refused before anything is built, and --scale false runs."""
+    steps = np.arange(600)
+    pd.DataFrame({"a": np.abs(np.sin(steps / 9.0)), "b": np.abs(np.cos(steps / 5.0))}).to_csv(tmp_path / "s.csv",
+                                                                                             index=False)
+    (tmp_path / "release").mkdir()
+    argv = ["--model", "TimerBase", "--is_training", 0, "--pretrain_model_path", tmp_path / "release", "--data",
+            "univariate", "--root_path", tmp_path, "--data_path", "*.csv", "--features", "S", "--seq_len", 96,
+            "--label_len", 0, "--pred_len", 24]
+    with pytest.raises(UserError, match="--model TimerBase forecasts each series as given .* --data univariate "
+                                        "z-scores every series with its own training part.*add --scale false"):
+        resolve_args(make_args(*argv), 1)
+    assert resolve_args(make_args(*argv, "--scale", "false"), 1).scale is False

@@ -7,6 +7,8 @@ the horizon, one per parameter (exp.settings.build_model, exp.forward). Model fi
 
     --loss quantile --quantiles 0.1,...,0.9   one block per level, trained by the pinball loss averaged
                                               over the levels; sorted when read, so quantiles never cross
+    a model's own quantile_levels             a released model's quantiles, kept as it forecasts them (its
+                                              package's pipeline and GIFT-Eval score them so), crossing or not
     --loss studentt                           blocks (loc, scale, degrees of freedom), trained by the
                                               negative log-likelihood; quantiles from the inverse CDF
     --loss normal                             blocks (loc, scale); quantiles from the closed-form inverse CDF
@@ -16,7 +18,8 @@ the horizon, one per parameter (exp.settings.build_model, exp.forward). Model fi
                                               --eval_batch_size (sample_key, SampleStream)
 
 Parameters arrive as [..., C, width] (`params`); quantile forecasts leave as [..., C, L] in the order of
-`levels`, non-decreasing along L.
+`levels`, non-decreasing along L (a release's: as it forecast them). `crossed(params)` counts the elements whose
+quantiles decrease somewhere along L before that rule is applied: every metrics record carries the count.
 """
 import functools
 import math
@@ -59,15 +62,16 @@ def parse_levels(text):
 
 def objective_for(args):
     """The training objective of --loss, or None for a point loss (MSE / MAE)."""
-    return _objective(args.loss, getattr(args, "quantiles", None), getattr(args, "num_samples", None))
+    return _objective(args.loss, getattr(args, "quantiles", None), getattr(args, "num_samples", None),
+                      bool(getattr(args, "native_quantiles", None)))
 
 
 @functools.lru_cache(maxsize=16)
-def _objective(loss, quantiles, samples):
+def _objective(loss, quantiles, samples, native=False):
     if loss in POINT_LOSSES:
         return None
     if loss == "quantile":
-        return QuantileObjective(parse_levels(quantiles))
+        return QuantileObjective(parse_levels(quantiles), native)
     return DistributionObjective(loss, parse_levels(quantiles), samples or 0)
 
 
@@ -75,7 +79,7 @@ def output_width(args):
     """How many times the model's horizon is widened: 1 for a point loss, and for a model that forecasts its
     quantiles natively (`quantile_levels`: it returns them as a last dimension of their own)."""
     objective = objective_for(args)
-    return 1 if objective is None or getattr(args, "native_quantiles", None) else objective.width
+    return 1 if objective is None or objective.native else objective.width
 
 
 def native_levels(model_class):
@@ -95,12 +99,20 @@ def native_levels(model_class):
 
 
 class QuantileObjective:
-    """One block of the horizon per quantile level; pinball loss averaged over levels and elements."""
+    """One block of the horizon per quantile level; pinball loss averaged over levels and elements.
 
-    def __init__(self, levels):
+    `native`: the quantiles are a released model's own (its quantile_levels), read as it forecasts them. Its
+    package's pipeline returns them unsorted (Chronos-Bolt, Chronos-2, TiRex, Moirai 2.0; TimesFM 2.5 fixes
+    crossings inside its forecast, a documented flag of it) and GIFT-Eval scores them so: re-sorting here would
+    score another forecast than the package's. Quantiles trained here are sorted: a crossing is this codebase's
+    training's, and sorting never raises the pinball loss."""
+
+    def __init__(self, levels, native=False):
         self.levels = levels
         self.width = len(levels)
         self.samples = 0
+        self.native = native
+        self.order = "as forecast" if native else "sorted"  # what metrics records name as the rule applied
 
     def loss_elements(self, params, true):
         """[..., C] pinball loss of each element, averaged over the levels."""
@@ -116,16 +128,28 @@ class QuantileObjective:
         return self.quantiles(params)[..., self.levels.index(0.5)]
 
     def quantiles(self, params, keys=None):
-        """Sorted along the levels: a model's raw quantiles may cross; what is scored and written never does."""
-        return params.sort(dim=-1).values
+        """Sorted along the levels (a model's raw quantiles may cross; what is scored and written then never
+        does), or a release's as it forecast them (`native`)."""
+        return params if self.native else params.sort(dim=-1).values
+
+    def crossed(self, params):
+        """How many elements of `params` [..., L] have a quantile above the next level's: a 0-dim int64 tensor
+        (no host sync)."""
+        return (params[..., 1:] < params[..., :-1]).any(-1).sum()
 
 
 class DistributionObjective:
     """A parametric distribution per element, trained by its negative log-likelihood."""
 
+    native = False
+    order = "sorted"  # from the inverse CDF or sorted samples: never crossing
+
     def __init__(self, name, levels, samples=0):
         self.name, self.levels, self.samples = name, levels, samples
         self.width = 3 if name == "studentt" else 2
+
+    def crossed(self, params):
+        return torch.zeros((), dtype=torch.int64, device=params.device)
 
     def parameters(self, params):
         """(loc, scale, df or None): scale and df kept positive by softplus (df above 2: a finite variance)."""
