@@ -20,7 +20,7 @@ from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
 from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
-from utils.checkpoint import checkpoint_path, identity_differences, load_weights
+from utils.checkpoint import checkpoint_path, identity_differences, load_weights, weights_being_trained
 from utils.errors import UserError, require
 from utils.probabilistic import LOSSES, POINT_LOSSES, native_levels, objective_for, output_width, parse_levels
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
@@ -175,6 +175,7 @@ def evaluated_weights(args, setting):
     """(path, pretrained) of the weights --is_training 0 evaluates (_weights_to_evaluate), once rank 0 has
     checked them against their training record: a collective, every rank raises the refusal together."""
     path, pretrained = _weights_to_evaluate(args, setting)
+    distributed.raise_on_every_rank(lambda: weights_being_trained(path), on="main")  # not while a run writes them
     if not pretrained:  # zero-shot: pre-trained weights on other data, under arguments of their own by design
         distributed.raise_on_every_rank(lambda: trained_otherwise(path, args), on="main")
     return path, pretrained

@@ -563,3 +563,26 @@ def test_a_checkpoint_of_a_newer_torch_is_called_so_not_corrupt(tmp_path):
     (tmp_path / "cut.pth").write_bytes((tmp_path / "checkpoint.pth").read_bytes()[:300])  # a cut file stays one
     with pytest.raises(UserError, match="it is truncated, corrupt or not a PyTorch weights file"):
         load_weights(ours("TimerXL"), str(tmp_path / "cut.pth"))
+
+
+def test_the_weights_loaded_are_named_by_their_files_sha256_and_where_training_saved_them(tmp_path):
+    """What a test's record names as its weights (utils.checkpoint.loaded_weights): a release folder's weights
+    file (zero-shot), or a training state's weights with its own epoch and step."""
+    import hashlib
+    import os
+
+    from test_foundation_timer_base import FIXTURE, ours as timer_base
+    from utils.checkpoint import loaded_weights
+
+    timer_base(44, 20)
+    release = os.path.join(str(FIXTURE), "model.safetensors")
+    assert loaded_weights() == {"path": str(FIXTURE), "file": release, "epoch": None, "step": None,
+                                "sha256": hashlib.sha256((FIXTURE / "model.safetensors").read_bytes()).hexdigest()}
+    assert loaded_weights() is None  # named once, by the record of the test that loaded them
+    mid_epoch = {"model": ours("TimerXL").state_dict(), "epoch": 2, "global_step": 40,
+                 "position": {"epoch": 3, "global_windows": 96, "end_of_epoch": False}}
+    torch.save(mid_epoch, tmp_path / "last.pth")
+    load_weights(ours("TimerXL", seed=1), str(tmp_path / "last.pth"))
+    loaded = loaded_weights()
+    assert (loaded["epoch"], loaded["step"]) == (3, 40)
+    assert loaded["sha256"] == hashlib.sha256((tmp_path / "last.pth").read_bytes()).hexdigest()

@@ -176,6 +176,54 @@ def test_a_dead_runs_lock_file_does_not_block(tmp_path):
     assert not (folder / ".lock").exists() and (folder / "checkpoint.pth").is_file()
 
 
+def _sha256(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_weights_a_run_is_training_are_not_evaluated_and_every_record_names_its_weights(tmp_path):
+    """--is_training 0 of a setting another run is training: one line naming that run, on every rank, nothing
+    written (it scored whatever checkpoint.pth held at that moment and overwrote the setting's metrics.json). A
+    copy named with --checkpoint is evaluated meanwhile. Every record names the weights it scored: the file's
+    sha256 and, where last.pth beside it records them as its best, the epoch and step that saved them."""
+    import shutil
+
+    from utils.checkpoint import setting_lock
+
+    # evaluations every 4 steps at a constant rate: the best (step 16 of 27) is not the last
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--train_epochs", 1, "--eval_steps", 4, "--learning_rate", 0.01,
+                      "--lradj", "constant"))
+    trained = records(tmp_path)[-1]
+    folder = tmp_path / "checkpoints" / trained["setting"]
+    best, lowest = None, float("inf")
+    for evaluation in trained["history"]:  # the last new best: what checkpoint.pth holds
+        if evaluation["vali_loss"] < lowest:
+            best, lowest = evaluation, evaluation["vali_loss"]
+    assert best["step"] < trained["history"][-1]["step"]
+    weights = str(folder / "checkpoint.pth")
+    assert trained["weights"] == {"path": weights, "file": weights, "sha256": _sha256(folder / "checkpoint.pth"),
+                                  "epoch": best["epoch"], "step": best["step"]}
+    metrics_json = (tmp_path / "results" / trained["setting"] / "metrics.json").read_bytes()
+    args = make_args(*DLINEAR, *_outputs(tmp_path))
+    with setting_lock(args, trained["setting"]):  # this process is the run training the setting again
+        holder = (folder / ".lock").read_text().strip()
+        started = time.time()
+        line = _refused(run_cli(tmp_path, *DLINEAR, "--is_training", 0, "--ddp", nproc=2), started, limit=60)
+        assert line == (f"error: cannot evaluate {weights}: a run is still training in {folder} ({holder}) and replaces "
+                        "these weights as it goes; wait for it to end, or evaluate a copy of them with --checkpoint PATH")
+        assert (tmp_path / "results" / trained["setting"] / "metrics.json").read_bytes() == metrics_json
+        assert len(records(tmp_path)) == 1
+        copy = tmp_path / "copy.pth"
+        shutil.copyfile(folder / "checkpoint.pth", copy)
+        assert_ok(run_cli(tmp_path, *DLINEAR, "--is_training", 0, "--checkpoint", copy))
+    assert_ok(run_cli(tmp_path, *DLINEAR, "--is_training", 0))  # the run has ended: its own weights
+    of_copy, of_setting = records(tmp_path)[1:]
+    assert of_copy["weights"] == {**trained["weights"], "path": str(copy), "file": str(copy), "epoch": None,
+                                  "step": None}  # the same bytes; nothing beside the copy says when they were saved
+    assert of_setting["weights"] == trained["weights"] and of_setting["mse"] == trained["mse"]
+
+
 def _save_after_the_folder_is_removed(rank, world, folder, second_run):
     """A run's rank 0 saves the best weights, its setting folder is removed (`rm -rf` of --checkpoints)
     and, with `second_run`, a second run of the setting takes it (its lock, its checkpoint.pth); then

@@ -2,7 +2,9 @@
 resume from (last.pth), which carries the run's identity; the lock that keeps two runs out
 of one setting. Atomic writes, no wrapper prefixes, strict loads."""
 import contextlib
+import hashlib
 import logging
+import math
 import os
 import re
 import socket
@@ -17,7 +19,8 @@ from utils import sundial
 from utils import time_moe
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
-from utils.files import atomic_write, file_versions, give_open_mode, release_file_lock, same_file, take_file_lock
+from utils.files import (atomic_write, file_versions, give_open_mode, lock_holder, release_file_lock, same_file,
+                         take_file_lock)
 from utils.tools import rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
@@ -29,6 +32,71 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 def save_atomic(obj, path):
     """torch.save, atomically: a crash mid-write leaves the previous file intact."""
     return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+class _Hashing:
+    """A file that hashes what passes through it to the file `f` (torch.save calls write and flush)."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data):
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+# The sha256 of files this process wrote or read: absolute path -> (hex digest, the file's version: inode,
+# mtime, size). A record names its weights by their digest (loaded_weights), last.pth its checkpoint.pth's.
+_digests = {}
+
+
+def _version(path):
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def save_hashed(obj, path):
+    """save_atomic, keeping the file's sha256 as it is written (file_sha256 need not read it back)."""
+    hashing = []
+
+    def write(f):
+        hashing.append(_Hashing(f))
+        torch.save(obj, hashing[0])
+
+    atomic_write(path, write)
+    _digests[os.path.abspath(path)] = (hashing[0].sha256.hexdigest(), _version(path))
+    return path
+
+
+def file_sha256(path, f=None):
+    """The sha256 of the file at `path` (read from the open file `f` if given, which is left at its start),
+    read once per version of the file."""
+    key, version = os.path.abspath(path), _version(path) if f is None else _fd_version(f)
+    known = _digests.get(key)
+    if known is not None and known[1] == version:
+        return known[0]
+    digest = hashlib.sha256()
+    with contextlib.nullcontext(f) if f is not None else open(path, "rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+        source.seek(0)
+    _digests[key] = (digest.hexdigest(), version)
+    return digest.hexdigest()
+
+
+def _fd_version(f):
+    stat = os.fstat(f.fileno())
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+# What the last read_weights of this process read, and the last load_weights loaded: {"path" (as given), "file"
+# (the file read: a release folder's weights file), "sha256", "epoch", "step" (None where unknown)}. Rank 0 reads
+# every file a run evaluates (distributed.load_on_main), so its records name them (exp.outputs.save_results).
+_last_read = {}
+_last_loaded = {}
 
 
 def strip_wrapper_prefixes(state_dict):
@@ -51,16 +119,22 @@ def read_weights(path, map_location="cpu"):
     Hugging Face folder of model.safetensors + config.json). load_weights converts it for a model."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
+    _last_read.clear()
     lightning_file = adapters.lightning_path(path)
     if lightning_file is not None:  # a release as a Lightning checkpoint (TiRex's model.ckpt)
         state, config = adapters.read_lightning(lightning_file, map_location)
+        _last_read.update(path=path, file=lightning_file, sha256=file_sha256(lightning_file))
         return strip_wrapper_prefixes(state), config
     tensors_file = adapters.safetensors_path(path)
     if tensors_file is not None:
         state = adapters.read_safetensors(tensors_file, map_location)
+        _last_read.update(path=path, file=tensors_file, sha256=file_sha256(tensors_file))
     else:
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            with open(path, "rb") as f:  # hashed and loaded from one open file: the same bytes, even if replaced
+                digest = file_sha256(path, f)
+                state = torch.load(f, map_location=map_location, weights_only=True)
+            _last_read.update(path=path, file=path, sha256=digest, **_position(state))
         except Exception as exc:  # torch raises many types for truncated / foreign files
             newer = written_by_newer_torch(exc)
             if newer:
@@ -144,6 +218,43 @@ def model_name(model):
     return type(model).__module__.split('.')[-1]
 
 
+def _position(state):
+    """{"epoch", "step"} of a training state's weights (last.pth as --checkpoint), else {}."""
+    if not isinstance(state, dict) or "global_step" not in state or "model" not in state:
+        return {}
+    position = state.get("position") or {}
+    epoch = position["epoch"] if position and not position.get("end_of_epoch", True) else state.get("epoch")
+    return {"epoch": epoch, "step": state["global_step"]}
+
+
+def loaded_weights():
+    """What the last load_weights of this process loaded (then forgotten): {"path", "file", "sha256", "epoch",
+    "step"}, or None. Weights a training run saved as its best (checkpoint.pth) get the epoch and step of the
+    evaluation they come from where the training state beside them (last.pth) names them by their sha256."""
+    if not _last_loaded:
+        return None
+    loaded = {key: _last_loaded.get(key) for key in ("path", "file", "sha256", "epoch", "step")}
+    _last_loaded.clear()
+    if loaded["epoch"] is None:
+        loaded.update(_best_weights_position(loaded["file"], loaded["sha256"]))
+    return loaded
+
+
+def _best_weights_position(path, digest):
+    """{"epoch", "step"} of the weights `path` (sha256 `digest`) if last.pth beside them records them as its
+    best, else {}."""
+    record = os.path.join(os.path.dirname(os.path.abspath(path)), "last.pth")
+    if not os.path.isfile(record) or os.path.samefile(record, path):
+        return {}
+    try:  # memory-mapped: the record alone is read, not the weights and optimizer state
+        best = torch.load(record, map_location="cpu", weights_only=True, mmap=True).get("best_weights")
+    except Exception:  # torch raises many types for truncated / foreign files: then nothing is known
+        return {}
+    if not isinstance(best, dict) or best.get("sha256") != digest:
+        return {}
+    return {"epoch": best.get("epoch"), "step": best.get("step")}
+
+
 def load_weights(model, path, map_location="cpu"):
     """Strictly load `path` into `model` (its own layout, or one the model declares, converted: weights_for);
     on a mismatch name every offending key (and the shape arguments that differ, where the model's adapter
@@ -171,6 +282,8 @@ def load_weights(model, path, map_location="cpu"):
             + ". Use the same --model and shape arguments (seq_len, pred_len, d_model, ...) it was trained with."
         )
     model.load_state_dict(state, strict=True)
+    _last_loaded.clear()
+    _last_loaded.update(_last_read)
     note = adapter.loaded_note(model) if adapter is not None else None
     if note:
         logger.warning(f"{path}: {note}")
@@ -199,7 +312,7 @@ def checkpoint_path(args, setting, name="checkpoint.pth"):
 def save_best(model, path):
     """Rank 0 writes `model`'s weights; every rank returns once the file is complete (nobody reads it
     before), or, if rank 0 cannot write it, every rank stops with its one line (save_or_stop)."""
-    save_or_stop(lambda: save_atomic(model.state_dict(), path), path, "the best weights")
+    save_or_stop(lambda: save_hashed(model.state_dict(), path), path, "the best weights")
 
 
 def save_or_stop(write, path, what):
@@ -365,9 +478,37 @@ def save_training_state(path, state, args):
             "world_size": distributed.world_size(),
             "launches": sorted({x for x in launches if x is not None}),  # every node's launch_id()
             "history": state.history,
+            "best_weights": best_weights(path, state),  # what an evaluation of checkpoint.pth records
         }, path)
 
     save_or_stop(write, path, "the training state")
+
+
+def best_weights(last_path, state):
+    """What checkpoint.pth beside last.pth holds, or None before the first: its sha256 and the epoch and step of
+    the evaluation that saved it, the history's last new best as EarlyStopping counted it (below the best
+    before it by more than its delta)."""
+    path = os.path.join(os.path.dirname(last_path), "checkpoint.pth")
+    best, lowest, delta = None, math.inf, getattr(state.stopper, "delta", 0.0)
+    for record in state.history:
+        loss = record.get("vali_loss")
+        if isinstance(loss, (int, float)) and loss < lowest - delta:
+            best, lowest = record, loss
+    if best is None or not os.path.isfile(path):
+        return None
+    return {"sha256": file_sha256(path), "epoch": best["epoch"], "step": best["step"]}
+
+
+def weights_being_trained(path):
+    """None, or the line refusing to evaluate `path` while a training run holds the lock of the folder that holds
+    it (setting_lock): that run replaces the weights as it goes, so the scores would be of whichever it saved
+    last, and its own test would then overwrite the records."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    holder = lock_holder(os.path.join(folder, ".lock"))
+    if holder is None:
+        return None
+    return (f"cannot evaluate {path}: a run is still training in {folder} ({holder}) and replaces these weights as "
+            "it goes; wait for it to end, or evaluate a copy of them with --checkpoint PATH")
 
 
 def read_training_state(path):
@@ -548,7 +689,7 @@ def setting_lock(args, setting):
     drops the lock when its process dies, so a killed run never blocks the next one. The lock lives
     in the folder it guards: every save checks that it still stands (save_or_stop), so a run whose
     folder was removed under it stops instead of writing beside a second run that took the setting."""
-    if not args.is_training:  # evaluation only reads the setting's checkpoint
+    if not args.is_training:  # evaluation only reads; weights a run is training are refused (weights_being_trained)
         yield
         return
     folder = os.path.join(args.checkpoints, setting)
