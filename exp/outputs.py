@@ -12,13 +12,15 @@ import pandas as pd
 import torch
 
 from data_provider.data_factory import data_provider, prepared_data, split_numbering, window_for
+from data_provider.m4 import M4
 from exp.forward import forward, on_device
+from exp.scoring import some, zero_scales
 from exp.steps import tensorboard_problem
-from utils import distributed, plots
-from utils.checkpoint import checkpoint_path, loaded_weights, require_writable, writable_dir_problem
+from utils import distributed, m4, plots
+from utils.checkpoint import checkpoint_path, require_writable, writable_dir_problem
 from utils.errors import require
 from utils.files import append_line, atomic_write, remove_stale_temporaries
-from utils.metrics import COVERAGE_INTERVALS, ErrorSums
+from utils.metrics import COVERAGE_INTERVALS, ErrorSums, seasonality
 from utils.probabilistic import objective_for, window_keys
 from utils.tools import eval_mode
 
@@ -165,47 +167,81 @@ def _picture(path, draw):
 def _record(args, setting, metrics, training):
     """The test's record, as metrics.json and results.jsonl hold it."""
     record = {"setting": setting, "model": args.model, "data": args.data, "pred_len": args.pred_len,
-              "seed": args.seed, "world_size": distributed.world_size(), **finite_metrics(metrics)}
+              "seed": args.seed, "world_size": distributed.world_size(), **finite_metrics(metrics, args)}
     if training:
         record.update(stopped_epoch=training["stopped_epoch"], stopped_step=training["stopped_step"],
                       history=training["history"],
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
         record["dropout_keyed"] = getattr(args, "dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
-    # the weights tested: their file's sha256 and, where known, the epoch and step that saved them
-    record["weights"] = loaded_weights()
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
     return _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
 
 
-def finite_metrics(metrics):
-    """`metrics` with NaN / inf as None (null: JSON has neither) and one warning line saying which and why."""
+def finite_metrics(metrics, args=None):
+    """`metrics` with NaN / inf as None (null: JSON has neither) and one warning line saying which and why (with
+    the run's `args`: whether its data was scaled, and which series a zero MASE scale is of)."""
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         by_reason = {}
         for name in bad:
-            by_reason.setdefault(_why_not_finite(name, metrics), []).append(f"{name} {metrics[name]}")
+            by_reason.setdefault(_why_not_finite(name, metrics, args), []).append(f"{name} {metrics[name]}")
         logger.warning("; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
                        + " (written as null in metrics.json and results.jsonl)")
     return {k: None if k in bad else v for k, v in metrics.items()}
 
 
-def _why_not_finite(name, metrics):
+def _why_not_finite(name, metrics, args=None):
     base, orig = (name[:-5], True) if name.endswith("_orig") else (name, False)
-    scale = "on the original scale" if orig else "on the scaled data"
-    mae = metrics.get("mae_orig" if orig else "mae")
+    scale = "on the original scale" if orig else f"on the {'scaled' if data_scaled(args) else 'unscaled'} data"
+    # the same scale's errors (M4's records have no mae: its sMAPE), finite when forecasts and truths are
+    mae = metrics.get("mae_orig" if orig else "mae", metrics.get("smape"))
     if base in ("mape", "mspe") and _finite(mae):
         # finite errors over a finite truth give a non-finite ratio only where the truth is 0
         return f"the true values hold a 0 {scale}, and percentage errors divide by it"
+    if base in ("mase", "msis", "owa") and _finite(mae):
+        return _zero_mase_scale(args)
+    if base == "wql" and _finite(mae):
+        return f"every true value is 0 {scale}, and WQL divides by the sum of their absolute values"
     if orig and _finite(metrics.get(base)):
         # the same errors are finite on the scaled data, so forecasts and truths are: float64 ran out of range
-        return ("float64 overflow on the original scale (values, errors or their squares past 1.8e308); "
-                "the data and forecasts are finite, as the same metrics on the scaled data show")
+        return ("float64 overflow on the original scale (values, errors or their squares past 1.8e308); the data "
+                f"and forecasts are finite, as the same metrics on the {'' if data_scaled(args) else 'un'}scaled data show")
     return f"the forecasts or the true values are not finite {scale}"
 
 
 def _finite(value):
     return isinstance(value, float) and math.isfinite(value)
+
+
+def data_scaled(args):
+    """Whether the run's models saw scaled data: --scale (z-scores of the training rows, or per series), never M4's
+    series (TSLib's short-term task reads them as they are). Without `args` (a caller that does not say): scaled."""
+    return args is None or bool(args.scale) and args.data != M4
+
+
+def _zero_mase_scale(args):
+    """Why MASE (MSIS, M4's OWA) is not finite when the errors are: its scale, the seasonal naive error of a
+    series' history, is 0 (a history that repeats itself at the season, e.g. a constant one), naming the series."""
+    generic = "MASE's scale, a series' seasonal naive error, is 0 (a constant history), so MASE is undefined"
+    if args is None:
+        return generic
+    if args.data == M4:  # M4's scoring: a series' MASE divides by its scale, so one zero makes the figure undefined
+        data = prepared_data(args)
+        zero = [data.ids[i] for i in m4.zero_scale_series(data.series, data.frequency)]
+        if not zero:  # the scales are not 0: OWA's denominators are
+            return ("OWA divides by Naive2's MASE and sMAPE, and one of them is 0 (Naive2 forecast every test value "
+                    "exactly)")
+        return (f"MASE's scale, the in-sample seasonal naive error at lag {data.frequency}, is 0 for series "
+                f"{some(zero)} ({len(zero)} of {len(data.ids)} {args.seasonal_patterns}: a history that repeats "
+                f"itself at that lag), so their MASE divides by 0 and {args.seasonal_patterns}'s MASE and OWA are "
+                "undefined, as in M4's own scoring")
+    zero, _ = zero_scales(args)
+    if not zero:
+        return generic
+    return (f"MASE's scale, the seasonal error at season {seasonality(args.freq)}, is 0 for every scored series "
+            f"({some(zero)}: a history that repeats itself at the season, e.g. a constant one), so MASE and MSIS "
+            "are undefined: gluonts and GIFT-Eval leave such series out, and none is left")
 
 
 def _nulls_for_non_finite(value):
@@ -333,7 +369,7 @@ def draw_forecasts(exp, setting, n_windows=4):
     if not _picture(path, lambda: plots.plot_forecasts(
             path, windows,
             f"{args.model} on {_data_label(args)}: target {target}, input {window.x_len}, horizon {len(true[0])}",
-            f"{target} ({'scaled' if data.per_series_scaling else 'original scale'})")):
+            f"{target} ({'scaled' if data.per_series_scaling and data_scaled(args) else 'original scale'})")):
         return
     shown = f" (median, {' / '.join(bands)} % band{'s' if len(bands) > 1 else ''})" if bands else ""
     logger.info(f"forecast picture: {path}{shown}")

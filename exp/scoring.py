@@ -29,6 +29,12 @@ def scored_channels(args, data):
 def series_scales(args, flag="test", original=False):
     """[windows of the split, k] float64: each window's scored channels' MASE scale, the in-sample seasonal naive
     error of its series' history at the seasonality of --freq; None where the data keeps no history."""
+    found = _scales_of_series(args, flag, original)
+    return None if found is None else torch.from_numpy(found[0][found[1]])
+
+
+def _scales_of_series(args, flag, original):
+    """([S, k] each series' scored channels' scales, each window's series), or None without histories."""
     data = prepared_data(args)
     found = data.series_histories(flag, window_for(args, flag), original=original)
     if found is None:
@@ -38,7 +44,28 @@ def series_scales(args, flag="test", original=False):
     season = seasonality(args.freq)
     per_series = np.stack([seasonal_error(history[:, -k:], season, _series_name(data, i, args))
                            for i, history in enumerate(histories)])  # [S, k]
-    return torch.from_numpy(per_series[series])
+    return per_series, series
+
+
+def zero_scales(args):
+    """(names, count): the scored series of the test split (each scored channel of each series with a window)
+    whose MASE scale is 0, a history that repeats itself at the season: gluonts' masked division leaves their
+    elements out of MASE and MSIS (utils.metrics.ProbabilisticSums), and with all of them out the two are NaN."""
+    found = _scales_of_series(args, "test", False)
+    if found is None:
+        return [], 0
+    per_series, series = found
+    data, used = prepared_data(args), np.unique(series)
+    columns = list(data.columns)[-per_series.shape[1]:]
+    several = len(getattr(data, "series", ())) > 1
+    names = [(f"series {i + 1}" + (f" ({columns[c]})" if len(columns) > 1 else "")) if several
+             else f"column {columns[c]}" for i in used for c in range(len(columns)) if per_series[i, c] == 0]
+    return names, len(used) * len(columns)
+
+
+def some(names, limit=3):
+    """'a, b, c and 4 more': a list named in one line."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _series_name(data, i, args):
@@ -69,6 +96,12 @@ class ProbabilisticScoring:
             self.original_scales = _on(series_scales(args, original=True), device)
         if self.scales is None:
             logger.info(f"MASE is not computed: --data {args.data} keeps no series history at hand")
+        elif distributed.is_main():
+            zero, scored = zero_scales(args)
+            if 0 < len(zero) < scored:  # all of them: MASE is NaN, and exp.outputs.finite_metrics says why
+                logger.warning(f"MASE and MSIS leave out {len(zero)} of the {scored} scored series, whose seasonal "
+                               f"error (their scale, at season {seasonality(args.freq)}) is 0: {some(zero)} (a history "
+                               "that repeats itself at the season), as gluonts and GIFT-Eval leave them out")
         self._all_windows = None  # after all_reduce, on rank 0: every window's own sums (window_columns)
 
     def update(self, params, true, indices, original_truth=None):
@@ -103,17 +136,13 @@ class ProbabilisticScoring:
 
     def window_columns(self):
         """(names, [windows, fields] float64 array): each test window's sums, every rank's on rank 0 after
-        self.crossed = torch.zeros((), dtype=torch.int64, device=device)  # elements whose quantiles cross
         all_reduce (None on the others); window_errors.csv carries them (subset_metrics reads them back)."""
         if self._all_windows is None:
             return None
         return self.window_names(), self._all_windows.numpy()
 
-        self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
     def metrics(self):
-        """The probabilistic metrics; `quantiles_crossed`: how many scored elements (a step of a channel of a
-        window) had a quantile above the next level's before `quantile_order` (the rule) was applied."""
-        metrics = dict(self.sums.metrics(), quantiles_crossed=int(self.crossed), quantile_order=self.objective.order)
+        metrics = dict(self.sums.metrics())
         if self.original is not None:
             metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items() if k != "wql_levels"})
         return metrics
@@ -123,7 +152,6 @@ def window_fields(levels, scaled):
     """What window_sums keeps of ProbabilisticSums' sums: all but the window counts (a row is one window);
     MASE's and MSIS's only where a scale was given."""
     fields = [k for k in ProbabilisticSums(levels).sums if k not in ("windows", "scaled_windows")]
-        self.crossed = int(distributed.all_reduce_sum([float(self.crossed)])[0])
     return fields if scaled else [k for k in fields if k not in _SCALED]
 
 

@@ -355,3 +355,31 @@ def test_smape_where_forecast_and_truth_differ_in_sign_or_are_zero():
     assert figures[3] == pytest.approx(np.mean(reversed_terms), rel=1e-15)
     loss = batch_loss(torch.tensor(forecast).view(2, 6, 1), torch.tensor(target).view(2, 6, 1), "SMAPE")
     assert loss.item() == pytest.approx(terms.mean(), rel=1e-12)
+
+
+# ---------------------------------------------------------------- a series whose MASE scale is 0
+def test_a_series_whose_mase_scale_is_0_is_named_and_its_frequencys_mase_is_undefined(tmp_path):
+    """A constant M4 series: its in-sample seasonal naive error, MASE's scale, is 0. M4's scoring divides by it (as
+    TSLib's m4_summary does), so the frequency's MASE is inf and OWA undefined: both null, and one warning line names
+    the series and the cause (was: "the forecasts or the true values are not finite on the scaled data", of data
+    that is finite and never scaled, after two lines of numpy's RuntimeWarning)."""
+    from data_provider.m4 import write_synthetic_m4
+    from utils import m4
+
+    folder = write_synthetic_m4(tmp_path / "m4", per_pattern=3, seed=0, layout="npz")
+    for name in ("training.npz", "test.npz"):
+        rows = np.load(folder / name, allow_pickle=True)
+        rows[1] = np.full(len(rows[1]), 50.0)  # Y2, the second Yearly series
+        with open(folder / name, "wb") as out:
+            np.save(out, rows, allow_pickle=True)
+    assert m4.zero_scale_series([np.array([1.0, 2.0, 2.5]), np.full(5, 50.0), np.array([3.0, 3.0, 4.0])], 1) == [1]
+    assert m4.series_mase(np.full(6, 51.0), np.full(9, 50.0), np.full(6, 50.0), 1) == np.inf
+    proc = run_cli(tmp_path, "--task_name", "short_term_forecast", "--data", "m4", "--root_path", f"{folder}/",
+                   "--seasonal_patterns", "Yearly", "--loss", "SMAPE", "--model", "DLinear", *STEP)
+    assert_ok(proc)
+    assert [line for line in (proc.stdout + proc.stderr).splitlines() if "warning" in line.lower()] == [
+        "warning: mase inf, owa nan: MASE's scale, the in-sample seasonal naive error at lag 1, is 0 for series Y2 (1 "
+        "of 3 Yearly: a history that repeats itself at that lag), so their MASE divides by 0 and Yearly's MASE and OWA "
+        "are undefined, as in M4's own scoring (written as null in metrics.json and results.jsonl)"]
+    record = records(tmp_path)[-1]
+    assert record["mase"] is None and record["owa"] is None and np.isfinite(record["smape"])

@@ -278,3 +278,52 @@ def test_an_append_that_fails_part_way_leaves_the_file_as_it_was(tmp_path):
 
     append_line(str(path), '{"setting": "next"}')
     assert [json.loads(line)["setting"] for line in path.read_text().splitlines()] == ["earlier", "next"]
+
+
+def test_a_non_finite_metrics_line_follows_whether_the_data_was_scaled(caplog):
+    """--scale false (and M4, which is never scaled) said "on the scaled data"; and all-zero truths blamed WQL's
+    inf on non-finite forecasts."""
+    from argparse import Namespace
+
+    from exp.outputs import finite_metrics
+
+    with caplog.at_level("WARNING", logger="tsl"):
+        finite_metrics({"mae": 0.5, "mape": math.inf}, Namespace(scale=False, data="custom"))
+        finite_metrics({"mae": math.nan, "mse": math.nan}, Namespace(scale=False, data="custom"))
+        finite_metrics({"mae": 0.5, "mape": math.inf, "wql": math.inf}, Namespace(scale=True, data="custom"))
+        finite_metrics({"smape": 30.0, "mape": math.inf}, Namespace(scale=True, data="m4"))
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0].startswith("mape inf: the true values hold a 0 on the unscaled data, ")
+    assert lines[1].startswith("mae nan, mse nan: the forecasts or the true values are not finite on the unscaled data")
+    assert "wql inf: every true value is 0 on the scaled data, and WQL divides by the sum of their absolute" in lines[2]
+    assert lines[3].startswith("mape inf: the true values hold a 0 on the unscaled data, ")
+
+
+def test_a_zero_mase_scale_is_named_as_the_cause(tmp_path):
+    """A constant target scored probabilistically: its seasonal error, MASE's and MSIS's scale, is 0, so gluonts'
+    rule leaves its elements out. Alone (--features S), nothing is left: mase and msis are null, and the line names
+    the series and the cause (was: "the forecasts or the true values are not finite on the scaled data", with
+    --scale false too). Beside another channel (--features M), the two are of the other channel, and one line
+    says which series were left out."""
+    from helpers import records
+
+    rows = 600
+    pd.DataFrame({"date": pd.date_range("2021-01-01", periods=rows, freq="h"), "a": np.sin(np.arange(rows) / 5.0),
+                  "OT": np.full(rows, 3.0)}).to_csv(tmp_path / "flat.csv", index=False)
+    argv = ["--data", "custom", "--root_path", tmp_path, "--data_path", "flat.csv", "--seq_len", 48, "--label_len", 24,
+            "--pred_len", 24, "--train_epochs", 1, "--loss", "quantile", "--quantiles", "0.1,0.5,0.9", "--quiet",
+            "--num_threads", 1]
+    proc = run_cli(tmp_path, *argv, "--features", "S", "--scale", "false")
+    assert_ok(proc)
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: mase nan: MASE's scale, the seasonal error at season 24, is 0 for every scored "
+                        "series (column OT: a history that repeats itself at the season, e.g. a constant one), so "
+                        "MASE and MSIS are undefined: gluonts and GIFT-Eval leave such series out, and none is left "
+                        "(written as null in metrics.json and results.jsonl)"], warnings
+    assert records(tmp_path)[-1]["mase"] is None
+    proc = run_cli(tmp_path, *argv, "--features", "M")
+    assert_ok(proc)
+    assert ("warning: MASE and MSIS leave out 1 of the 2 scored series, whose seasonal error (their scale, at season "
+            "24) is 0: column OT (a history that repeats itself at the season), as gluonts and GIFT-Eval leave them "
+            "out") in proc.stdout.splitlines()
+    assert math.isfinite(records(tmp_path)[-1]["mase"])

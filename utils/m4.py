@@ -66,7 +66,16 @@ def mase_scale(insample, frequency):
 
 
 def series_mase(forecast, insample, target, frequency):
-    return np.mean(np.abs(np.asarray(forecast, np.float64) - target)) / mase_scale(insample, frequency)
+    """A series' MASE, as M4's scoring defines it: inf where its scale is 0 (a history that repeats itself at the
+    lag) and the forecast errs, NaN where it does not; the same figure then for its frequency and OWA
+    (exp.outputs names the series in the run's warning line, zero_scale_series)."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # the figure says it; numpy's warning would be a 2nd line
+        return np.mean(np.abs(np.asarray(forecast, np.float64) - target)) / mase_scale(insample, frequency)
+
+
+def zero_scale_series(insample, frequency):
+    """The positions of the series among `insample` whose MASE scale is 0, so that MASE is undefined for them."""
+    return [i for i, series in enumerate(insample) if mase_scale(series, frequency) == 0]
 
 
 # ---------------------------------------------------------------- Naive2 (M4's reference)
