@@ -17,7 +17,7 @@ from exp.forward import forward, on_device
 from exp.scoring import some, zero_scales
 from exp.steps import tensorboard_problem
 from utils import distributed, m4, plots
-from utils.checkpoint import checkpoint_path, require_writable, writable_dir_problem
+from utils.checkpoint import checkpoint_path, loaded_weights, require_writable, writable_dir_problem
 from utils.errors import require
 from utils.files import append_line, atomic_write, remove_stale_temporaries
 from utils.metrics import COVERAGE_INTERVALS, ErrorSums, seasonality
@@ -174,6 +174,8 @@ def _record(args, setting, metrics, training):
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
         record["dropout_keyed"] = getattr(args, "dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
+    # the weights tested: their file's sha256 and, where known, the epoch and step that saved them
+    record["weights"] = loaded_weights()
     record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
     return _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
 

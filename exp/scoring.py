@@ -103,11 +103,13 @@ class ProbabilisticScoring:
                                f"error (their scale, at season {seasonality(args.freq)}) is 0: {some(zero)} (a history "
                                "that repeats itself at the season), as gluonts and GIFT-Eval leave them out")
         self._all_windows = None  # after all_reduce, on rank 0: every window's own sums (window_columns)
+        self.crossed = torch.zeros((), dtype=torch.int64, device=device)  # elements whose quantiles cross
 
     def update(self, params, true, indices, original_truth=None):
         """Score one batch (`indices`: its windows' positions in the loader's data set); returns the median."""
         numbers = self.numbers[np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)]
         keys = window_keys(self.args.seed, "test", numbers) if self.objective.samples else None
+        self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
         quantiles = self.objective.quantiles(params, keys)
         where = torch.as_tensor(numbers, device=self.device)
         self.sums.update(quantiles, true, None if self.scales is None else self.scales[where])
@@ -119,6 +121,7 @@ class ProbabilisticScoring:
     def all_reduce(self):
         """The global sums on every rank; every rank's window rows on rank 0, in rank order (as ErrorSums')."""
         self.sums.all_reduce()
+        self.crossed = int(distributed.all_reduce_sum([float(self.crossed)])[0])
         if self.original is not None:
             self.original.all_reduce()
         local = torch.cat([_kept(self.sums, self.scales)]
@@ -142,7 +145,9 @@ class ProbabilisticScoring:
         return self.window_names(), self._all_windows.numpy()
 
     def metrics(self):
-        metrics = dict(self.sums.metrics())
+        """The probabilistic metrics; `quantiles_crossed`: how many scored elements (a step of a channel of a
+        window) had a quantile above the next level's before `quantile_order` (the rule) was applied."""
+        metrics = dict(self.sums.metrics(), quantiles_crossed=int(self.crossed), quantile_order=self.objective.order)
         if self.original is not None:
             metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items() if k != "wql_levels"})
         return metrics
