@@ -44,6 +44,7 @@ from utils.errors import UserError, require
 from utils.files import atomic_write
 from utils.metrics import seasonality
 from utils.progress import progress_mode
+from utils.threads import same_on_any_world_size
 
 CSV_HEADER = ["dataset", "model", *(f"eval_metrics/{c}" for c in scores.COLUMNS), "domain", "num_variates"]
 Z = np.array([statistics.NormalDist().inv_cdf(q) for q in scores.LEVELS])  # standard normal quantiles
@@ -111,7 +112,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="output folder (default results/gift_eval/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="windows forecast at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the windows across the processes")
-    p.add_argument("--num_threads", type=int, default=0)
+    p.add_argument("--num_threads", type=int, default=0, help="torch threads per process (default: 1, or "
+                   "OMP_NUM_THREADS; never the cores split between processes, so the CSV does not depend on their number)")
     for field, default in (("model_type", None), ("model_dtype", "float32"), ("model_link", ""),
                            ("code_link", ""), ("org", ""), ("testdata_leakage", "No")):
         p.add_argument(f"--{field}", default=default, help=f"config.json's {field}")
@@ -343,6 +345,8 @@ def main(argv=None):
     distributed.die_with_launcher()
     try:
         args = parse_args(argv)
+        # threads that do not follow the number of processes: a model's float32 sums can depend on the count
+        args.num_threads = same_on_any_world_size(args.num_threads)
         distributed.setup(args.ddp, use_gpu=False, gpu=None, timeout_s=1800, threads=args.num_threads)
         run(args)
     except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2

@@ -318,6 +318,36 @@ def test_a_trained_zoo_model_forecasts_as_its_forward_and_is_exact_on_2_processe
         assert float(a["eval_metrics/MASE[0.5]"]) == pytest.approx(float(b["eval_metrics/MASE[0.5]"]), rel=1e-6)
 
 
+def test_the_csv_of_a_model_is_byte_identical_on_1_and_2_processes_with_the_default_threads(tmp_path):
+    """A DLinear (--loss quantile) sums its float32 forward in another order on 2 threads than on 1; the
+    harness's default is one thread per process on any world size (utils.threads.same_on_any_world_size), so
+    `python -m benchmarks.gift_eval` alone (2 cores here) and under utils.launch on 2 processes write the same
+    CSV, with nothing about threads said (no OMP_NUM_THREADS in the environment)."""
+    import torch
+
+    from exp.settings import build_model, resolve_args
+    from utils.arguments import parse_args
+
+    write_synthetic_sets(tmp_path / "data")
+    shape = ["--seq_len", "96", "--label_len", "48", "--pred_len", "48", "--loss", "quantile"]
+    args = resolve_args(parse_args(["--model", "DLinear", *shape, "--data", "synthetic", "--features", "S",
+                                    "--synthetic_rows", "2000"]), 1)
+    torch.manual_seed(0)
+    torch.save(build_model(args).state_dict(), tmp_path / "dlinear.pth")
+    harness = ["-m", "benchmarks.gift_eval", "--model", "DLinear", "--checkpoint", str(tmp_path / "dlinear.pth"),
+               *shape, "--data_root", str(tmp_path / "data"), "--datasets", "electricity/H", "ett1/15T",
+               "--terms", "short", "--batch_size", "8"]
+    texts = []
+    for processes in (1, 2):
+        out = tmp_path / f"out{processes}"
+        launch = [] if processes == 1 else ["-m", "utils.launch", "--nproc_per_node", "2"]
+        proc = run_command([sys.executable, *launch, *harness, *(["--ddp"] if processes > 1 else []),
+                            "--out", str(out)], extra_env={"OMP_NUM_THREADS": None})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        texts.append((out / "all_results.csv").read_text())
+    assert texts[0] == texts[1]
+
+
 def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
     pytest.importorskip("chronos")
     from test_foundation_chronos_bolt import write_fixture

@@ -117,3 +117,14 @@ def test_run_sets_the_wait_policy_before_torch_loads(tmp_path):
     done = subprocess.run([sys.executable, "-c", code.format(repo=str(REPO))], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
     assert done.stdout.split() == ["PASSIVE", "True"], done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("requested, environ, want", [
+    (0, {}, 1),                              # alone or beside others: one thread each
+    (0, {"LOCAL_WORLD_SIZE": "4"}, 1),       # not the cores split between the processes
+    (0, {"OMP_NUM_THREADS": "1"}, 0),        # torchrun's default for its workers, which torch read at load
+    (0, {"OMP_NUM_THREADS": "3"}, 0),        # the user's
+    (2, {"OMP_NUM_THREADS": "3"}, 2),        # --num_threads
+])
+def test_a_count_that_does_not_follow_the_number_of_processes(requested, environ, want):
+    assert threads.same_on_any_world_size(requested, environ) == want

@@ -20,6 +20,12 @@ counted), OMP_WAIT_POLICY=PASSIVE: a waiting thread sleeps at once and gives its
 An idle machine keeps OpenMP's spinning, the faster there (PASSIVE cost 2.4x on an idle 2-core machine).
 The wait policy changes only the speed, never a number. Set by the user, OMP_NUM_THREADS, OMP_WAIT_POLICY
 and --num_threads are kept.
+
+A program whose numbers must not depend on the number of processes (the GIFT-Eval harness: its CSV byte for
+byte on any world size) cannot take that count: a float32 forward can sum in another order on 2 threads than
+on 1 (TimesNet's does), and the count changes with the processes. It takes `same_on_any_world_size`: one
+thread per process unless --num_threads or OMP_NUM_THREADS says otherwise, the same in every process for any
+number of them (torchrun gives each worker OMP_NUM_THREADS=1 where none is set, so its default agrees).
 """
 import functools
 import math
@@ -102,6 +108,15 @@ def choose_threads(requested, environ=os.environ):
     threads = automatic_threads(_torch_default(), cpus, quota, processes)
     return threads, (f"{len(cpus)} CPUs allowed, quota {'none' if quota is None else f'{quota:g}'}, "
                      f"{processes} process(es) on this machine")
+
+
+def same_on_any_world_size(requested, environ=os.environ):
+    """The --num_threads to set up with where results must not depend on the number of processes: `requested`
+    (--num_threads) when given, 0 (OMP_NUM_THREADS, which torch read at load) when that is set, else 1: the
+    same count in each process whether it runs alone or beside others (module docstring)."""
+    if requested or environ.get("OMP_NUM_THREADS"):
+        return requested
+    return 1
 
 
 def quiet_waits_beside_busy_cores(environ=os.environ, modules=sys.modules, busy=None):
