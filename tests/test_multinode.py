@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -21,12 +22,18 @@ ARGS = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_le
 METRICS = ("vali_loss", "mse", "mae", "rmse", "mape", "mspe")
 
 
+def without_log_switches(env):
+    """`env` without the switches that ask for torch's (and torchrun's) logs, which one-line failures leave shown."""
+    return {k: v for k, v in env.items() if k not in ("TORCH_CPP_LOG_LEVEL", "TORCH_DISTRIBUTED_DEBUG", "LOGLEVEL")}
+
+
 def _start(folder, env, args):
     """One node: the script with its own output folders; output goes to folder/log."""
     folder.mkdir(parents=True, exist_ok=True)
     argv = [*map(str, args), "--checkpoints", str(folder / "checkpoints"), "--results_dir", str(folder / "results")]
     log = open(folder / "log", "w")
-    proc = subprocess.Popen(["bash", "scripts/ddp_forecast.sh", *argv], cwd=REPO, env=dict(subprocess_env(), **env),
+    proc = subprocess.Popen(["bash", "scripts/ddp_forecast.sh", *argv], cwd=REPO,
+                            env=without_log_switches(dict(subprocess_env(), **env)),
                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     log.close()
     return proc
@@ -129,9 +136,32 @@ def test_a_missing_node_ends_the_wait_with_one_line(tmp_path):
 
 
 def test_an_unreachable_rendezvous_fails_with_one_line(tmp_path):
+    """Nobody listens at MASTER_ADDR:MASTER_PORT (node 0 not started, or gone after giving up): the launcher's
+    line alone (c10d logged each failed try with 14 to 28 C++ stack frames before it)."""
     last = _one_node_fails(tmp_path, node_env(1, free_port(), RDZV_TIMEOUT="1"), limit=25)  # nobody listens there
     assert last.startswith("error: cannot reach or host the store of rendezvous"), last
     assert "MASTER_ADDR" in last
+    assert (tmp_path / "node" / "log").read_text().strip() == last
+
+
+
+
+def test_a_worker_that_finds_nothing_at_master_port_fails_with_one_line(tmp_path):
+    """A worker started alone (as srun or a hand-written launch starts it) whose rank 0 is not there, or gave up
+    before it came: after --dist_timeout, its one line alone, exit 2 (c10d logged its failed tries with 14 to 28
+    C++ stack frames before it)."""
+    port = free_port()
+    env = without_log_switches(dict(subprocess_env(), RANK="1", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1",
+                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    started = time.time()
+    proc = subprocess.run([sys.executable, "run.py", *map(str, ARGS), "--dist_timeout", "2", "--ddp", "--no_plots",
+                           "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    elapsed = time.time() - started
+    assert proc.returncode == 2 and elapsed < 2 + 20, f"exit {proc.returncode} after {elapsed:.0f} s\n{proc.stderr}"
+    assert proc.stdout == "" and proc.stderr.startswith(
+        f"error: no process group formed at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} within 2 s: rank 0 never answered "
+        "there;") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.parametrize("nnodes, node_rank, message", [
@@ -143,6 +173,29 @@ def test_a_node_rank_outside_nnodes_is_refused_at_once(tmp_path, nnodes, node_ra
     env = dict(node_env(0, free_port()), NNODES=nnodes, NODE_RANK=node_rank)
     last = _one_node_fails(tmp_path, env, limit=5)
     assert last.startswith(message), last
+
+
+def test_c10d_lines_are_hidden_and_a_thread_given_up_logs_nothing_after(tmp_path):
+    """utils.distributed.c10d_lines_hidden: c10d's log lines and the stack frames under them are dropped, any other
+    line is written out after; once given up, a thread that logs later (the join of a store that never answers)
+    reaches nobody, while Python's stderr still reaches the terminal."""
+    child = """
+import os, sys, threading, time
+from utils.distributed import c10d_lines_hidden
+with c10d_lines_hidden() as give_up:
+    os.write(2, b"[W1207 14:20:13.113545931 TCPStore.cpp:340] [c10d] TCP client failed - retrying\\n"
+                b"Exception raised from throwTimeoutError at socket.cpp:1030 (most recent call first):\\n"
+                b"frame #0: c10::Error::Error() + 0x9d\\n<omitting python frames>\\nframe #16: + 0x3d07bb\\n\\n")
+    os.write(2, b"a line of another kind\\n")
+    late = threading.Thread(target=lambda: (time.sleep(0.5), os.write(2, b"[E1207 socket.cpp:1028] [c10d] late\\n")))
+    late.start()
+    give_up()
+print("error: the one line", file=sys.stderr)
+late.join()
+"""
+    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, env=without_log_switches(subprocess_env()),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "a line of another kind\nerror: the one line\n", proc.stderr
 
 
 def _rank_sees_only_its_own_disk(rank, world, folder):

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 import torch
@@ -342,11 +343,73 @@ class NoGroupError(UserError):
 FREE_PORT = "set MASTER_PORT to a free port, the same for every process"
 
 
+# c10d's C++ log lines ("[W1207 14:20:13.113545931 TCPStore.cpp:340] [c10d] ...") and, under each, the
+# exception it logged: "Exception raised from ...", "frame #N: ...", "<omitting python frames>", a blank line
+C10D_LINE = re.compile(r"^\[[IWEF]\d{4} [\d:.]+ [^\]]*\] \[c10d\] ")
+C10D_TRACE = re.compile(r"^(Exception raised from |frame #\d+: |<omitting python frames>|$)")
+
+
+def without_c10d_lines(text):
+    """`text` (what reached stderr) less c10d's log lines and the stack traces under them."""
+    kept, in_record = [], False
+    for line in text.splitlines(keepends=True):
+        if C10D_LINE.match(line):
+            in_record = True
+        elif not (in_record and C10D_TRACE.match(line)):
+            in_record = False
+            kept.append(line)
+    return "".join(kept)
+
+
+def cpp_logs_asked():
+    """Whether the user asked for torch's C++ logs (then nothing of theirs is hidden)."""
+    return any(os.environ.get(name) for name in ("TORCH_CPP_LOG_LEVEL", "TORCH_DISTRIBUTED_DEBUG", "LOGLEVEL"))
+
+
+@contextlib.contextmanager
+def c10d_lines_hidden():
+    """Keep c10d's C++ lines off stderr meanwhile: reaching a store that is not there (nothing listens at
+    MASTER_PORT, or rank 0 gave up), c10d logs each failed try with the exception's 14 to 28 stack frames,
+    before the one line that says what to check. Anything else that reaches stderr meanwhile is written out
+    after. Yields give_up(): call it before leaving when a thread that may still log is left behind (the join
+    of _store_of_rank_0); the C++ side of stderr then stays closed for the rest of the process, which is
+    ending with its one line, and Python's sys.stderr writes where stderr went. Nothing is hidden when
+    TORCH_CPP_LOG_LEVEL, TORCH_DISTRIBUTED_DEBUG or LOGLEVEL asks for logs."""
+    if cpp_logs_asked():
+        yield lambda: None
+        return
+    sys.stderr.flush()
+    real, capture, gave_up = os.dup(2), tempfile.TemporaryFile(), []
+    os.dup2(capture.fileno(), 2)
+    try:
+        yield lambda: gave_up.append(True)
+    finally:
+        sys.stderr.flush()
+        if gave_up:
+            with open(os.devnull, "wb") as nowhere:
+                os.dup2(nowhere.fileno(), 2)
+            sys.stderr = open(real, "w", buffering=1, errors="backslashreplace")
+        else:
+            os.dup2(real, 2)
+            os.close(real)
+        capture.seek(0)
+        kept = without_c10d_lines(capture.read().decode(errors="replace"))
+        capture.close()
+        if kept:
+            sys.stderr.write(kept)
+            sys.stderr.flush()
+
+
 def _store_of_rank_0(timeout_s):
     """The store env:// would make (rank 0 hosts it at MASTER_ADDR:MASTER_PORT, the others join), with
     every wait ending within timeout_s in one line naming the port. torch's own client waits forever
     on a program there that accepts connections but never answers (it reads the store's first reply
     without a timeout), so the others join in a thread that is given up after timeout_s."""
+    with c10d_lines_hidden() as give_up:
+        return _join_store_of_rank_0(timeout_s, give_up)
+
+
+def _join_store_of_rank_0(timeout_s, give_up):
     addr, port, world = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=timeout_s)
     where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
@@ -379,6 +442,8 @@ def _store_of_rank_0(timeout_s):
         return joined[0]
     if joined and not isinstance(joined[0], dist.DistError):
         raise joined[0]
+    if not joined:
+        give_up()  # the join goes on trying, and c10d logs each try
     raise NoGroupError(f"{no_group}: rank 0 never answered there; is another program listening on that port (then "
                        f"{FREE_PORT}), or did rank 0 stop (its own line says why)?") from None
 

@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
-from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL
+from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL, c10d_lines_hidden
 from utils.errors import UserError
 
 
@@ -40,7 +40,7 @@ def launch(torchrun_argv):
     printed_fd, os.environ[LINE_PRINTED] = tempfile.mkstemp(prefix="tsl-line-printed-")
     os.close(printed_fd)
     try:
-        with torchruns_lines_hidden():
+        with torchruns_lines_hidden(), rendezvous_lines_hidden():
             run(config)
     except ChildFailedError as failure:
         codes = sorted({f.exitcode for f in failure.failures.values()})
@@ -94,6 +94,36 @@ def torchruns_lines_hidden():
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def rendezvous_lines_hidden():
+    """Meanwhile, c10d's C++ lines are hidden while the agent reaches the rendezvous store and while it joins a
+    rendezvous (utils.distributed.c10d_lines_hidden): a node that finds nothing listening at MASTER_ADDR:MASTER_PORT,
+    or arrives after node 0 gave up, logged each failed try with 14 to 28 stack frames before the one line below.
+    No worker runs then (the agent starts them after the rendezvous, and stops them before another), so no
+    worker's output is held back. torch's launch_agent asks its rendezvous registry for the handler at call time."""
+    from torch.distributed.elastic.rendezvous import registry
+
+    get_handler = registry.get_rendezvous_handler
+
+    def quiet_handler(params):
+        with c10d_lines_hidden():
+            handler = get_handler(params)
+        next_rendezvous = handler.next_rendezvous
+
+        def quiet_next_rendezvous(*args, **kwargs):
+            with c10d_lines_hidden():
+                return next_rendezvous(*args, **kwargs)
+
+        handler.next_rendezvous = quiet_next_rendezvous
+        return handler
+
+    registry.get_rendezvous_handler = quiet_handler
+    try:
+        yield
+    finally:
+        registry.get_rendezvous_handler = get_handler
 
 
 def device_workers(devices, nproc_per_node, gpus, visible=None):
