@@ -586,3 +586,25 @@ def test_the_weights_loaded_are_named_by_their_files_sha256_and_where_training_s
     loaded = loaded_weights()
     assert (loaded["epoch"], loaded["step"]) == (3, 40)
     assert loaded["sha256"] == hashlib.sha256((tmp_path / "last.pth").read_bytes()).hexdigest()
+
+
+def test_export_to_a_full_disk_says_so_in_one_line(tmp_path):
+    """A release folder exported where the disk fills (RLIMIT_FSIZE: files may grow to 100 kB, model.safetensors
+    is 236 kB): exit 2 and one line (safetensors' own SafetensorError was a traceback)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import REPO, repo_first_env, subprocess_env
+
+    release = Path(__file__).parent / "golden" / "foundation" / "moirai2"
+    child = ("import resource, runpy, signal\n"
+             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # then a write past the limit fails with EFBIG
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
+             "runpy.run_module('utils.checkpoint', run_name='__main__', alter_sys=True)\n")  # python -m utils.checkpoint
+    proc = subprocess.run([sys.executable, "-c", child, "export", "--to", "moirai2", str(release), str(tmp_path / "out")],
+                          cwd=REPO, env=repo_first_env(subprocess_env()), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: cannot write {tmp_path / 'out'} (") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "File too large" in proc.stderr and proc.stderr.rstrip().endswith("free space, choose another path or fix "
+                                                                             "its folder's permissions")

@@ -751,6 +751,8 @@ def export(src, dst, to="openltm"):
         models = " or ".join(dict.fromkeys(a.model for a in candidates))
         raise UserError(f"{src} is not a {models} checkpoint: export converts only those models' files")
     out = holder.from_ours(state) if to != "ours" else state
+    from safetensors import SafetensorError
+
     try:
         if folder_format:  # a released foundation model's folder (config.json + model.safetensors)
             before = file_versions(dst)
@@ -758,8 +760,9 @@ def export(src, dst, to="openltm"):
             give_open_mode(dst, before)  # the files get open()'s mode, as every file this codebase writes
         else:
             save_atomic(out, dst)
-    except OSError as exc:
-        raise UserError(f"cannot write {dst} ({exc.strerror or exc}); choose another path or fix its folder's "
+    except (OSError, SafetensorError) as exc:  # safetensors' save_file raises its own error for a full disk
+        why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise UserError(f"cannot write {dst} ({why}); free space, choose another path or fix its folder's "
                         "permissions") from None
     return holder, source
 
