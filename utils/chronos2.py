@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from utils.adapters import CheckpointAdapter, SAFETENSORS_NAME, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, another_release, any_key, named_in, read_config_json
 from utils.errors import UserError
 
 HUB_ID = "amazon/chronos-2"
@@ -55,6 +55,10 @@ def read_release_config(path):
                         "pass its folder")
     folder = folder_of(path)
     config_file = os.path.join(folder, "config.json")
+    missing = not (os.path.isfile(config_file) and os.path.isfile(os.path.join(folder, SAFETENSORS_NAME)))
+    other = another_release(folder, "Chronos2", "Chronos-2") if missing else None
+    if other:  # another release's whole folder (TiRex's model.ckpt), not a partial one of Chronos-2
+        raise UserError(other)
     if not os.path.isfile(config_file):
         raise UserError(f"{require_path} has no config.json: the folder of {HUB_ID} holds config.json and "
                         f"{SAFETENSORS_NAME}; download both")
@@ -72,8 +76,9 @@ def check_release_config(config, where):
     if not isinstance(config, dict) or ARCHITECTURE not in (architectures or ()):
         shown = (f"architectures {architectures}" if architectures else "no architectures") + \
                 (f", model_type {config.get('model_type')}" if isinstance(config, dict) and "model_type" in config else "")
-        raise UserError(f"{where} is the config of another model ({shown}), not Chronos-2's "
-                        f"(architectures ['{ARCHITECTURE}'], {HUB_ID}): --model Chronos2 reads {HUB_ID}'s folder")
+        raise UserError(named_in(f"{where} is the config of another model ({shown}), not Chronos-2's "
+                                 f"(architectures ['{ARCHITECTURE}'], {HUB_ID}): --model Chronos2 reads {HUB_ID}'s "
+                                 "folder", where, "Chronos2"))
     chronos = config.get("chronos_config")
     missing = [k for k in ("context_length", "input_patch_size", "input_patch_stride", "output_patch_size", "quantiles")
                if not isinstance(chronos, dict) or k not in chronos]

@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
 from utils.errors import UserError
 
 ARCHITECTURE = "ChronosBoltModelForForecasting"  # config.json "architectures" of every released folder
@@ -93,7 +93,7 @@ def folder_config(path):
     """The config.json of the Chronos-Bolt checkpoint `path` names (a downloaded folder, or its
     model.safetensors), checked to be Chronos-Bolt's; None when `path` is a checkpoint file of ours (.pth),
     whose shapes come from the model arguments. A UserError names what is missing or what the folder is."""
-    config_path = release_config_path(path, "Chronos-Bolt", f"e.g. {HUB_IDS[2]}")
+    config_path = release_config_path(path, "Chronos-Bolt", f"e.g. {HUB_IDS[2]}", "ChronosBolt")
     if config_path is None:
         return None
     config = read_config_json(config_path, "a Chronos-Bolt release (" + ", ".join(HUB_IDS) + ")")
@@ -114,8 +114,9 @@ def check_config(config, where):
                  "T5ForConditionalGeneration": "the original, tokenized Chronos (amazon/chronos-t5-*), which this "
                                                "codebase has no model for"}
         hint = hints.get(architectures[0] if architectures else "")
-        raise UserError(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
-                        f"Chronos-Bolt's ({ARCHITECTURE}); --model ChronosBolt reads amazon/chronos-bolt-* folders")
+        raise UserError(named_in(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
+                                 f"Chronos-Bolt's ({ARCHITECTURE}); --model ChronosBolt reads amazon/chronos-bolt-* "
+                                 "folders", where, "ChronosBolt"))
     chronos = config.get("chronos_config")
     required = [k for k in RELEASED_CHRONOS_CONFIG if k != "use_reg_token"]  # the package defaults it to False
     lacking = [f"chronos_config.{k}" for k in required if not isinstance(chronos, dict) or k not in chronos]

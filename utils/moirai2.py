@@ -35,7 +35,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "Salesforce/moirai-2.0-R-small"
@@ -71,7 +71,7 @@ def folder_config(path):
     model.safetensors), checked to be Moirai 2.0's, with `num_heads` added; None when `path` is a checkpoint
     file of ours (.pth), whose shapes come from the model arguments. A UserError names what is missing or what
     the folder is instead."""
-    config_path = release_config_path(path, "Moirai 2.0", HUB_ID)
+    config_path = release_config_path(path, "Moirai 2.0", HUB_ID, "Moirai2")
     if config_path is None:
         return None
     config = read_config_json(config_path, f"a Moirai 2.0 release ({HUB_ID})")
@@ -86,12 +86,14 @@ def check_config(config, where):
                         f"encoder with a mixture distribution), not Moirai 2.0's; --model Moirai2 reads {HUB_ID}")
     if "model_type" in config or "architectures" in config:
         kind = ", ".join(map(str, config.get("architectures") or [])) or "no architectures"
-        raise UserError(f"{where} is the config of another model (model_type {config.get('model_type', '?')}, "
-                        f"{kind}), not Moirai 2.0's (uni2ts Moirai2Module: d_model, num_layers, patch_size, "
-                        f"num_predict_token, quantile_levels); --model Moirai2 reads {HUB_ID}")
+        raise UserError(named_in(f"{where} is the config of another model (model_type {config.get('model_type', '?')}, "
+                                 f"{kind}), not Moirai 2.0's (uni2ts Moirai2Module: d_model, num_layers, patch_size, "
+                                 f"num_predict_token, quantile_levels); --model Moirai2 reads {HUB_ID}", where,
+                                 "Moirai2"))
     lacking = [k for k in REQUIRED if k not in config]
     if lacking:
-        raise UserError(f"{where} lacks {', '.join(lacking)}: not a complete Moirai 2.0 config.json ({HUB_ID})")
+        raise UserError(named_in(f"{where} lacks {', '.join(lacking)}: not a complete Moirai 2.0 config.json "
+                                 f"({HUB_ID})", where, "Moirai2"))
     if int(config["d_model"]) % HEAD_DIM:
         raise UserError(f"{where}: d_model {config['d_model']} is no multiple of 64, the head size uni2ts fixes")
     levels = tuple(float(q) for q in config.get("quantile_levels", QUANTILES))

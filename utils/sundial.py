@@ -21,7 +21,7 @@ for `export --to sundial` and for naming a Sundial folder given to another model
 import json
 import os
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "thuml/sundial-base-128m"
@@ -66,7 +66,7 @@ def folder_config(path):
     """The config of the Sundial release `path` names (a downloaded folder, or its model.safetensors), with
     SundialConfig's defaults filled in; None for a checkpoint file of ours (.pth), whose shapes come from the
     model arguments. One line naming what is missing, or what the folder is instead."""
-    where = release_config_path(path, "Sundial", HUB_ID)
+    where = release_config_path(path, "Sundial", HUB_ID, "Sundial")
     if where is None:
         return None
     return check_config(read_config_json(where, f"a Sundial release ({HUB_ID})"), where)
@@ -81,8 +81,9 @@ def check_config(config, where):
         hints = {"timer": "thuml's Timer: --model TimerBase", "time_moe": "Time-MoE: --model TimeMoE",
                  "t5": "a Chronos(-Bolt) model: --model ChronosBolt", "chronos2": "Chronos-2: --model Chronos2"}
         hint = hints.get(str(config.get("model_type")))
-        raise UserError(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
-                        f"Sundial's ({ARCHITECTURE}, model_type {MODEL_TYPE}); --model Sundial reads {HUB_ID}")
+        raise UserError(named_in(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
+                                 f"Sundial's ({ARCHITECTURE}, model_type {MODEL_TYPE}); --model Sundial reads {HUB_ID}",
+                                 where, "Sundial"))
     config = {**RELEASED, **config}
     if str(config["hidden_act"]) not in ACTIVATIONS:
         raise UserError(f"{where}: hidden_act {config['hidden_act']} is not one models/Sundial.py computes "

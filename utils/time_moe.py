@@ -38,7 +38,7 @@ import re
 
 import torch
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_IDS = ("Maple728/TimeMoE-50M", "Maple728/TimeMoE-200M")
@@ -81,7 +81,7 @@ def generic_config(configs):
 def folder_config(path):
     """The checked config.json of the Time-MoE folder `path` names (or of the folder of its model.safetensors);
     None for a checkpoint file of ours (.pth), whose shapes come from the model arguments."""
-    where = release_config_path(path, "Time-MoE", " or ".join(HUB_IDS))
+    where = release_config_path(path, "Time-MoE", " or ".join(HUB_IDS), "TimeMoE")
     if where is None:
         return None
     return check_config(read_config_json(where, "a Time-MoE release (" + ", ".join(HUB_IDS) + ")"), where)
@@ -92,8 +92,9 @@ def check_config(config, where):
     architectures = config.get("architectures") or []
     if config.get("model_type") != MODEL_TYPE and ARCHITECTURE not in architectures:
         kind = f"{', '.join(architectures) or 'no architectures'}, model_type {config.get('model_type', '?')}"
-        raise UserError(f"{where} is the config of another model ({kind}), not Time-MoE's ({ARCHITECTURE}, "
-                        f"model_type {MODEL_TYPE}); --model TimeMoE reads {' / '.join(HUB_IDS)} folders")
+        raise UserError(named_in(f"{where} is the config of another model ({kind}), not Time-MoE's ({ARCHITECTURE}, "
+                                 f"model_type {MODEL_TYPE}); --model TimeMoE reads {' / '.join(HUB_IDS)} folders",
+                                 where, "TimeMoE"))
     lacking = [k for k in REQUIRED if k not in config]
     if lacking:
         raise UserError(f"{where} lacks {', '.join(lacking)}: not a complete Time-MoE config.json")

@@ -21,7 +21,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
 from utils.errors import UserError
 
 HUB_ID = "thuml/timer-base-84m"
@@ -59,8 +59,9 @@ def shape_from_config(config, where):
         names = [str(config[k]) for k in ("model_type", "architectures") if k in config]
         hint = {"sundial": "; --model Sundial reads it", "time_moe": "; --model TimeMoE reads it"}.get(
             str(config.get("model_type")), "")
-        raise UserError(f"{where} is the config of another model ({' / '.join(names) or 'no model_type'}{hint}), "
-                        f"not Timer's (model_type {MODEL_TYPE}, {HUB_ID}); --model TimerBase reads {HUB_ID}'s folder")
+        raise UserError(named_in(f"{where} is the config of another model ({' / '.join(names) or 'no model_type'}"
+                                 f"{hint}), not Timer's (model_type {MODEL_TYPE}, {HUB_ID}); --model TimerBase reads "
+                                 f"{HUB_ID}'s folder", where, "TimerBase"))
     lacking = [k for k in NEEDED if k not in config]
     if lacking:
         raise UserError(f"{where} lacks {', '.join(lacking)}: not a complete Timer config.json ({HUB_ID})")
@@ -79,7 +80,7 @@ def shape_from_config(config, where):
 def folder_config(path):
     """(config.json as a dict, its path) of the release `path` names (its folder, or its model.safetensors); None
     for a checkpoint file of ours (.pth), whose shapes come from the model arguments."""
-    where = release_config_path(path, "Timer", HUB_ID)
+    where = release_config_path(path, "Timer", HUB_ID, "TimerBase")
     if where is None:
         return None
     return read_config_json(where, f"Timer ({HUB_ID})"), where

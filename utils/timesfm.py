@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, another_release, any_key, named_in, read_config_json
 from utils.errors import UserError
 
 HUB_ID = "google/timesfm-2.5-200m-pytorch"
@@ -45,12 +45,15 @@ def check_config(config, path):
     """A UserError when `config` (the folder's config.json) is another model's: the timesfm package's own
     names no architecture, transformers' TimesFM 2.5 (model_type timesfm2_5) is another layout."""
     named = _model_named(config)
-    if not named:
+    if not named:  # the package's names none; another release that names none either is known by its signature
+        other = another_release(os.path.dirname(os.path.abspath(path)), "TimesFM25", "TimesFM 2.5")
+        if other:
+            raise UserError(other)
         return
     hint = (f"that is transformers' TimesFM 2.5 layout (google/timesfm-2.5-200m-transformers); TimesFM25 reads "
             f"the timesfm package's, {HUB_ID}" if "timesfm2_5" in named.lower() or "TimesFm2_5" in named
             else f"TimesFM25 reads {HUB_ID}'s folder")
-    raise UserError(f"{path} is the config.json of {named}, not of TimesFM 2.5: {hint}")
+    raise UserError(named_in(f"{path} is the config.json of {named}, not of TimesFM 2.5: {hint}", path, "TimesFM25"))
 
 
 def read_release(folder):
@@ -65,6 +68,9 @@ def read_release(folder):
                         f"(config.json and {SAFETENSORS_NAME})")
     absent = [name for name in (CONFIG_NAME, SAFETENSORS_NAME) if not os.path.isfile(os.path.join(folder, name))]
     if absent:
+        other = another_release(folder, "TimesFM25", "TimesFM 2.5")  # another release's folder: say which
+        if other:
+            raise UserError(other)
         raise UserError(f"--pretrain_model_path {folder} lacks {' and '.join(absent)}: download the whole folder "
                         f"of {HUB_ID} (config.json and {SAFETENSORS_NAME})")
     config_path = os.path.join(folder, CONFIG_NAME)

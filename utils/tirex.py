@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from utils.adapters import CheckpointAdapter, any_key
+from utils.adapters import CheckpointAdapter, any_key, release_of
 from utils.errors import UserError
 
 HUB_ID = "NX-AI/TiRex"
@@ -43,8 +43,11 @@ def released_file(path):
     held = sorted(os.listdir(path))
     other = (" (config.json + model.safetensors: another model's Hugging Face release" + _model_type(path) + ")"
              if "config.json" in held else "")
+    release = release_of(path)  # another release's whole folder: say which, and which --model reads it
+    advice = (f"; the folder is {release[0]}" + (f": load it with --model {release[1]}" if release[1] else "")
+              if release else ": download the whole release into it")
     raise UserError(f"{path} has no {RELEASED_FILE}, the file TiRex is released as ({HUB_ID}); it holds "
-                    f"{', '.join(held[:6]) or 'nothing'}{other}: download the whole release into it")
+                    f"{', '.join(held[:6]) or 'nothing'}{other}{advice}")
 
 
 def _model_type(folder):
