@@ -61,10 +61,10 @@ def resolve_args(args, world_size):
     # every number is in its range already (utils.arguments' types); what is left are relations
     data = prepared_data(args)
     _fill_shapes(args, data, cls)
-    _check_windows(args, data)
-    check_series_as_given(args, cls)  # a release sees each series as given: per-series scaling is refused
     require(args.label_len <= args.seq_len,
             f"--label_len must be between 0 and --seq_len ({args.seq_len}), got {args.label_len}")
+    _check_windows(args, data)
+    check_series_as_given(args, cls)  # a release sees each series as given: per-series scaling is refused
     require(args.seed + args.itr - 1 < SEED_LIMIT,
             f"--seed {args.seed} with --itr {args.itr} passes the largest seed, {SEED_LIMIT - 1}; use a smaller --seed")
     _split_data_parallel_batch(args, world_size)

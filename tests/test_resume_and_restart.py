@@ -186,7 +186,7 @@ def test_a_restart_on_a_node_with_fewer_gpus_restores_this_process_generator(mon
 
 LAST_PTH_KEYS = {"model", "optimizer", "grad_scaler", "lr_schedule", "early_stopping", "epoch", "position",
                  "global_step", "stopped", "rng", "running", "model_args", "identity", "world_size", "launches",
-                 "history"}
+                 "history", "best_weights"}
 
 
 def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tmp_path):
@@ -220,6 +220,10 @@ def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tm
     assert loaded.running["since_log"].state_dict() == sums.state_dict()
     weights = torch.load(path, weights_only=True)["model"]
     assert all(torch.equal(value, weights[name]) for name, value in exp.raw_model.state_dict().items())
+    older = {key: value for key, value in torch.load(path, weights_only=True).items() if key != "best_weights"}
+    torch.save(older, path)  # a last.pth from before the best weights were named in it still resumes
+    checkpoint.load_training_state(path, loaded, args)
+    assert (loaded.epoch, loaded.step, loaded.history) == (2, 30, history)
 
 
 def test_resume_keeps_the_fp16_loss_scale(tmp_path):
