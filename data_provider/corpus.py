@@ -31,7 +31,9 @@ Two layouts, told apart by what `--root_path` holds (both, or neither, is refuse
 `--data corpus` maps the value files read-only (numpy.memmap): the OS page cache holds what is read,
 shared by every process of a machine, so a process's memory does not grow with the corpus. A window id
 maps to (series, row) through per-series cumulative window counts, and a batch is gathered with one
-fancy-indexing read per file (a window that runs over a file boundary is read piecewise).
+fancy-indexing read per file (a window that runs over a file boundary is read piecewise). Each read first
+checks the size of the file it reads (CorpusData.require_unchanged): a file cut short under a memory map kills
+the reader with SIGBUS, so one changed during the run is named in one line instead.
 """
 import argparse
 import contextlib
@@ -432,7 +434,7 @@ class CorpusData(ForecastData):
         index = read_index(folder)
         # the series table is kept as the arrays below, not as the index's dicts (hundreds of bytes each)
         self.index = {k: v for k, v in index.items() if k != "series"}
-        self.files = []
+        self.files, self.paths = [], []
         for shard in index["shards"]:
             path = os.path.join(folder, shard["file"])
             size = os.path.getsize(path) if os.path.isfile(path) else None
@@ -441,7 +443,8 @@ class CorpusData(ForecastData):
                     + ("is missing" if size is None else f"holds {size} bytes, its index says {shard['points'] * 4}")
                     + " (an index from another build, or a shard not copied); copy the whole folder again or rebuild it")
             self.files.append(np.memmap(path, dtype=POINT, mode="r") if shard["points"] else np.zeros(0, POINT))
-        self.dtype = POINT
+            self.paths.append(path)
+        self.dtype, self.counts = POINT, [shard["points"] for shard in index["shards"]]
         self.file_start = np.concatenate([[0], np.cumsum([s["points"] for s in index["shards"]])]).astype(np.int64)
         try:
             self.shard_of, self.offset, length, self.ends, mean, std = series_arrays(index["series"])
@@ -464,6 +467,38 @@ class CorpusData(ForecastData):
     def nbytes(self):
         return int(self.file_start[-1]) * self.dtype.itemsize
 
+    def require_unchanged(self, files=None):
+        """Refuse to read on when a value file (of `files`, default all) no longer holds the bytes it held when it
+        was opened (a file copied over it, or cut short, during the run): reading a memory map past the file's
+        end kills the process with SIGBUS, without a word (or, in a loader worker, a traceback blaming shared
+        memory). One fstat per file (the size of the map's file), about 0.5 us: checked before every read."""
+        for f in range(len(self.files)) if files is None else files:
+            if self.files[f] is None:  # changed before this process mapped it (__setstate__)
+                self._require_size(f, os.path.getsize(self.paths[f]))
+            mapping = getattr(self.files[f], "_mmap", None)
+            if mapping is not None:  # an empty file: nothing mapped, nothing to read
+                self._require_size(f, mapping.size())
+
+    def _require_size(self, f, size):
+        expected = self.counts[f] * self.dtype.itemsize
+        if size != expected:
+            raise UserError(f"{self.paths[f]} changed during the run: it holds {size} bytes, {expected} when the "
+                            "run opened it (a file copied over it, or cut short?); put the corpus' own file back "
+                            "(copy the whole folder again, or rebuild it) and continue with --resume")
+
+    def __getstate__(self):
+        """Pickled for a loader worker that is not forked (spawn, forkserver: Python 3.14's default): the value
+        files by path, mapped again where unpickled; a memory map pickles as a copy of its whole file."""
+        return {**self.__dict__, "files": None}
+
+    def __setstate__(self, state):
+        """A file that changed is left unmapped (None): its first read says so (require_unchanged), in the
+        worker's loop, whose errors reach the run; raised here, in the worker's start, it would be a traceback."""
+        self.__dict__.update(state)
+        self.files = [None if count and os.path.getsize(path) != count * self.dtype.itemsize
+                      else np.memmap(path, dtype=self.dtype, mode="r") if count else np.zeros(0, self.dtype)
+                      for path, count in zip(self.paths, self.counts)]
+
     def windows(self, file, span):
         """A [points - span + 1, span] view of every run of `span` points in a file (no copy): fancy
         indexing its first axis copies whole windows, row by row."""
@@ -475,7 +510,8 @@ class CorpusData(ForecastData):
         file = int(np.searchsorted(self.file_start, start, side="right")) - 1
         while start < stop:
             end = min(stop, int(self.file_start[file + 1]))
-            pieces.append(self.files[file][start - self.file_start[file]:end - self.file_start[file]])
+            self.require_unchanged([file])
+            pieces.append(np.array(self.files[file][start - self.file_start[file]:end - self.file_start[file]]))
             start, file = end, file + 1
         return np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)
 
@@ -487,6 +523,7 @@ class CorpusData(ForecastData):
         out = np.empty((len(first), span), dtype=self.dtype)
         for f in np.unique(file[inside]):
             chosen = inside & (file == f)
+            self.require_unchanged([f])  # just before the copy, which a cut can still meet
             out[chosen] = self.windows(f, span)[first[chosen] - self.file_start[f]]
         for row in np.flatnonzero(~inside):  # at most span - 1 window starts per file boundary
             out[row] = self.points(int(first[row]), int(first[row]) + span)
@@ -637,6 +674,7 @@ class TimeMoEData(CorpusData):
     def __init__(self, root, folders, scale):
         self.folder, self.scale = root, bool(scale)
         self.files, counts, starts, lengths, means, stds, self.metas, self.file_names = [], [], [], [], [], [], [], []
+        self.paths = []
         self.dtype, base = None, 0
         for folder in folders:
             files, dtype, offsets, length, mean, std, digest = read_meta(folder)
@@ -646,6 +684,7 @@ class TimeMoEData(CorpusData):
             self.dtype = dtype
             for path, count in files:
                 self.files.append(np.memmap(path, dtype=dtype, mode="r") if count else np.zeros(0, dtype))
+                self.paths.append(path)
                 counts.append(count)
                 self.file_names.append((os.path.relpath(path, root), count))
             starts.append(base + offsets)
@@ -656,6 +695,7 @@ class TimeMoEData(CorpusData):
             self.metas.append(digest)
             base += sum(count for _, count in files)
         self.file_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.counts = counts
         self.start = np.concatenate(starts).astype(np.int64)
         length = np.concatenate(lengths).astype(np.int64)
         n_train, n_test = (length * 0.7).astype(np.int64), (length * 0.2).astype(np.int64)  # splits.split_ends
@@ -764,6 +804,10 @@ class CorpusWindows(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(index)
         return tuple(None if t is None else t[0] for t in self.__getitems__([index]))
+
+    def require_unchanged(self):
+        """For the loaders: after a loader worker died (data_provider.windows), whether a value file changed."""
+        self.data.require_unchanged()
 
 
 def prepare_corpus(args):

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from utils import distributed
+from utils.errors import UserError
 
 
 @dataclass
@@ -226,7 +227,7 @@ class WindowLoader:
         continues exactly where it stopped."""
         if self._worker_loader is not None:
             self._worker_batches.sampler.start = start
-            return iter(self._worker_loader)
+            return from_workers(self._worker_loader, self.dataset)
         batches = (self.dataset.__getitems__(indices) for indices in self.batch_indices(start))
         return map(pinned, batches) if self.pin_memory else batches
 
@@ -239,6 +240,26 @@ class WindowLoader:
 
     def __len__(self):
         return -(-len(self.sampler) // self.batch_size)
+
+
+def from_workers(loader, dataset):
+    """A DataLoader's batches, its workers' failures in this process's words. torch raises a worker's
+    exception again here, its message the worker's whole traceback: a UserError's is its one line again.
+    A worker killed by a signal (SIGBUS: it read a memory-mapped file cut short during the run) is reported
+    as a RuntimeError about shared memory: a data set that can tell (a corpus: require_unchanged) names the
+    file instead."""
+    try:
+        yield from iter(loader)
+    except UserError as problem:
+        text = str(problem)
+        if "\nOriginal Traceback" not in text:  # not a worker's (torch's ExceptionWrapper)
+            raise
+        # the traceback's last line: "utils.errors.UserError: <the one line>"
+        raise type(problem)(text.rstrip().splitlines()[-1].split(": ", 1)[-1]) from None
+    except RuntimeError:
+        if hasattr(dataset, "require_unchanged"):
+            dataset.require_unchanged()
+        raise
 
 
 class _GatherSteps(Dataset):
@@ -312,7 +333,7 @@ class TrainLoader:
         together took before a mid-epoch resume)."""
         if self._worker_loader is not None:
             self._worker_steps.start = start
-            return iter(self._worker_loader)
+            return from_workers(self._worker_loader, self.dataset)
         steps = (gather_step(self.dataset, step) for step in self.sampler.steps(start, self.dataset.device))
         return (step.map(pinned) for step in steps) if self.pin_memory else steps
 

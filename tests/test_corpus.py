@@ -5,7 +5,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import time
+import uuid
 
 import numpy as np
 import pandas as pd
@@ -605,6 +607,102 @@ def test_a_bad_time_moe_folder_ends_run_py_in_one_line(tmp_path, time_moe):
     (folder / "data-7-of-11.bin").write_bytes(b"\0" * 12)
     proc = run_cli(tmp_path, *TIMERXL, "--features", "S", "--data", "corpus", "--root_path", folder)
     assert_one_error_line(proc, "data-7-of-11.bin holds 12 bytes, ")
+
+
+def _cut_as_training_starts(argv, env, stdout_path, stderr_path, value_file):
+    """helpers._run_py_child (python run.py argv), with `value_file` cut to 100 bytes as training starts: after
+    the check at opening (its size against the index), before the first read. Every rank cuts it, so every rank
+    reads after the cut, as when a file is copied over a shard between two steps."""
+    import multiprocessing
+
+    from data_provider import windows
+    from helpers import _run_py_child
+
+    # loader workers forked, as python run.py starts them on Linux (a child of the fork server would start them
+    # through a fork server of its own: workers that outlive the run, and a data set pickled, not inherited)
+    multiprocessing.set_start_method("fork", force=True)
+    steps = windows.TrainLoader.steps
+
+    def cut_then_steps(self, start=0):
+        os.truncate(value_file, 100)
+        return steps(self, start)
+
+    windows.TrainLoader.steps = cut_then_steps
+    _run_py_child(argv, env, stdout_path, stderr_path)
+
+
+def _run_with_a_value_file_cut(tmp_path, value_file, nproc, argv):
+    """run.py on `nproc` processes forked from the warm server (with torchrun's variables when nproc > 1), each
+    cutting `value_file` as training starts; every process left to end by itself. (stdout, stderr, exit codes)."""
+    from helpers import free_port, output_args, subprocess_env
+
+    argv = [*map(str, argv), "--no_plots", *map(str, output_args(tmp_path))]
+    env, port, run_id = subprocess_env(), free_port(), uuid.uuid4().hex
+    envs = [env] if nproc == 1 else [
+        dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0",
+             ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+             TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
+        for r in range(nproc)]
+    streams = [(tmp_path / f"{r}.out", tmp_path / f"{r}.err") for r in range(nproc)]
+    processes = [warm_context().Process(target=_cut_as_training_starts, args=(argv, e, *paths, str(value_file)))
+                 for e, paths in zip(envs, streams)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        process.kill()
+    assert not alive, "a process still ran after 120 s"
+    read = lambda path: path.read_text() if path.exists() else ""  # noqa: E731
+    return "".join(read(o) for o, _ in streams), "".join(read(e) for _, e in streams), [p.exitcode for p in processes]
+
+
+@pytest.mark.parametrize("layout, nproc, workers", [("built", 1, 0), ("built", 1, 2), ("built", 2, 0),
+                                                     ("built", 2, 2), ("time-moe", 1, 0)])
+def test_a_value_file_cut_short_during_the_run_ends_every_rank_with_one_line_naming_it(
+        tmp_path, corpus, time_moe, layout, nproc, workers):
+    """A shard cut short (or a file copied over it) while a run reads it: a read past the end of a memory map
+    killed the process by SIGBUS, without a word and exit 135 (no loader workers), or with a 70-line traceback
+    blaming shared memory (--num_workers 2). Each read first checks the size of the files it reads: one line
+    naming the file, exit 2 on every rank, whether the reading process is a rank or its loader worker."""
+    folder = tmp_path / "data"
+    shutil.copytree(corpus[1] if layout == "built" else time_moe["one"], folder)
+    value_file = sorted(folder.glob("*.bin"))[0]
+    size = value_file.stat().st_size
+    argv = ["--data", "corpus", "--root_path", folder, "--features", "S", "--model", "DLinear", "--seq_len", 96,
+            "--label_len", 48, "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1, "--num_workers", workers]
+    out, err, codes = _run_with_a_value_file_cut(tmp_path, value_file, nproc, argv)
+    proc = subprocess.CompletedProcess(argv, max(codes), out, err)
+    assert_one_error_line(proc, f"error: {value_file} changed during the run: it holds 100 bytes, {size} when the "
+                                "run opened it (a file copied over it, or cut short?); put the corpus' own file "
+                                "back (copy the whole folder again, or rebuild it) and continue with --resume")
+    assert codes == [2] * nproc, (codes, err[-3000:])
+
+
+def test_a_corpus_pickled_for_a_loader_worker_maps_its_files_again_and_names_one_that_changed(tmp_path, corpus):
+    """A loader worker started by spawn or a fork server (Python 3.14's default) gets the data set pickled: each
+    memory map pickled as a copy of its whole file (and, a file cut short, a SIGBUS in the pickling). The files go
+    by path and are mapped again; one that changed is named at its first read, in one line."""
+    import pickle
+
+    folder = tmp_path / "data"
+    shutil.copytree(corpus[1], folder)
+    data = CorpusData(str(folder))
+    windows = data.window_dataset("train", Window(96, 48, 72), with_marks=False)
+    ids = torch.arange(0, len(windows), 7)
+    pickled = pickle.dumps(windows)
+    assert len(pickled) < data.nbytes() / 2, (len(pickled), data.nbytes())  # the maps' values stay behind
+    assert torch.equal(pickle.loads(pickled).__getitems__(ids)[0], windows.__getitems__(ids)[0])
+    shard = sorted(folder.glob("*.bin"))[0]
+    size = shard.stat().st_size
+    os.truncate(shard, 100)
+    copy = pickle.loads(pickled)
+    with pytest.raises(UserError) as refused:
+        copy.__getitems__(ids)
+    assert str(refused.value) == (f"{shard} changed during the run: it holds 100 bytes, {size} when the run opened it "
+                                  "(a file copied over it, or cut short?); put the corpus' own file back (copy the "
+                                  "whole folder again, or rebuild it) and continue with --resume")
 
 
 def _rss_file_kib():
