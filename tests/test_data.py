@@ -429,8 +429,8 @@ def test_an_unnamed_column_that_is_no_row_index_is_refused_naming_it(tmp_path):
 
 def test_a_csv_whose_header_is_pandas_column_numbers_keeps_it_and_runs_as_the_npy(tmp_path):
     """pd.DataFrame(array).to_csv(path, index=False) writes the header 0,1,2, once taken for a file without a
-    header: its row [0, 1, 2] was trained on (1001 rows, a scaler fitted with an outlier, mse 0.32 against 0.96
-    for the same array as .npy). The header stays the column names, and the run is the .npy's."""
+    header: its row [0, 1, 2] was trained on (1001 rows; here mape 1.562 against 1.374 for the same array as .npy).
+    The header stays the column names, and the run is the .npy's."""
     array = np.random.default_rng(0).normal(size=(1000, 3))
     np.save(tmp_path / "array.npy", array)
     pd.DataFrame(array).to_csv(tmp_path / "array.csv", index=False)
