@@ -138,8 +138,11 @@ def main(argv=None):
     except UserError as problem:
         # the process group may not exist: rank 0 says why, each machine's first process what is wrong there,
         # each process that could not join the group why not
+        # and a rank whose error is its own alone (a file cut under it mid-run) says it, if nobody else did
+        lone = not isinstance(problem, (distributed.AgreedError, distributed.NoGroupError, NodeError))
         if (distributed.env_rank() == 0 or isinstance(problem, distributed.NoGroupError)
-                or (isinstance(problem, NodeError) and distributed.local_rank() == 0)):
+                or (isinstance(problem, NodeError) and distributed.local_rank() == 0)
+                or (lone and distributed.say_a_lone_error())):
             print(f"error: {problem}", file=sys.stderr, flush=True)
             distributed.tell_the_launcher_a_line_was_printed()
         distributed.wait_for_the_message(problem)
@@ -150,8 +153,10 @@ def main(argv=None):
             raise  # one process: Python prints the traceback and exits 1, as usual
         # A bug, possibly on this rank alone: leave at once, without destroying the process group (NCCL's
         # shutdown can wait for peers that wait in a collective for this rank: a hang until the watchdog).
-        # torchrun's agent sees the exit and stops the other ranks.
-        traceback.print_exc()
+        # torchrun's agent sees the exit and stops the other ranks. A rank whose collective broke because
+        # another one left with its user error's line printed adds no traceback to that line.
+        if not distributed.a_line_was_printed():
+            traceback.print_exc()
         distributed.exit_process(1)
     except Stopped as stop:
         from utils.launch import stopped_line

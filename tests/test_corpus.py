@@ -680,6 +680,53 @@ def test_a_value_file_cut_short_during_the_run_ends_every_rank_with_one_line_nam
     assert codes == [2] * nproc, (codes, err[-3000:])
 
 
+def test_a_file_cut_under_one_rank_alone_is_named_by_that_rank_and_the_others_add_no_traceback(tmp_path, corpus):
+    """Each node reads its own copy of a corpus, and one node's copy is cut mid-run: that rank alone raises, while
+    rank 0 waits for it in the gradient all-reduce. Under utils.launch (its line file given) the rank says it in
+    one line itself (rank 0, which prints every agreed error, never meets this one), and rank 0, whose collective
+    breaks as that rank leaves, exits without a traceback; the launcher then ends the job with code 2. Before:
+    no line at all, and a gloo traceback."""
+    from helpers import free_port, output_args, subprocess_env
+
+    copies = [tmp_path / f"node{r}" for r in range(2)]
+    for copy in copies:
+        shutil.copytree(corpus[1], copy)
+    value_file = sorted(copies[1].glob("*.bin"))[0]
+    size = value_file.stat().st_size
+    scratch = tmp_path / "scratch.bin"
+    scratch.write_bytes(b"\0" * 200)  # what rank 0 cuts: nothing it reads
+    printed = tmp_path / "line-printed"
+    printed.touch()
+    env, port, run_id = dict(subprocess_env(), TSL_LINE_PRINTED=str(printed)), free_port(), uuid.uuid4().hex
+    processes, streams = [], []
+    for r, (copy, cut) in enumerate(zip(copies, (scratch, value_file))):
+        argv = ["--data", "corpus", "--root_path", copy, "--features", "S", "--model", "DLinear", "--seq_len", 96,
+                "--label_len", 48, "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1, "--no_plots",
+                "--dist_timeout", 60, *output_args(tmp_path)]
+        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
+                        ROLE_RANK=str(r), ROLE_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
+        streams.append((tmp_path / f"{r}.out", tmp_path / f"{r}.err"))
+        processes.append(warm_context().Process(target=_cut_as_training_starts,
+                                                args=(list(map(str, argv)), rank_env, *streams[-1], str(cut))))
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        process.kill()
+    assert not alive, "a process still ran after 120 s"
+    err = "".join(e.read_text() for _, e in streams if e.exists())
+    out = "".join(o.read_text() for o, _ in streams if o.exists())
+    codes = [p.exitcode for p in processes]
+    assert codes == [1, 2], (codes, err[-3000:])  # rank 0: its collective broke; rank 1: the user error
+    proc = subprocess.CompletedProcess([], 2, out, err)
+    assert_one_error_line(proc, f"error: {value_file} changed during the run: it holds 100 bytes, {size} when the "
+                                "run opened it")
+    assert printed.read_text() == "rank 1\n"
+
+
 def test_a_corpus_pickled_for_a_loader_worker_maps_its_files_again_and_names_one_that_changed(tmp_path, corpus):
     """A loader worker started by spawn or a fork server (Python 3.14's default) gets the data set pickled: each
     memory map pickled as a copy of its whole file (and, a file cut short, a SIGBUS in the pickling). The files go

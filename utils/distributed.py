@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,33 @@ def tell_the_launcher_a_line_was_printed():
     if os.environ.get(LINE_PRINTED):
         with open(os.environ[LINE_PRINTED], "a") as f:
             f.write(f"rank {env_rank()}\n")
+
+
+def a_line_was_printed(printed=None):
+    """Whether a worker of this launch printed a user error's line (tell_the_launcher_a_line_was_printed);
+    `printed` is the file utils.launch gave its workers, by default this worker's. False outside utils.launch."""
+    printed = printed or os.environ.get(LINE_PRINTED)
+    try:
+        return bool(printed) and os.path.getsize(printed) > 0
+    except OSError:
+        return False
+
+
+def say_a_lone_error(wait_s=2.0):
+    """Whether this rank, whose user error no other rank shares (not an AgreedError: a file that changed under
+    it mid-run), prints the line itself. Rank 0 always does; another rank under utils.launch does when no worker
+    has printed one within `wait_s` (rank 0 may be stopping on the same error, or waiting in a collective for this
+    rank, where it never would). Under another launcher only rank 0 prints, as for every error."""
+    if env_rank() == 0:
+        return True
+    if not os.environ.get(LINE_PRINTED):
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if a_line_was_printed():
+            return False
+        time.sleep(0.05)
+    return not a_line_was_printed()
 
 
 USER_ERROR_SIGNAL = signal.SIGUSR1  # worker -> agent: a user error, restarting cannot help (utils.launch)

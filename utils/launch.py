@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
-from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL, c10d_lines_hidden
+from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL, a_line_was_printed, c10d_lines_hidden
 from utils.errors import UserError
 
 
@@ -44,9 +44,10 @@ def launch(torchrun_argv):
             run(config)
     except ChildFailedError as failure:
         codes = sorted({f.exitcode for f in failure.failures.values()})
-        if not a_line_was_printed(os.environ[LINE_PRINTED]):  # a worker's user error: its line is all there is to say
-            print(f"error: {len(failure.failures)} worker(s) failed (exit codes {codes}); "
-                  "the first message above says why", file=sys.stderr)
+        if a_line_was_printed(os.environ[LINE_PRINTED]):  # a worker's user error: its line is all there is to say
+            return 2 if 2 in codes else next((c for c in codes if c > 0), 1)  # others' broken collectives: 1
+        print(f"error: {len(failure.failures)} worker(s) failed (exit codes {codes}); "
+              "the first message above says why", file=sys.stderr)
         return next((c for c in codes if c > 0), 1)
     except RendezvousError as failure:
         print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
@@ -63,14 +64,6 @@ def launch(torchrun_argv):
         os.environ.pop(LAUNCHER_PID, None)
         os.remove(os.environ.pop(LINE_PRINTED))
     return 0
-
-
-def a_line_was_printed(printed):
-    """Whether a worker printed a user error's line (utils.distributed.tell_the_launcher_a_line_was_printed)."""
-    try:
-        return os.path.getsize(printed) > 0
-    except OSError:
-        return False
 
 
 # torchrun's loggers whose lines the launcher's or a worker's one line says already: a worker's end and
