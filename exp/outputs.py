@@ -32,7 +32,7 @@ class OriginalScale:
     the data's last tensor.shape[-1] (all for M, the target for S / MS / --covariate).
 
     float64 because float32 has 24 bits: at an offset of 1e8 it keeps steps of 8, and the
-    errors of a series whose std is 6 vanish in the rounding (issue 36, item 1)."""
+    errors of a series whose std is 6 vanish in the rounding."""
 
     def __init__(self, scaler, device):
         # None: the data was never scaled (--scale false), or scaled per series (its tensors stay as they are)

@@ -228,7 +228,7 @@ _GOLDEN, _FACTOR_1, _FACTOR_2, _SIGN = (_signed(c) for c in (0x9E3779B97F4A7C15,
 
 def _hashed_keep(shape, p, call_key, first, samples, device, dtype=torch.float32):
     """The bool mask of _hashed_noise (True: kept), in 13 operations on the device, 11 of them passes over
-    the int64 hashes (issue 43 item 2; it took 33 and 15). Exact integer identities, each a pass saved:
+    the int64 hashes (it took 33 and 15). Exact integer identities, each a pass saved:
     - the samples' keys (a few hundred integers) are mixed on the host, so one copy, not 14 launches;
     - splitmix64's increment goes into each sample's key, not into every element;
     - its last step x ^ (x >>> 31) leaves the top 31 bits as they are, and only those are read;

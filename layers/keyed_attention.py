@@ -1,5 +1,5 @@
 """Attention with sample-keyed dropout on its weights in bounded memory: what KeyedDropout.attend runs where
-the weights are formed (the CPU, which has no fused kernel with dropout; issue 43 item 1).
+the weights are formed (the CPU, which has no fused kernel with dropout).
 
 Written out, softmax(q k^T * scale + mask) * dropout_noise @ v keeps for backward the scores' softmax, its
 float32 mask and the dropped weights, each [B, H, L, S], and forms int64 and float temporaries of that size

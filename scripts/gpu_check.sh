@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU check for tsl-ddp on a machine with ONE NVIDIA GPU (issue 43; docs/performance.md#checking-a-gpu-machine).
+# GPU check for tsl-ddp on a machine with ONE NVIDIA GPU (docs/performance.md#checking-a-gpu-machine).
 # Run from the project root:
 #
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine: under 8 minutes
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh --cpu-smoke   # (or GPU_CHECK_CPU_SMOKE=1) this script's
 #                                                                     # steps at toy size on a CPU, under 2 minutes
 #
-# What it does (issue 43's steps 1-8), each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default
+# What it does (steps 1-8), each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default
 # 445 s, so the whole script ends inside 8 minutes whatever hangs):
 #   1. versions: nvidia-smi (GPU, driver), torch / CUDA / cuDNN / NCCL, Triton, a C compiler, key packages; then
 #      the install: torch with CUDA only if the importable torch has none (README: "install the CUDA build of

@@ -1,4 +1,4 @@
-"""GPU probe (scripts/gpu_check.sh's step 4): the checks of issue 43 that the CPU suite cannot make. Run from
+"""GPU probe (scripts/gpu_check.sh's step 4): the checks of the CUDA path that the CPU suite cannot make. Run from
 the project root.
 
   python scripts/gpu_probe.py            # on a CUDA machine
@@ -12,7 +12,7 @@ the project root.
 Every check prints one JSON line; a failure in one check never stops the others. Expected on a GPU: 0 host syncs
 a training step for every model and order but TimesNet (its grid shapes need the periods on the host: .tolist()
 per block, the positive control); the same masks as the CPU hash; TimesNet's window periods within a small factor
-of batch periods (one host copy a block since issue 43 item 4); pinned worker batches.
+of batch periods (one host copy a block); pinned worker batches.
 """
 import json
 import os

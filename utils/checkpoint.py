@@ -170,9 +170,9 @@ def written_by_newer_torch(failure):
 # The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
 EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
                   "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
-EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # issue 40: Moirai 2.0 (Salesforce/moirai-2.0-R-small)
-EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # issue 40: Sundial (thuml/sundial-base-128m)
-EXPORT_FORMATS["time-moe"] = time_moe.ADAPTERS  # issue 40: Time-MoE (Maple728/TimeMoE-50M, -200M)
+EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # Moirai 2.0 (Salesforce/moirai-2.0-R-small)
+EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # Sundial (thuml/sundial-base-128m)
+EXPORT_FORMATS["time-moe"] = time_moe.ADAPTERS  # Time-MoE (Maple728/TimeMoE-50M, -200M)
 # Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
 # (a model loads its own layout and those it declares: utils/adapters.py).
 KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)

@@ -129,7 +129,7 @@ def m4_loss(pred, true, loss):
 LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: M4 (data_provider.m4)
 
 
-# ---- probabilistic metrics (issue 38): the definitions of gluonts.ev, as GIFT-Eval evaluates them ----
+# ---- probabilistic metrics: the definitions of gluonts.ev, as GIFT-Eval evaluates them ----
 
 # gluonts' get_seasonality table (gluonts.time_feature.seasonality): a day of seconds, minutes or
 # hours, a year of months or quarters, a week of business days; every other unit 1
