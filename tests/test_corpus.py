@@ -631,21 +631,23 @@ def _cut_as_training_starts(argv, env, stdout_path, stderr_path, value_file):
     _run_py_child(argv, env, stdout_path, stderr_path)
 
 
-def _run_with_a_value_file_cut(tmp_path, value_file, nproc, argv):
+def _run_with_a_value_file_cut(tmp_path, value_file, nproc, argv, env=None, per_rank=None):
     """run.py on `nproc` processes forked from the warm server (with torchrun's variables when nproc > 1), each
-    cutting `value_file` as training starts; every process left to end by itself. (stdout, stderr, exit codes)."""
+    cutting `value_file` as training starts; every process left to end by itself. `per_rank`: (argv, file to cut)
+    for each rank instead. (stdout, stderr, exit codes)."""
     from helpers import free_port, output_args, subprocess_env
 
-    argv = [*map(str, argv), "--no_plots", *map(str, output_args(tmp_path))]
-    env, port, run_id = subprocess_env(), free_port(), uuid.uuid4().hex
+    per_rank = per_rank or [(argv, value_file)] * nproc
+    env, port, run_id = env or subprocess_env(), free_port(), uuid.uuid4().hex
     envs = [env] if nproc == 1 else [
         dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0",
              ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
              TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
         for r in range(nproc)]
     streams = [(tmp_path / f"{r}.out", tmp_path / f"{r}.err") for r in range(nproc)]
-    processes = [warm_context().Process(target=_cut_as_training_starts, args=(argv, e, *paths, str(value_file)))
-                 for e, paths in zip(envs, streams)]
+    processes = [warm_context().Process(target=_cut_as_training_starts, args=(
+        [*map(str, rank_argv), "--no_plots", *map(str, output_args(tmp_path))], e, *paths, str(cut)))
+        for (rank_argv, cut), e, paths in zip(per_rank, envs, streams)]
     for process in processes:
         process.start()
     for process in processes:
@@ -686,7 +688,7 @@ def test_a_file_cut_under_one_rank_alone_is_named_by_that_rank_and_the_others_ad
     one line itself (rank 0, which prints every agreed error, never meets this one), and rank 0, whose collective
     breaks as that rank leaves, exits without a traceback; the launcher then ends the job with code 2. Before:
     no line at all, and a gloo traceback."""
-    from helpers import free_port, output_args, subprocess_env
+    from helpers import subprocess_env
 
     copies = [tmp_path / f"node{r}" for r in range(2)]
     for copy in copies:
@@ -697,29 +699,11 @@ def test_a_file_cut_under_one_rank_alone_is_named_by_that_rank_and_the_others_ad
     scratch.write_bytes(b"\0" * 200)  # what rank 0 cuts: nothing it reads
     printed = tmp_path / "line-printed"
     printed.touch()
-    env, port, run_id = dict(subprocess_env(), TSL_LINE_PRINTED=str(printed)), free_port(), uuid.uuid4().hex
-    processes, streams = [], []
-    for r, (copy, cut) in enumerate(zip(copies, (scratch, value_file))):
-        argv = ["--data", "corpus", "--root_path", copy, "--features", "S", "--model", "DLinear", "--seq_len", 96,
-                "--label_len", 48, "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1, "--no_plots",
-                "--dist_timeout", 60, *output_args(tmp_path)]
-        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
-                        ROLE_RANK=str(r), ROLE_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
-        streams.append((tmp_path / f"{r}.out", tmp_path / f"{r}.err"))
-        processes.append(warm_context().Process(target=_cut_as_training_starts,
-                                                args=(list(map(str, argv)), rank_env, *streams[-1], str(cut))))
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(120)
-    alive = [p for p in processes if p.is_alive()]
-    for process in alive:
-        process.kill()
-    assert not alive, "a process still ran after 120 s"
-    err = "".join(e.read_text() for _, e in streams if e.exists())
-    out = "".join(o.read_text() for o, _ in streams if o.exists())
-    codes = [p.exitcode for p in processes]
+    argv = ["--data", "corpus", "--features", "S", "--model", "DLinear", "--seq_len", 96, "--label_len", 48,
+            "--pred_len", 24, "--train_epochs", 1, "--num_threads", 1, "--dist_timeout", 60]
+    out, err, codes = _run_with_a_value_file_cut(
+        tmp_path, None, 2, None, env=dict(subprocess_env(), TSL_LINE_PRINTED=str(printed)),
+        per_rank=[([*argv, "--root_path", copy], cut) for copy, cut in zip(copies, (scratch, value_file))])
     assert codes == [1, 2], (codes, err[-3000:])  # rank 0: its collective broke; rank 1: the user error
     proc = subprocess.CompletedProcess([], 2, out, err)
     assert_one_error_line(proc, f"error: {value_file} changed during the run: it holds 100 bytes, {size} when the "
