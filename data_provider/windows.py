@@ -248,18 +248,31 @@ def from_workers(loader, dataset):
     A worker killed by a signal (SIGBUS: it read a memory-mapped file cut short during the run) is reported
     as a RuntimeError about shared memory: a data set that can tell (a corpus: require_unchanged) names the
     file instead."""
+    batches = iter(loader)
     try:
-        yield from iter(loader)
+        yield from batches
     except UserError as problem:
+        _stop_workers(batches)
         text = str(problem)
         if "\nOriginal Traceback" not in text:  # not a worker's (torch's ExceptionWrapper)
             raise
         # the traceback's last line: "utils.errors.UserError: <the one line>"
         raise type(problem)(text.rstrip().splitlines()[-1].split(": ", 1)[-1]) from None
     except RuntimeError:
+        _stop_workers(batches)
         if hasattr(dataset, "require_unchanged"):
             dataset.require_unchanged()
         raise
+
+
+def _stop_workers(batches):
+    """Stop a failed loader's workers now. The run is about to end with one line, and its exit skips the
+    interpreter's shutdown (utils.distributed.exit_process), where daemonic workers would be stopped: a worker
+    still prefetching then meets its parent gone and prints a traceback of its own (ConnectionResetError while
+    receiving a shared-memory handle) after the line."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator
+    if shutdown is not None:
+        shutdown()
 
 
 class _GatherSteps(Dataset):
