@@ -77,7 +77,7 @@ EQUIVALENT = {
     "utils/metrics.py:102:core/ReplaceComparisonOperator_GtE_NotEq":
         "`pred.dim() >= 2` -> `!= 2` in batch_loss's layout choice: as for the USub mutant of that line, the "
         "layout only decides which contiguous copy the mean runs over; the same elements are averaged",
-    "data_provider/permutation.py:96:core/NumberReplacer":
+    "data_provider/permutation.py:89:core/NumberReplacer":
         "ShuffledShards.__iter__ computes its positions in chunks of 1 << 16; another chunk size yields the "
         "same positions in the same order (the chunking only bounds the memory of one call)",
     "exp/exp_basic.py:55:core/ReplaceComparisonOperator_Eq_Is":

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from data_provider.interface import ForecastData
-from data_provider.permutation import _mix, epoch_key
+from data_provider.permutation import epoch_key
 from utils.errors import UserError, require
+from utils.keyed_random import splitmix64_finaliser
 from utils.m4 import FREQUENCIES, HISTORY_SIZE, HORIZONS, SEASONAL_PATTERNS, M4Sets, check_pattern
 
 M4 = "m4"
@@ -115,7 +116,8 @@ def read_m4(root_path, pattern=None):
 def _uniform(key, series, low, high):
     """A draw in [low, high) per series from a hash of (key, series): TSLib's np.random cut point, keyed."""
     with np.errstate(over="ignore"):
-        h = _mix(np.asarray(series, dtype=np.uint64) ^ _mix(np.full(len(series), key % 2**64, dtype=np.uint64)))
+        mixed_key = splitmix64_finaliser(np.full(len(series), key % 2**64, dtype=np.uint64))
+        h = splitmix64_finaliser(np.asarray(series, dtype=np.uint64) ^ mixed_key)
     return low + (h % (high - low).astype(np.uint64)).astype(np.int64)
 
 

@@ -9,16 +9,9 @@ ShuffledShards is the older round-robin share of the same order (DistributedSamp
 """
 import numpy as np
 
-_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+from utils.keyed_random import GOLDEN_GAMMA, splitmix64_finaliser
 
-
-def _mix(x):
-    """splitmix64's finaliser: a bijective scramble of uint64 values (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _MIX1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _MIX2
-    return x ^ (x >> np.uint64(31))
+_GOLDEN = np.uint64(GOLDEN_GAMMA)
 
 
 class FeistelPermutation:
@@ -35,13 +28,13 @@ class FeistelPermutation:
         self.half = max(1, (int(n - 1).bit_length() + 1) // 2)  # bits of each half
         self.mask = np.uint64((1 << self.half) - 1)
         round_keys = np.arange(self.ROUNDS, dtype=np.uint64) + np.full(self.ROUNDS, key % 2**64, dtype=np.uint64) * _GOLDEN
-        self.keys = _mix(round_keys)  # array arithmetic: wraps modulo 2^64 without warnings
+        self.keys = splitmix64_finaliser(round_keys)  # array arithmetic: wraps modulo 2^64 without warnings
 
     def _encrypt(self, x):
         shift = np.uint64(self.half)
         left, right = x >> shift, x & self.mask
         for key in self.keys:
-            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+            left, right = right, left ^ (splitmix64_finaliser(right ^ key) & self.mask)
         return (left << shift) | right
 
     def __call__(self, positions):
@@ -64,7 +57,7 @@ class FeistelPermutation:
 
 def epoch_key(seed, epoch):
     """The permutation key of one epoch of one run: new every epoch, the same on every rank."""
-    return int(_mix(np.array([seed * 1_000_003 + epoch], dtype=np.uint64))[0])
+    return int(splitmix64_finaliser(np.array([seed * 1_000_003 + epoch], dtype=np.uint64))[0])
 
 
 class ShuffledShards:

@@ -5,8 +5,9 @@ training forward) every dropout mask is drawn sample by sample: the rows of samp
 generator seeded with (key, the mask's call number in the forward, first + s), where `first + s` is
 the sample's position in the epoch's global order (data_provider.global_batches). A window therefore
 gets the same masks whichever process trains it and however its global batch is cut into micro-batches:
-1 x 32, 2 x 16 and 1 x 16 with 2 accumulation steps draw the same numbers. Outside the context
-(evaluation, a model used on its own, `--compile`) masks come from the global generator as usual.
+1 x 32, 2 x 16 and 1 x 16 with 2 accumulation steps draw the same numbers (the keys: utils.keyed_random).
+Outside the context (evaluation, a model used on its own, `--compile`) masks come from the global generator
+as usual.
 
 A model file uses plain nn.Dropout: when the experiment builds the model, KeyedDropout.convert turns every
 nn.Dropout into a KeyedDropout (as torch.nn.SyncBatchNorm.convert_sync_batchnorm converts BatchNorm),
@@ -31,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.keyed_attention import weights_attention
+from utils import keyed_random
+from utils.keyed_random import FACTOR_1, FACTOR_2, GOLDEN_GAMMA, signed64, splitmix64, splitmix64_
 
 _keys = None  # the active SampleKeys, or None
 
@@ -56,15 +59,7 @@ def masks_follow_samples(key, first, samples):
 
 def mask_key(seed, epoch):
     """The key of an epoch's masks in a run of seed `seed`."""
-    return _mix64(_mix64(seed) ^ epoch)
-
-
-def _mix64(x):
-    """splitmix64's finaliser: a well-mixed 64-bit integer from any integer."""
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
+    return splitmix64(splitmix64(seed) ^ epoch)
 
 
 _generators = {}  # one reseeded generator per device: creating one per sample costs more than drawing
@@ -108,13 +103,13 @@ def _next_call_key(keys=None):
     """The key of the forward's next mask (its call number mixed into the run's key); counts the call."""
     keys = keys or _keys
     call, keys.calls = keys.calls, keys.calls + 1
-    return _mix64(keys.key ^ _mix64(call))
+    return keyed_random.call_key(keys.key, call)
 
 
 def _sample_keys(call_key, first, samples, device=None):
-    """_mix64(call_key ^ (first + s)) for each sample s, as an int64 tensor (on `device`)."""
+    """splitmix64(call_key ^ (first + s)) for each sample s, as an int64 tensor (on `device`)."""
     positions = torch.arange(first, first + samples, dtype=torch.int64, device=device)
-    return _mix64_(positions.bitwise_xor_(_signed(call_key)))
+    return splitmix64_(positions.bitwise_xor_(signed64(call_key)))
 
 
 def _sample_seeds(call_key, first, samples):
@@ -198,32 +193,16 @@ def _sample_keep(n, p, seed, dtype):
     return keep, _divided_one(p, dtype)
 
 
-def _signed(x):
-    """A 64-bit pattern as the int64 that holds it."""
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _mix64_(x):
-    """_mix64 on an int64 tensor, in place (products wrap modulo 2**64; shifts masked to be logical)."""
-    x.add_(_signed(0x9E3779B97F4A7C15))
-    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
-        x.bitwise_xor_((x >> shift) & ((1 << (64 - shift)) - 1))
-        if factor:
-            x.mul_(_signed(factor))
-    return x
-
-
 def _hashed_noise(like, p, call_key, first, samples):
-    """Element j of sample s is kept when the top 31 bits of _mix64(_mix64(call_key ^ (first + s)) + j),
+    """Element j of sample s is kept when the top 31 bits of splitmix64(splitmix64(call_key ^ (first + s)) + j),
     uniform on [0, 2**31), fall below (1 - p) * 2**31 as the noise's dtype holds both: the distribution of
     _fill_noise's integer path. The factor from _hashed_keep's bool mask, in two passes over the output."""
     keep = _hashed_keep(like.shape, p, call_key, first, samples, like.device, _noise_dtype(like))
     return keep.to(_noise_dtype(like)).div_(1.0 - p).to(like.dtype)
 
 
-# splitmix64's constants as int64 (_mix64): the increment, the two factors, and the sign bit
-_GOLDEN, _FACTOR_1, _FACTOR_2, _SIGN = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
-                                                               0x94D049BB133111EB, 1 << 63))
+# splitmix64's constants as int64 (utils.keyed_random): the increment, the two factors, and the sign bit
+_GOLDEN, _FACTOR_1, _FACTOR_2, _SIGN = (signed64(c) for c in (GOLDEN_GAMMA, FACTOR_1, FACTOR_2, 1 << 63))
 
 
 def _hashed_keep(shape, p, call_key, first, samples, device, dtype=torch.float32):

@@ -21,6 +21,7 @@ import contextlib
 import torch
 
 from layers import dropout
+from utils.keyed_random import call_key, generator_seed
 
 _window_keys = None  # the evaluation batch's per-window keys (a list of ints), or None
 
@@ -90,4 +91,4 @@ def _window_seeds():
     if _window_keys is None:
         return None
     call, _window_keys.calls = _window_keys.calls, _window_keys.calls + 1
-    return [dropout._mix64(key ^ dropout._mix64(call)) >> 1 for key in _window_keys.keys]
+    return [generator_seed(call_key(key, call)) for key in _window_keys.keys]

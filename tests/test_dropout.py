@@ -95,15 +95,15 @@ def _hashed(shape, first, samples, p=0.3, key=99):
 
 def test_the_gpus_hashed_masks_follow_the_sample_and_are_dropouts():
     """Devices other than the CPU hash (key, element) for every element at once; run here on the CPU."""
-    from layers.dropout import _mix64
+    from utils.keyed_random import splitmix64
 
     whole = _hashed((8, 6, 5), 16, 8)
     assert torch.equal(whole, torch.cat([_hashed((4, 6, 5), 16, 4), _hashed((4, 6, 5), 20, 4)]))
     assert not torch.equal(whole, _hashed((8, 6, 5), 16, 8, key=100))
     # element j of sample s: the top 31 bits of mix64(mix64(call key ^ position) + j), kept below 0.7 * 2**31
-    call_key = _mix64(99 ^ _mix64(0))
+    call_key = splitmix64(99 ^ splitmix64(0))
     for s, j in ((0, 0), (3, 17), (7, 29)):
-        bits = _mix64((_mix64(call_key ^ (16 + s)) + j) % 2**64) >> 33
+        bits = splitmix64((splitmix64(call_key ^ (16 + s)) + j) % 2**64) >> 33
         assert whole[s].flatten()[j].item() == (pytest.approx(1 / 0.7) if bits < 0.7 * 2**31 else 0.0)
     noise = _hashed((50, 4000), 0, 50, p=0.1)
     assert noise.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
@@ -161,10 +161,11 @@ def test_masks_of_several_shapes_drawn_together_follow_the_sample():
 
 
 def test_sample_seeds_are_the_mixed_positions():
-    from layers.dropout import _mix64, _sample_seeds
+    from layers.dropout import _sample_seeds
+    from utils.keyed_random import splitmix64
 
-    call_key = _mix64(2021 ^ _mix64(3))
-    assert _sample_seeds(call_key, 1000, 70) == [_mix64(call_key ^ (1000 + s)) >> 1 for s in range(70)]
+    call_key = splitmix64(2021 ^ splitmix64(3))
+    assert _sample_seeds(call_key, 1000, 70) == [splitmix64(call_key ^ (1000 + s)) >> 1 for s in range(70)]
 
 
 # ---------------------------------------------------------------- converted nn.Dropout (KeyedDropout.convert)

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from layers import dropout as keyed
 from layers.dropout import KeyedDropout, SampleKeys, masks_follow_samples
+from utils.keyed_random import signed64, splitmix64
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,7 +75,7 @@ def test_a_samples_keep_mask_is_its_keyed_noise(p, n):
     """_sample_keep's bool mask (drawn in chunks) keeps what _keyed_noise's float noise keeps, for both draws."""
     keys = SampleKeys(11, 5, 2)
     noise = keyed._keyed_noise(torch.empty(2, n), p, keys)
-    seeds = keyed._sample_seeds(keyed._mix64(11 ^ keyed._mix64(0)), 5, 2)
+    seeds = keyed._sample_seeds(splitmix64(11 ^ splitmix64(0)), 5, 2)
     for sample, seed in enumerate(seeds):
         keep, factor = keyed._sample_keep(n, p, seed, torch.float32)
         assert torch.equal(keep, noise[sample] != 0)
@@ -154,14 +155,14 @@ def test_the_hash_takes_few_launches():
 def _hashed_written_out(like, p, call_key, first, samples):
     """The hashed noise as written before issue 43: splitmix64 whole, twice, then the float comparison."""
     def mix(x):
-        x.add_(keyed._signed(0x9E3779B97F4A7C15))
+        x.add_(signed64(0x9E3779B97F4A7C15))
         for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
             x.bitwise_xor_((x >> shift) & ((1 << (64 - shift)) - 1))
             if factor:
-                x.mul_(keyed._signed(factor))
+                x.mul_(signed64(factor))
         return x
 
-    sample_keys = mix(torch.arange(first, first + samples).bitwise_xor_(keyed._signed(call_key)))
+    sample_keys = mix(torch.arange(first, first + samples).bitwise_xor_(signed64(call_key)))
     bits = (mix(sample_keys.unsqueeze(1) + torch.arange(like.numel() // samples)) >> 33) & ((1 << 31) - 1)
     noise = torch.empty(like.shape, dtype=keyed._noise_dtype(like))
     return noise.copy_(bits.view(like.shape)).lt_((1 - p) * 2.0**31).div_(1 - p).to(like.dtype)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from layers.dropout import _mix64
 from utils import distributed
 from utils.errors import require
+from utils.keyed_random import generator_seed, splitmix64
 
 POINT_LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: TSLib's M4 losses (--data m4 only)
 DISTRIBUTIONS = ("studentt", "normal")
@@ -216,13 +216,13 @@ def standard_icdf(p, df=None):
 
 def sample_key(seed, split):
     """The key of a run's sampled forecasts on one split (distinct from dropout's mask keys)."""
-    return _mix64(_mix64(seed ^ 0x5A4D504C45) ^ sum(map(ord, split)))
+    return splitmix64(splitmix64(seed ^ 0x5A4D504C45) ^ sum(map(ord, split)))
 
 
 def window_keys(seed, split, numbers):
     """One key per window: the window's number in its split, whichever rank and batch it lands in."""
     base = sample_key(seed, split)
-    return [_mix64(base ^ int(n)) >> 1 for n in numbers]  # below 2**63: a generator seed
+    return [generator_seed(splitmix64(base ^ int(n))) for n in numbers]
 
 
 class SampleStream:
