@@ -23,7 +23,7 @@ from exp.exp_forecast import Exp_Forecast
 from exp.short_term import Exp_Short_Term_Forecast
 from exp.outputs import predict, save_results
 from exp.settings import data_parallel, evaluated_weights, resolve_args, setting_name
-from utils import distributed
+from utils import distributed, worker
 from utils.arguments import describe_ignored, parse_args
 from utils.checkpoint import setting_lock
 from utils.errors import NodeError, UserError
@@ -106,8 +106,8 @@ def main(argv=None):
     args = parse_args(argv)
     # TSLib's --use_multi_gpu, OpenLTM's --dp: DDP, unless --devices names one device (then one process on it)
     args.ddp = args.ddp or (data_parallel(args) and (args.devices is None or len(args.devices) > 1))
-    try:  # srun's tasks, one per GPU, become torchrun's workers (utils.distributed.slurm_task_variables decides)
-        slurm_task, slurm_warning = distributed.adopt_slurm_task(args.ddp, args.nproc_per_node)
+    try:  # srun's tasks, one per GPU, become torchrun's workers (utils.worker.slurm_task_variables decides)
+        slurm_task, slurm_warning = worker.adopt_slurm_task(args.ddp, args.nproc_per_node)
         if args.ddp and not distributed.launched_by_torchrun():
             if slurm_warning:
                 print(f"warning: {slurm_warning}", file=sys.stderr)
@@ -116,7 +116,7 @@ def main(argv=None):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if not slurm_task:  # a task srun started has no launcher of ours: slurmstepd ends it with the step
-        distributed.die_with_launcher()
+        worker.die_with_launcher()
     previous = stop_quietly()
     args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
@@ -142,11 +142,11 @@ def main(argv=None):
         lone = not isinstance(problem, (distributed.AgreedError, distributed.NoGroupError, NodeError))
         if (distributed.env_rank() == 0 or isinstance(problem, distributed.NoGroupError)
                 or (isinstance(problem, NodeError) and distributed.local_rank() == 0)
-                or (lone and distributed.say_a_lone_error())):
+                or (lone and worker.say_a_lone_error())):
             print(f"error: {problem}", file=sys.stderr, flush=True)
-            distributed.tell_the_launcher_a_line_was_printed()
+            worker.tell_the_launcher_a_line_was_printed()
         distributed.wait_for_the_message(problem)
-        distributed.end_job_on_user_error()  # a restart would meet the same error
+        worker.end_job_on_user_error()  # a restart would meet the same error
         return 2
     except Exception:
         if not distributed.launched_by_torchrun():
@@ -155,7 +155,7 @@ def main(argv=None):
         # shutdown can wait for peers that wait in a collective for this rank: a hang until the watchdog).
         # torchrun's agent sees the exit and stops the other ranks. A rank whose collective broke because
         # another one left with its user error's line printed adds no traceback to that line.
-        if not distributed.a_line_was_printed():
+        if not worker.a_line_was_printed():
             traceback.print_exc()
         distributed.exit_process(1)
     except Stopped as stop:

@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks import gift_eval_data as data
 from benchmarks import gift_eval_scores as scores
-from utils import distributed
+from utils import distributed, worker
 from utils.errors import UserError, require
 from utils.files import atomic_write
 from utils.metrics import seasonality
@@ -342,7 +342,7 @@ def _geometric_mean(ratios):
 
 def main(argv=None):
     code = 0
-    distributed.die_with_launcher()
+    worker.die_with_launcher()
     try:
         args = parse_args(argv)
         # threads that do not follow the number of processes: a model's float32 sums can depend on the count
@@ -352,9 +352,9 @@ def main(argv=None):
     except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
         if distributed.env_rank() == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
-            distributed.tell_the_launcher_a_line_was_printed()  # utils.launch then adds no line of its own
+            worker.tell_the_launcher_a_line_was_printed()  # utils.launch then adds no line of its own
         distributed.wait_for_the_message(exc)
-        distributed.end_job_on_user_error()
+        worker.end_job_on_user_error()
         code = 2
     distributed.cleanup()
     distributed.exit_process(code)

@@ -1,10 +1,10 @@
 """Mutation testing of the core with cosmic-ray: would the suite notice a small realistic bug?
 
-cosmic-ray mutates one spot of exp/, utils/distributed.py, utils/metrics.py, utils/checkpoint.py or
-data_provider/ at a time (benchmarks/mutation.toml) and runs `python -m benchmarks.mutation test`,
-which runs the tests that pin the mutated module (TARGETS; the whole suite per mutant is too slow on
-2 cores). A mutant the tests fail on is killed; one they pass survives, and each survivor is triaged:
-a new test, or a line in EQUIVALENT saying why no test can tell it apart.
+cosmic-ray mutates one spot of exp/, utils/distributed.py, utils/ddp.py, utils/worker.py, utils/metrics.py,
+utils/checkpoint.py or data_provider/ at a time (benchmarks/mutation.toml) and runs
+`python -m benchmarks.mutation test`, which runs the tests that pin the mutated module (TARGETS; the whole
+suite per mutant is too slow on 2 cores). A mutant the tests fail on is killed; one they pass survives, and
+each survivor is triaged: a new test, or a line in EQUIVALENT saying why no test can tell it apart.
 
     pip install -e ".[mutation]"                                          # cosmic-ray
     python -m benchmarks.mutation init /tmp/mutation.sqlite --sample 60   # every mutant, or a seeded sample
@@ -44,6 +44,9 @@ TARGETS = {
     "utils/distributed.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py",
                              "test_process_lifecycle.py", "test_scaling.py", "test_zero.py", "test_slurm.py",
                              "test_threads.py", "test_unused_parameters.py"],
+    "utils/ddp.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py", "test_process_lifecycle.py",
+                     "test_scaling.py", "test_zero.py", "test_unused_parameters.py"],
+    "utils/worker.py": ["test_failing_ranks.py", "test_process_lifecycle.py", "test_slurm.py"],
     "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py",
                          "test_failing_ranks.py", "test_probabilistic_metrics.py", "test_m4.py"],
     "utils/probabilistic.py": ["test_probabilistic.py", "test_world_size_invariance.py"],
@@ -104,13 +107,13 @@ EQUIVALENT = {
     "exp/outputs.py:293:core/NumberReplacer":
         "`dataset.__getitems__([0])` -> `([-1])` in predict: future_input's dataset is x_len + horizon rows, "
         "exactly one window's span (horizon = pred_len / test_pred_len >= 1), so it holds one window and -1 is 0",
-    "utils/distributed.py:426:core/ReplaceComparisonOperator_Eq_GtE":
+    "utils/distributed.py:295:core/ReplaceComparisonOperator_Eq_GtE":
         "`get_backend() == \"nccl\"` -> `>= \"nccl\"` in _device_for_collectives: setup only ever starts gloo or "
         "nccl groups, and \"gloo\" >= \"nccl\" is False like ==",
     "data_provider/data_factory.py:137:core/NumberReplacer":
         "`batch_size > 0` -> `> -1` for evaluation batches: --eval_batch_size is parsed as a positive int and "
         "an unset one is 4 x --batch_size, itself checked > 0 two lines above, so the batch size here is >= 1",
-    "utils/distributed.py:681:core/ReplaceComparisonOperator_IsNot_Is":
+    "utils/ddp.py:111:core/ReplaceComparisonOperator_IsNot_Is":
         "has_running_statistics -> False for BatchNorm models: DDP then stops re-broadcasting rank 0's buffers "
         "before each forward. BatchNorm normalises training batches with their own statistics and only updates "
         "the running ones, so rank 0's running statistics evolve the same either way; every evaluation starts "

@@ -8,7 +8,7 @@ from exp.adaptation import forecast_series_as_given
 from exp.forward import training_loss
 from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
-from utils import distributed
+from utils import ddp, distributed
 from utils.metrics import batch_loss
 from utils.probabilistic import objective_for
 from utils.tools import seed_everything, set_precision
@@ -65,7 +65,7 @@ def unsynchronised_buffers(model, changed, accumulation_steps):
     synchronised = set()
     if accumulation_steps == 1:
         for prefix, module in model.named_modules():
-            if isinstance(module, (torch.nn.SyncBatchNorm, distributed.GlobalBatchNorm)):
+            if isinstance(module, (torch.nn.SyncBatchNorm, ddp.GlobalBatchNorm)):
                 synchronised.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_buffers())
     return [name for name in changed if name not in synchronised]
 
@@ -89,7 +89,7 @@ class Exp_Basic:
         args.dropout_keyed = {}
         report = DropoutReport(args.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
-        self.raw_model, model = distributed.wrap_ddp(keyed.to(device), device, args.sync_bn)
+        self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
         forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         # masks keyed by the sample inside training steps, unless the model says they cannot be
@@ -117,7 +117,7 @@ class Exp_Basic:
         batch = dataset.__getitems__(first)
 
         def loss_of(model):
-            with distributed.local_batch_norm(model), self.autocast():  # no collective inside the probe
+            with ddp.local_batch_norm(model), self.autocast():  # no collective inside the probe
                 return training_loss(model, batch, self.args, self.device, self.loss)[0]
         was_training = self.raw_model.training
         self.raw_model.train()
@@ -132,7 +132,7 @@ class Exp_Basic:
                            f"({_shown(unused)}); DDP searches for unused parameters every step "
                            "(find_unused_parameters), which costs time: build only the layers this configuration uses")
         self.model = None  # the old wrapper's gradient hooks go with it
-        self.model = distributed.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
+        self.model = ddp.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
         if self.args.compile:
             self.model = torch.compile(self.model)
         return unused
@@ -170,10 +170,10 @@ class Exp_Basic:
     def make_optimizer(self):
         """Adam with PyTorch's fused kernel (one kernel for all parameters, CPU and GPU; it takes fp16's
         loss-scale checks on the device, so the GradScaler never reads a value back); with --zero under DDP
-        each rank keeps the state of its share of the parameters only (utils.distributed.make_optimizer)."""
+        each rank keeps the state of its share of the parameters only (utils.ddp.make_optimizer)."""
         args = self.args
         sharded = args.zero and distributed.is_dist()
-        return distributed.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
+        return ddp.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
                                           lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
 
     def backward(self, loss):

@@ -1,6 +1,6 @@
 """Exp_Forecast: the train / vali / test loop for direct (TSLib) and token (OpenLTM) forecasters.
 
-Distributed semantics, all owned here and in utils.distributed:
+Distributed semantics, all owned here and in utils.distributed and utils.ddp:
 - training steps go through the DDP wrapper (gradient all-reduce); step k takes the k-th global
   batch of the epoch's one order, whatever the world size (data_provider.global_batches), each
   rank's losses weighted so that DDP's average is that global batch's mean;
@@ -30,7 +30,7 @@ from exp.outputs import (draw_forecasts, draw_training, original_scale_sums, out
 from exp.steps import (RunningLoss, StepLog, StepPlan, TrainingRun, evaluation_line, log_optimizer_state_bytes,
                        training_summary, with_last)
 from layers.dropout import mask_key, masks_follow_samples
-from utils import distributed
+from utils import ddp, distributed
 from utils.checkpoint import TrainingState, checkpoint_path, load_weights, resume, save_best, save_training_state
 from utils.errors import require
 from utils.metrics import ErrorSums
@@ -190,9 +190,9 @@ class Exp_Forecast(Exp_Basic):
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         n_scored, last = 0, len(micro_batches) - 1
         # ranks running different numbers of forwards cannot pair SyncBatchNorm's gathers; a rank without windows can
-        with distributed.batch_norm_for_step(self.model, getattr(micro_batches, "uneven", False), windows < world):
+        with ddp.batch_norm_for_step(self.model, getattr(micro_batches, "uneven", False), windows < world):
             for i, batch in enumerate(micro_batches):
-                with distributed.no_sync(self.model, skip=i < last):
+                with ddp.no_sync(self.model, skip=i < last):
                     with self.autocast(), self.sample_masks(micro_batches, i, batch[0].shape[0]):
                         # the mean over the scored elements (or windows, for a model's own objective)
                         loss, scored, batch_windows = training_loss(self.model, batch, self.args, self.device, self.loss)
@@ -220,7 +220,7 @@ class Exp_Forecast(Exp_Basic):
         batch is empty: DDP all-reduces in backward, so every rank must run one. Zero-weighted, on one
         real window, in eval mode so that BatchNorm's running statistics and dropout's random stream
         stay as they were."""
-        with eval_mode(self.model), distributed.stand_in_batch_norm(self.model), self.autocast():
+        with eval_mode(self.model), ddp.stand_in_batch_norm(self.model), self.autocast():
             loss = training_loss(self.model, batch, self.args, self.device, self.loss)[0]
         self.backward(loss * 0.0)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from utils import distributed
+from utils import ddp, distributed
 from utils.errors import require
 from utils.files import atomic_write
 
@@ -204,7 +204,7 @@ def evaluation_line(args, record, samples_per_s, stopper, improved, plan):
 
 def log_optimizer_state_bytes(optimizer, zero):
     """Every rank's optimizer-state bytes (halved per rank by --zero on 2 ranks), logged. A collective."""
-    per_rank = distributed.gather_objects(distributed.optimizer_state_bytes(optimizer))
+    per_rank = distributed.gather_objects(ddp.optimizer_state_bytes(optimizer))
     logger.info("optimizer state per rank: " + ", ".join(f"{b / 2**20:.2f} MiB" for b in per_rank)
                 + (" (sharded, --zero)" if zero and len(per_rank) > 1 else ""))
     return per_rank

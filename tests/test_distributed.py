@@ -119,7 +119,7 @@ def test_torchrun_workers_split_the_cores_and_keep_at_least_one(monkeypatch):
 
 def test_a_loaded_optimizer_state_keeps_this_optimizers_kernel():
     # a state saved by a --zero run (foreach kernel) resumed without --zero (fused), and back
-    from utils import distributed
+    from utils import ddp
 
     def adam(**kernel):
         weight = torch.nn.Parameter(torch.ones(3))
@@ -130,7 +130,7 @@ def test_a_loaded_optimizer_state_keeps_this_optimizers_kernel():
 
     for saved_kernel, kernel in (({"foreach": True}, {"fused": True}), ({"fused": True}, {"foreach": True})):
         optimizer = adam(**kernel)
-        distributed.load_optimizer_state(optimizer, adam(**saved_kernel).state_dict())
+        ddp.load_optimizer_state(optimizer, adam(**saved_kernel).state_dict())
         group = optimizer.param_groups[0]
         assert (bool(group["fused"]), bool(group["foreach"])) == (bool(kernel.get("fused")), bool(kernel.get("foreach")))
 
@@ -261,14 +261,14 @@ def test_a_validation_subset_is_the_same_windows_on_any_world_size():
 
 def test_optimizer_state_bytes_count_every_state_tensor():
     """Adam keeps exp_avg and exp_avg_sq per parameter and a step counter: 10 + 10 fp32 values and one."""
-    from utils import distributed
+    from utils import ddp
 
     weight = torch.nn.Parameter(torch.ones(10))
     optimizer = torch.optim.Adam([weight], lr=1e-3, fused=True)
     weight.sum().backward()
     optimizer.step()
     step = optimizer.state[weight]["step"]
-    assert distributed.optimizer_state_bytes(optimizer) == 2 * 10 * 4 + step.numel() * step.element_size()
+    assert ddp.optimizer_state_bytes(optimizer) == 2 * 10 * 4 + step.numel() * step.element_size()
 
 
 def test_window_errors_before_the_reduction_are_this_ranks_own():

@@ -177,7 +177,7 @@ def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_pa
     Adam's, an overflowing step changes nothing, and a state loaded back keeps stepping alike."""
     import torch.distributed as dist
 
-    from utils import distributed
+    from utils import ddp
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -185,7 +185,7 @@ def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_pa
         models = [torch.nn.Linear(5, 3) for _ in range(2)]
         models[1].load_state_dict(models[0].state_dict())
         options = dict(lr=0.01, weight_decay=0.0, fused=True)
-        zero = distributed.make_optimizer(models[0].parameters(), torch.optim.Adam, shard=True, **options)
+        zero = ddp.make_optimizer(models[0].parameters(), torch.optim.Adam, shard=True, **options)
         plain = torch.optim.Adam(models[1].parameters(), **options)
         scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2)]
         for clip in (False, True, False):
@@ -196,8 +196,8 @@ def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_pa
         _scaled_adam_step(zero, models[0], scalers[0], x * float("inf"))
         assert all(torch.equal(a, b) for a, b in zip(before, models[0].parameters()))  # skipped, scale halved
         assert scalers[0].get_scale() == scalers[1].get_scale() / 2
-        state = distributed.optimizer_state_dict(zero)
-        distributed.load_optimizer_state(zero, state)
+        state = ddp.optimizer_state_dict(zero)
+        ddp.load_optimizer_state(zero, state)
         assert _scaled_adam_step(zero, models[0], scalers[0], x) == 0
     finally:
         dist.destroy_process_group()

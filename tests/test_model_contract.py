@@ -367,7 +367,7 @@ def check_ddp_step(spec, per_rank):
         raise violation(spec, title, f"training changed the buffers {shown(changed) if changed else '(none)'} but "
                         f"DDP {'re-broadcasts' if broadcasts else 'does not re-broadcast'} buffers every step; a buffer "
                         "that training updates must be BatchNorm-style running statistics (running_mean, "
-                        "track_running_stats), which utils.distributed.has_running_statistics detects")
+                        "track_running_stats), which utils.ddp.has_running_statistics detects")
 
 
 INVARIANCE_STEPS = 2  # optimizer steps compared, each on its own global batch of 8 windows

@@ -250,7 +250,7 @@ def test_a_worker_whose_launcher_died_before_it_started_stops_at_once():
 
     from helpers import run_command
 
-    code = "from utils import distributed; distributed.die_with_launcher(); print('still training')"
+    code = "from utils import worker; worker.die_with_launcher(); print('still training')"
     env = {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "TSL_LAUNCHER_PID": "999999999"}
     proc = run_command([sys.executable, "-c", code], timeout=60, extra_env=env)
     assert proc.returncode == 1 and "still training" not in proc.stdout

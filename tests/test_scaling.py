@@ -116,12 +116,12 @@ class _Compiled(torch.nn.Module):
 
 def _no_sync_state(model):
     """(flag inside no_sync, flag with skip=False, flag after) of the DDP in `model`."""
-    from utils import distributed
+    from utils.ddp import ddp_module, no_sync
 
-    ddp = distributed.ddp_module(model)
-    with distributed.no_sync(model):
+    ddp = ddp_module(model)
+    with no_sync(model):
         inside = ddp.require_backward_grad_sync
-    with distributed.no_sync(model, skip=False):
+    with no_sync(model, skip=False):
         unskipped = ddp.require_backward_grad_sync
     return inside, unskipped, ddp.require_backward_grad_sync
 
@@ -130,7 +130,7 @@ def test_micro_batches_of_a_step_and_no_sync_without_ddp():
     import contextlib
 
     from data_provider.global_batches import GlobalBatches
-    from utils import distributed
+    from utils import ddp
 
     def micro_sizes(n, batch_size, accumulation):
         return [[len(m) for m in step] for step in GlobalBatches(n, 0, batch_size, accumulation).steps()]
@@ -139,8 +139,8 @@ def test_micro_batches_of_a_step_and_no_sync_without_ddp():
     assert micro_sizes(2, 3, 3) == [[1, 1]]  # and never into an empty micro-batch
     assert micro_sizes(4, 1, 1) == [[1], [1], [1], [1]]
     model = torch.nn.Linear(2, 2)
-    assert isinstance(distributed.no_sync(model), contextlib.nullcontext)
-    assert distributed.ddp_module(_Compiled(_Compiled(model))) is None
+    assert isinstance(ddp.no_sync(model), contextlib.nullcontext)
+    assert ddp.ddp_module(_Compiled(_Compiled(model))) is None
 
 
 # ---------------------------------------------------------------- global batch and learning-rate scaling
@@ -193,13 +193,13 @@ PATCHTST = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2
 
 def _converted_patchtst(rank, world, device):
     from models import get_model_class
-    from utils import distributed
+    from utils import ddp
 
     args = make_args(*PATCHTST)
     args.enc_in = args.dec_in = args.c_out = 7
     plain = get_model_class("PatchTST")(args)
     expected = {k: tuple(v.shape) for k, v in plain.state_dict().items()}
-    converted = distributed.convert_sync_batchnorm(plain, device)
+    converted = ddp.convert_sync_batchnorm(plain, device)
     layers = [type(m).__name__ for m in converted.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     state = converted.state_dict()
     get_model_class("PatchTST")(args).load_state_dict(state, strict=True)  # a plain model takes the file
@@ -212,23 +212,23 @@ def test_sync_bn_conversion_keeps_plain_batchnorm_keys():
         assert layers == ["SyncBatchNorm"] and same_keys
     for layers, same_keys in run_on_ranks(_converted_patchtst, 2, "cpu"):
         assert layers == ["GlobalBatchNorm"] and same_keys
-    from utils import distributed
+    from utils import ddp
 
     plain = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
-    assert distributed.convert_sync_batchnorm(plain) is plain  # no process group: unchanged
+    assert ddp.convert_sync_batchnorm(plain) is plain  # no process group: unchanged
 
 
 def _global_batchnorm_step(rank, world, x, weights, local):
-    from utils import distributed
+    from utils import ddp, distributed
 
     torch.manual_seed(0)
-    layer = distributed.GlobalBatchNorm.convert(torch.nn.Sequential(torch.nn.BatchNorm1d(4, momentum=None)))
+    layer = ddp.GlobalBatchNorm.convert(torch.nn.Sequential(torch.nn.BatchNorm1d(4, momentum=None)))
     with torch.no_grad():
         layer[0].weight.uniform_(0.5, 1.5)
         layer[0].bias.uniform_(-1, 1)
     first, last = distributed.shard_range(len(x), rank, world)
     part = x[first:last].clone().requires_grad_(True)
-    with distributed.local_batch_norm(layer, local):
+    with ddp.local_batch_norm(layer, local):
         for _ in range(2):  # two steps: the running statistics' update, cumulative average (momentum None)
             out = layer(part)
             (out * weights[first:last]).sum().backward()

@@ -1,6 +1,6 @@
 """SLURM: scripts/slurm/ddp_forecast.sbatch (one srun task per node, each running torchrun with c10d
 rendezvous on the first node), and one srun task per GPU without torchrun, whose SLURM_* variables
-utils.distributed.slurm_task_variables maps to torchrun's env:// variables.
+utils.worker.slurm_task_variables maps to torchrun's env:// variables.
 
 Without SLURM on the machine, everything runs on loopback: the variables are set as srun sets them,
 for two "nodes" that are both 127.0.0.1, and the sbatch script runs with stand-ins for `srun` and
@@ -22,7 +22,7 @@ import pytest
 
 from helpers import (REPO, _read_if_there, _run_py_child, _wait_like_torchrun, assert_ok, assert_one_error_line,
                      free_port, output_args, records, run_cli, subprocess_env, warm_context)
-from utils.distributed import adopt_slurm_task, first_slurm_host, slurm_task_variables
+from utils.worker import adopt_slurm_task, first_slurm_host, slurm_task_variables
 from utils.errors import UserError
 
 SBATCH = REPO / "scripts" / "slurm" / "ddp_forecast.sbatch"

@@ -113,7 +113,7 @@ def test_the_probe_names_changed_buffers_and_which_sync_bn_makes_global():
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key]), f"{key} changed by the probe"
     assert unsynchronised_buffers(model, changed, accumulation_steps=1) == changed
-    from utils.distributed import GlobalBatchNorm
+    from utils.ddp import GlobalBatchNorm
     model.norm = GlobalBatchNorm.convert(model.norm)
     assert unsynchronised_buffers(model, changed, accumulation_steps=1) == []
     assert unsynchronised_buffers(model, changed, accumulation_steps=2) == changed  # micro-batch statistics

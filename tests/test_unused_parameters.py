@@ -74,9 +74,9 @@ def run_user_model(rank, world_size, model_file, argv, probe):
 def _find_unused_without_probe(self, dataset):
     """Exp_Basic.allow_unused_parameters' outcome for this model, told rather than probed: DDP with
     find_unused_parameters, and no forward before training."""
-    from utils import distributed
+    from utils import ddp
 
-    self.model = distributed.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
+    self.model = ddp.wrap_ddp(self.raw_model, self.device, find_unused=True)[1]
     return ["spare.weight", "spare.bias"]
 
 

@@ -89,7 +89,7 @@ def test_dropout_models_train_the_same_on_any_number_of_processes(tmp_path, mode
 
 def test_batchnorm_with_sync_bn_trains_the_same_on_any_number_of_processes(tmp_path):
     """PatchTST (BatchNorm, dropout 0.1) with --sync_bn: each step's statistics are the global batch's (on the
-    CPU through utils.distributed.GlobalBatchNorm), so 1 x 32, 2 x 16 and 4 x 8 take the same steps: training
+    CPU through utils.ddp.GlobalBatchNorm), so 1 x 32, 2 x 16 and 4 x 8 take the same steps: training
     losses to 1e-6 (measured 2e-8), validation and test to 1e-4 (measured 5e-6 and 3e-7). Evaluation is the
     looser: the biases just before BatchNorm have a true gradient of zero (BatchNorm removes any constant
     shift), Adam turns their rounding noise into steps of +-lr, and those move the running means that
@@ -430,17 +430,17 @@ def test_a_micro_batch_weighs_its_share_of_the_global_batch():
 def test_sync_batchnorm_normalises_locally_in_an_uneven_step():
     """In a step whose ranks run different numbers of forwards, SyncBatchNorm's gathers could not pair
     up: local_batch_norm gives it plain BatchNorm's forward (no collective) and restores it after."""
-    from utils import distributed
+    from utils import ddp
 
     torch.manual_seed(0)
     plain = torch.nn.BatchNorm1d(4)
     synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(4)))
     synced.load_state_dict({f"0.{k}": v for k, v in plain.state_dict().items()})
     x = torch.randn(6, 4, 5)
-    with distributed.local_batch_norm(synced):
+    with ddp.local_batch_norm(synced):
         torch.testing.assert_close(synced(x), plain(x), rtol=0, atol=0)
     assert "forward" not in vars(synced[0])  # SyncBatchNorm's own forward again
-    with distributed.local_batch_norm(synced, local=False):
+    with ddp.local_batch_norm(synced, local=False):
         assert "forward" not in vars(synced[0])
 
 

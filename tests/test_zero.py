@@ -62,7 +62,7 @@ def test_zero_run_saves_the_whole_state_and_resumes_with_and_without_zero(tmp_pa
 def _optimizer_state_per_rank(rank, world):
     """Optimizer-state bytes on this rank after one training step, unsharded and with --zero."""
     from data_provider.data_factory import data_provider
-    from utils import distributed
+    from utils import ddp
 
     measured = {}
     for zero in (False, True):
@@ -73,7 +73,7 @@ def _optimizer_state_per_rank(rank, world):
         dataset, _ = data_provider(exp.args, "train")
         exp.model.train()
         exp.train_step([dataset.__getitems__(torch.arange(rank * 4, rank * 4 + 4))], optimizer)
-        measured[zero] = distributed.optimizer_state_bytes(optimizer)
+        measured[zero] = ddp.optimizer_state_bytes(optimizer)
         measured[f"params {zero}"] = sum(p.numel() * p.element_size() for p in exp.raw_model.parameters())
     return measured
 
@@ -92,11 +92,11 @@ def test_zero_halves_the_optimizer_state_per_rank_for_timerxl():
 
 
 def _optimizer_types(rank, world):
-    from utils import distributed
+    from utils import ddp
 
     params = [torch.nn.Parameter(torch.zeros(3))]
-    return (type(distributed.make_optimizer(params, torch.optim.Adam, lr=0.1)).__name__,
-            type(distributed.make_optimizer(params, torch.optim.Adam, shard=True, lr=0.1)).__name__)
+    return (type(ddp.make_optimizer(params, torch.optim.Adam, lr=0.1)).__name__,
+            type(ddp.make_optimizer(params, torch.optim.Adam, shard=True, lr=0.1)).__name__)
 
 
 def test_an_optimizer_is_sharded_only_when_asked():

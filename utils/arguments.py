@@ -76,16 +76,16 @@ class Parser(argparse.ArgumentParser):
 
     def fail(self, line):
         """`error: line` from rank 0 alone, and exit 2 on every process."""
-        from utils import distributed
+        from utils import distributed, worker
 
         if distributed.env_rank() != 0:
-            distributed.end_job_on_user_error()  # another node's agent: restarting cannot help
+            worker.end_job_on_user_error()  # another node's agent: restarting cannot help
             # under torchrun every worker parses the same command line, and the agent stops them
             # all once one exits: let rank 0 print first
             time.sleep(10)
             sys.exit(2)
         print(f"error: {line}", file=sys.stderr, flush=True)
-        distributed.end_job_on_user_error()
+        worker.end_job_on_user_error()
         sys.exit(2)
 
 

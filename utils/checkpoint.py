@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, distributed, openltm, timer_hf, timesfm, tirex
+from utils import adapters, chronos2, chronos_bolt, ddp, distributed, openltm, timer_hf, timesfm, tirex
 from utils import moirai2
 from utils import sundial
 from utils import time_moe
@@ -455,7 +455,7 @@ def save_training_state(path, state, args):
     fp16's loss scale is the same on every rank: it follows the all-reduced gradients."""
     own = {name: r.state_dict() for name, r in state.running.items()}
     rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
-    optimizer_state = distributed.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
+    optimizer_state = ddp.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
     scaler, epoch, end_of_epoch = state.grad_scaler, state.epoch, state.end_of_epoch
 
     def write():
@@ -555,7 +555,7 @@ def load_training_state(path, state, args, saved=None):
         saved = read_training_state(path)
     distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args), on="main")
     state.model.load_state_dict(saved["model"], strict=True)
-    distributed.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
+    ddp.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
     scaler = state.grad_scaler
     if scaler is not None and scaler.is_enabled() and saved.get("grad_scaler"):
         scaler.load_state_dict(saved["grad_scaler"])  # else fp16 would start again from 2**16

@@ -24,8 +24,9 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser, run
 
-from utils.distributed import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL, a_line_was_printed, c10d_lines_hidden
+from utils.distributed import c10d_lines_hidden
 from utils.errors import UserError
+from utils.worker import LAUNCHER_PID, LINE_PRINTED, USER_ERROR_SIGNAL, a_line_was_printed
 
 
 def launch(torchrun_argv):
@@ -35,7 +36,7 @@ def launch(torchrun_argv):
     if handled is not None and USER_ERROR_SIGNAL.name not in handled.split(","):
         # the agent turns it into a SignalException, read below as "a worker's user error: no restart"
         config.signals_to_handle = f"{handled},{USER_ERROR_SIGNAL.name}"
-    # the workers' check that this process lives (utils.distributed.die_with_launcher); only for them
+    # the workers' check that this process lives (utils.worker.die_with_launcher); only for them
     os.environ[LAUNCHER_PID] = str(os.getpid())
     printed_fd, os.environ[LINE_PRINTED] = tempfile.mkstemp(prefix="tsl-line-printed-")
     os.close(printed_fd)
@@ -53,7 +54,7 @@ def launch(torchrun_argv):
         print(f"error: {rendezvous_problem(failure, config)}", file=sys.stderr)
         return 1
     except SignalException as stop:
-        if stop.sigval == USER_ERROR_SIGNAL:  # utils.distributed.end_job_on_user_error: the worker said why
+        if stop.sigval == USER_ERROR_SIGNAL:  # utils.worker.end_job_on_user_error: the worker said why
             return 2
         print(f"error: {stopped_line(stop.sigval.name)}", file=sys.stderr)
         return 128 + stop.sigval

@@ -63,12 +63,12 @@ def test_sync_bn_statistics_on_two_gpus_equal_one_gpu_with_twice_the_batch(tmp_p
 
 
 def _batchnorm_statistics_of_a_half(rank, world, full_batch):
-    from utils import distributed
+    from utils.ddp import wrap_ddp
 
     device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6)).to(device)
-    raw, ddp = distributed.wrap_ddp(module, device, sync_bn=True)  # the experiment's own wrapping
+    raw, ddp = wrap_ddp(module, device, sync_bn=True)  # the experiment's own wrapping
     assert isinstance(raw[1], torch.nn.SyncBatchNorm)
     ddp.train()
     ddp(full_batch.chunk(world)[rank].to(device))
@@ -76,7 +76,7 @@ def _batchnorm_statistics_of_a_half(rank, world, full_batch):
 
 
 def test_sync_bn_statistics_over_two_ranks_equal_the_full_batch():
-    """The experiment's own wrapping (utils.distributed.wrap_ddp, sync_bn=True) on 2 processes gives each
+    """The experiment's own wrapping (utils.ddp.wrap_ddp, sync_bn=True) on 2 processes gives each
     rank the running statistics of the full batch (PyTorch's SyncBatchNorm runs only on GPU tensors)."""
     full_batch = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) * 3 + 1
     torch.manual_seed(0)

@@ -1,0 +1,293 @@
+"""The model's side of data parallelism: the DDP wrapper and its gradient accumulation, BatchNorm over
+the global batch (SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU), and ZeRO's sharded optimizer.
+
+Without a process group every helper leaves the model and optimizer as they are.
+"""
+import contextlib
+import functools
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from utils.distributed import is_dist, is_main, world_size
+
+
+def convert_sync_batchnorm(module, device=None):
+    """`module` with its BatchNorm layers normalising with the global batch's statistics when distributed
+    over several processes: torch.nn.SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU (where PyTorch has
+    none); unchanged otherwise. Parameter and buffer names stay the same."""
+    if world_size() == 1:
+        return module
+    if device is not None and torch.device(device).type == "cpu":
+        return GlobalBatchNorm.convert(module)
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
+class _SummedOverRanks(torch.autograd.Function):
+    """The sum of a tensor over every rank, differentiable: the gradient is summed over the ranks too."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total
+
+
+class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training statistics are those of every rank's batch together, for the CPU (gloo),
+    where torch.nn.SyncBatchNorm does not run: the per-channel sums, then the centred squares, are
+    all-reduced, differentiably (_SummedOverRanks), so backward sums each rank's share
+    of the statistics' gradient as SyncBatchNorm's does. Evaluation, one process, and `local` (set by
+    local_batch_norm) are plain BatchNorm. The same parameters, buffers and state_dict keys."""
+
+    local = False
+    contributes = True
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (batch, channels, ...), got {input.dim()}-D")
+
+    @classmethod
+    def convert(cls, module):
+        """`module` with every plain BatchNorm layer replaced by a GlobalBatchNorm holding its tensors."""
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats)
+            converted.load_state_dict(module.state_dict())
+            converted.train(module.training)
+            return converted
+        for name, child in module.named_children():
+            module.add_module(name, cls.convert(child))
+        return module
+
+    def forward(self, x):
+        if not self.training or self.local or not is_dist() or world_size() == 1:
+            return super().forward(x)
+        return _global_batch_norm(self, x, self.contributes)
+
+
+def _global_batch_norm(layer, x, contributes=True):
+    """BatchNorm `layer` in training on the statistics of every rank's `x` together (each channel's sums, then
+    its centred squares, all-reduced differentiably); a rank that `contributes` nothing (its stand-in pass) adds
+    zeros, joins the collectives and updates its running statistics as every other rank does."""
+    all_reduce = _SummedOverRanks.apply
+    weight = 1.0 if contributes else 0.0
+    dims = [d for d in range(x.dim()) if d != 1]
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]) * weight)
+    count = sums[-1]
+    mean = sums[:-1] / count
+    centred = x - mean.view(shape)
+    var = all_reduce(centred.square().sum(dims) * weight) / count  # biased, as BatchNorm normalises with
+    out = centred * torch.rsqrt(var + layer.eps).view(shape)
+    if layer.affine:
+        out = out * layer.weight.view(shape) + layer.bias.view(shape)
+    if layer.track_running_stats:
+        with torch.no_grad():
+            layer.num_batches_tracked.add_(1)
+            momentum = 1.0 / float(layer.num_batches_tracked) if layer.momentum is None else layer.momentum
+            layer.running_mean.lerp_(mean.detach(), momentum)
+            layer.running_var.lerp_(var.detach() * (count / (count - 1)).clamp_min(0), momentum)
+    return out
+
+
+# PyTorch 2.13 renamed broadcast_buffers (deprecated, and False also skipped the sync at construction)
+# to forward_sync_buffers, which always syncs at construction; older versions know only the first.
+_SYNC_BUFFERS = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                 else "broadcast_buffers")
+
+
+def has_running_statistics(module):
+    """Whether training changes some buffer of `module`: BatchNorm's (and SyncBatchNorm's) running
+    statistics. Other buffers (positional tables, masks) are fixed functions of the configuration."""
+    return any(getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None
+               for m in module.modules())
+
+
+def wrap_ddp(module, device, sync_bn=False, find_unused=False):
+    """(module to evaluate and save, module to train): `module` itself twice without a
+    process group; else the (SyncBatchNorm-converted) module and its DDP wrapper (with `find_unused`:
+    DDP's find_unused_parameters, for a model some of whose parameters take no part in training).
+
+    DDP broadcasts rank 0's parameters and buffers at construction, so every rank starts equal;
+    before every forward it broadcasts the buffers again only where training changes them (a
+    Transformer's positional tables would cost ~10 MiB a step for nothing).
+    """
+    if not is_dist():
+        return module, module
+    if sync_bn:
+        module = convert_sync_batchnorm(module, device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return module, DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=find_unused,
+                                           **{_SYNC_BUFFERS: has_running_statistics(module)})
+
+
+
+def ddp_module(model):
+    """The DistributedDataParallel in `model` (itself, or under torch.compile), or None."""
+    while model is not None and not isinstance(model, DistributedDataParallel):
+        model = getattr(model, "_orig_mod", None)
+    return model
+
+
+def no_sync(model, skip=True):
+    """With `skip`, DDP's no_sync(): forward + backward only accumulate local gradients and
+    the all-reduce waits for a backward outside it. A no-op without DDP or with skip=False."""
+    ddp = ddp_module(model) if skip else None
+    return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def local_batch_norm(model, local=True):
+    """With `local`, `model`'s SyncBatchNorm layers normalise with this rank's own batch statistics inside
+    the block (plain BatchNorm's forward): no all_gather in forward. For a training step in which ranks
+    run different numbers of forward passes (the short last global batch of an epoch), where
+    SyncBatchNorm's gathers would not pair up across ranks. A no-op without SyncBatchNorm."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)] if local else []
+    global_layers = [m for m in model.modules() if isinstance(m, GlobalBatchNorm)] if local else []
+    for layer in layers:
+        layer.forward = torch.nn.modules.batchnorm._BatchNorm.forward.__get__(layer)
+    for layer in global_layers:
+        layer.local = True
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            del layer.forward
+        for layer in global_layers:
+            del layer.local
+
+
+def batch_norm_for_step(model, uneven, stand_in_somewhere):
+    """How a training step's global BatchNorm layers normalise: each rank on its own batch when ranks run
+    different numbers of forward passes (local_batch_norm); all-reduced, a stand-in rank adding nothing, when
+    some rank has no window (batch_norm_beside_stand_in); else as they are."""
+    if uneven:
+        return local_batch_norm(model)
+    return batch_norm_beside_stand_in(model, stand_in_somewhere)
+
+
+@contextlib.contextmanager
+def batch_norm_beside_stand_in(model, stand_in_somewhere=True):
+    """Inside the block, `model`'s SyncBatchNorm layers normalise as GlobalBatchNorm does (all-reduced sums) on
+    every rank, for a step in which some rank has no window and runs a stand-in pass (stand_in_batch_norm): its
+    collectives then pair with theirs. A no-op without SyncBatchNorm or without a stand-in."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)] if stand_in_somewhere else []
+    for layer in layers:
+        layer.forward = functools.partial(_global_batch_norm, layer)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+@contextlib.contextmanager
+def stand_in_batch_norm(model):
+    """For a stand-in pass (a rank without a window in a short last step, its model in eval mode): its global
+    BatchNorm layers train as the other ranks' do, joining their collectives but adding nothing, so every rank
+    ends the step with the running statistics of exactly the step's windows, as one process has."""
+    # not in a step whose layers normalise locally (local_batch_norm): there a stand-in must not train them
+    layers = [m for m in model.modules() if (isinstance(m, GlobalBatchNorm) and not m.local) or (
+        isinstance(m, torch.nn.SyncBatchNorm) and getattr(m.__dict__.get("forward"), "func", None) is _global_batch_norm)]
+    for layer in layers:
+        layer.train(True)
+        if isinstance(layer, GlobalBatchNorm):
+            layer.contributes = False
+        else:
+            layer.forward = functools.partial(_global_batch_norm, layer, contributes=False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.train(False)
+            if isinstance(layer, GlobalBatchNorm):
+                del layer.contributes
+            else:
+                layer.forward = functools.partial(_global_batch_norm, layer)
+
+
+def make_optimizer(params, optimizer_class, shard=False, **options):
+    """optimizer_class(params, **options); with `shard` and a process group, wrapped in
+    ZeroRedundancyOptimizer: each rank keeps the state of its share of the parameters only."""
+    if shard and is_dist():
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # a 1 s import: only when asked for
+
+        zero = _scaled_zero(ZeroRedundancyOptimizer)(params, optimizer_class=optimizer_class, **options)
+        # the local optimizer's fused kernel takes the GradScaler's scale and found_inf as device tensors
+        zero._step_supports_amp_scaling = getattr(zero.optim, "_step_supports_amp_scaling", False)
+        return zero
+    return optimizer_class(params, **options)
+
+
+def _scaled_zero(zero_class):
+    """ZeroRedundancyOptimizer handing a GradScaler's on-device scale and found_inf to its local (fused)
+    optimizer, as a fused Adam takes them (GradScaler.step sets them on the optimizer it is given, the
+    wrapper): an overflowing step is then skipped inside the kernel, where a plain ZeRO made the scaler read
+    found_inf back to the host every step (GradScaler._maybe_opt_step's .item())."""
+
+    class ZeroRedundancyOptimizer(zero_class):  # torch's, named as torch's (what logs and tests see)
+        def step(self, closure=None, **kwargs):
+            given = [name for name in ("grad_scale", "found_inf") if hasattr(self, name)]
+            for name in given:
+                setattr(self.optim, name, getattr(self, name))
+            try:
+                return super().step(closure, **kwargs)
+            finally:
+                for name in given:
+                    delattr(self.optim, name)
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            if self.optim.defaults.get("fused"):  # ZeRO's load puts 0-dim state (Adam's step) on the CPU; the
+                # fused kernel takes it beside its parameter, where a fused Adam's own load keeps it
+                for param, state in self.optim.state.items():
+                    for name, value in state.items():
+                        if torch.is_tensor(value) and value.dim() == 0 and value.device != param.device:
+                            state[name] = value.to(param.device)
+
+    return ZeroRedundancyOptimizer
+
+
+def _is_sharded(optimizer):
+    return hasattr(optimizer, "consolidate_state_dict")  # ZeroRedundancyOptimizer, not imported eagerly
+
+
+def optimizer_state_dict(optimizer):
+    """The full optimizer state on rank 0 (None elsewhere). A collective for a sharded
+    optimizer, whose shards are first gathered on rank 0: call it on every rank."""
+    if _is_sharded(optimizer):
+        optimizer.consolidate_state_dict(to=0)
+    return optimizer.state_dict() if is_main() else None
+
+
+def load_optimizer_state(optimizer, state):
+    """Load a full optimizer state into a plain or a sharded optimizer, whichever saved it.
+
+    The saved kernel choice (fused / foreach) is replaced by this optimizer's own, so a
+    state written with --zero loads without it and vice versa.
+    """
+    for saved, current in zip(state["param_groups"], optimizer.param_groups):
+        for key in ("fused", "foreach"):
+            if key in current:
+                saved[key] = current[key]
+    optimizer.load_state_dict(state)
+    if _is_sharded(optimizer):
+        # Its load also copies this rank's shard into the wrapper's own `state`, which
+        # nothing reads (the local optimizer holds the live copy): drop the duplicate.
+        optimizer.state.clear()
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of optimizer state tensors held by this rank (only its shard when sharded)."""
+    states = [optimizer.state] + ([optimizer.optim.state] if _is_sharded(optimizer) else [])
+    return sum(value.numel() * value.element_size() for state in states for per_param in state.values()
+               if per_param for value in per_param.values() if torch.is_tensor(value))
