@@ -90,7 +90,10 @@ def test_adopting_never_replaces_a_variable(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.9")
     monkeypatch.setenv("MASTER_PORT", "29999")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then removed: monkeypatch records the variable and removes what adopt_slurm_task sets at the end
+        # (delenv of an absent variable records nothing, and RANK=1 outlived the test into later ones)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     assert adopt_slurm_task(True) == (True, None)
     assert [os.environ[n] for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")] == [
         "1", "2", "0", "10.0.0.9", "29999"]
