@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from data_provider.data_factory import data_provider
+from data_provider.data_factory import data_provider, prepared_data
 from exp.adaptation import load_pretrained
 from exp.exp_basic import Exp_Basic
 from exp.forward import forward, training_loss, window_draws
@@ -55,7 +55,7 @@ class Exp_Forecast(Exp_Basic):
         self.allow_unused_parameters(train_loader.dataset)  # before the optimizer takes the DDP module's parameters
         state = TrainingState(self.raw_model, self.make_optimizer(), EarlyStopping(args.patience), self.grad_scaler,
                               running={"since_eval": RunningLoss(self.device), "since_log": RunningLoss(self.device)})
-        resume(args, setting, state)
+        resume(args, setting, state, prepared_data(args).content_hash())  # the hash: part of the run's identity
         plan = StepPlan(args, steps_per_epoch=train_loader.steps_per_epoch)
         step_log = StepLog(args, output_path(args, setting, "steps.csv"), tensorboard_dir(args, setting), state.step)
         run = TrainingRun(plan, LearningRateSchedule(args, plan.steps_per_epoch), step_log, tuple(eval_loaders),
@@ -112,7 +112,7 @@ class Exp_Forecast(Exp_Basic):
         if evaluates:
             self._evaluate(state, run)
         if evaluates or run.plan.saves(state.step):
-            save_training_state(run.last_path, state, self.args)
+            save_training_state(run.last_path, state, self.args, prepared_data(self.args).content_hash())
         return state.stopper.stopped or run.plan.finished(state.step)
 
     def _evaluate(self, state, run):

@@ -17,7 +17,7 @@ from data_provider.m4 import M4, M4_LOSSES, short_term_settings
 from data_provider.splits import SPLITS
 from exp.adaptation import check_adaptation_args, check_series_as_given
 from exp.scoring import check_mase_history
-from models import FORWARD_INPUTS, get_model_class, inputs_used, missing_module_line
+from models import FORWARD_INPUTS, canonical_name, get_model_class, inputs_used, missing_module_line
 from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights, weights_being_trained
@@ -29,9 +29,11 @@ logger = logging.getLogger("tsl")
 
 
 def fill_defaults(args):
-    """Defaults that other arguments decide, before the model is known: the data's seed is
-    --seed's (the --itr loop then changes the run's seed, never the data), and the loaders
-    gather every forward input until resolve_args narrows them to what --model reads."""
+    """Defaults that other arguments decide, before the model is known: --model in the registry's
+    spelling (OpenLTM's timer_xl is TimerXL, in setting names too), the data's seed is --seed's (the
+    --itr loop then changes the run's seed, never the data), and the loaders gather every forward
+    input until resolve_args narrows them to what --model reads."""
+    args.model = canonical_name(args.model)
     if args.synthetic_seed is None:
         args.synthetic_seed = args.seed
     args.model_inputs = FORWARD_INPUTS

@@ -1,16 +1,18 @@
 """TSLib's input embeddings under its names, signatures and state_dict keys (Time-Series-Library,
 layers/Embed.py), so that TSLib's model files import them unchanged and its checkpoints load.
 
-Written here on layers/embedding.py's functions (sinusoid_table, circular_token_conv, cut_patches), the
-ones this codebase's own models embed with. Positions and the value convolution are those of the
-Transformer (Vaswani et al., NeurIPS 2017) as Informer (Zhou et al., AAAI 2021) adapted them to series;
-DataEmbedding_inverted is iTransformer's (Liu et al., ICLR 2024), PatchEmbedding PatchTST's (Nie et al.,
-ICLR 2023). Dropout is a plain nn.Dropout: the experiment keys it by the sample (layers/dropout.py).
+Written here on layers/embedding.py's functions (circular_token_conv, cut_patches) and
+utils.positions.sinusoid_table, the ones this codebase's own models embed with. Positions and the value
+convolution are those of the Transformer (Vaswani et al., NeurIPS 2017) as Informer (Zhou et al., AAAI 2021)
+adapted them to series; DataEmbedding_inverted is iTransformer's (Liu et al., ICLR 2024), PatchEmbedding
+PatchTST's (Nie et al., ICLR 2023). Dropout is a plain nn.Dropout: the experiment keys it by the sample
+(layers/dropout.py).
 """
 import torch
 from torch import nn
 
-from layers.embedding import circular_token_conv, cut_patches, sinusoid_table
+from layers.embedding import circular_token_conv, cut_patches
+from utils.positions import sinusoid_table
 
 # TSLib's `timeF` feature count per --freq; other spellings (15min, 10s) go by their unit.
 TIME_FEATURES = {"h": 4, "t": 5, "s": 6, "m": 1, "a": 1, "w": 2, "d": 3, "b": 3}

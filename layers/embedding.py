@@ -1,27 +1,17 @@
 """Input embeddings shared by the Transformer-family forecasters (TSLib's Embed.py, written once).
 
 The classes are named for what they do; layers/Embed.py offers TSLib's classes (DataEmbedding, ...) under
-TSLib's names and state_dict keys, built on this module's functions (sinusoid_table, circular_token_conv,
-cut_patches), so both sets compute with one implementation and keep their own checkpoints' key names.
+TSLib's names and state_dict keys, built on this module's functions (circular_token_conv, cut_patches) and
+utils.positions.sinusoid_table, so both sets compute with one implementation and keep their own checkpoints'
+key names.
 
 Time features (`x_mark`) come from the data provider: `configs.mark_dim` columns per step, 0 for
 undated data, in which case the temporal term is left out.
 """
-import math
-
 import torch
 from torch import nn
 
-
-def sinusoid_table(rows: int, d_model: int) -> torch.Tensor:
-    """[rows, d_model]: row i holds sin / cos of i at geometrically spaced frequencies (Vaswani et al. 2017),
-    the positions of every Transformer here and the fixed calendar tables of TSLib's FixedEmbedding."""
-    position = torch.arange(rows, dtype=torch.float32).unsqueeze(1)
-    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    table = torch.zeros(rows, d_model)
-    table[:, 0::2] = torch.sin(position * div_term)
-    table[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
-    return table
+from utils.positions import sinusoid_table
 
 
 def circular_token_conv(c_in: int, d_model: int) -> nn.Conv1d:

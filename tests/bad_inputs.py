@@ -251,13 +251,15 @@ def _trained_with_another_moving_average(folder):
     """The weights of a run trained with --moving_avg 25 and its training record beside them, evaluated with 13."""
     import torch
 
+    from data_provider.data_factory import prepared_data
     from exp.settings import resolve_args
     from helpers import make_args
     from utils.checkpoint import run_identity
 
     (folder / "trained").mkdir()
     _weights(folder, "trained/checkpoint.pth", *SMALL)
-    torch.save({"identity": run_identity(resolve_args(make_args(*SMALL), 1))}, folder / "trained" / "last.pth")
+    args = resolve_args(make_args(*SMALL), 1)
+    torch.save({"identity": run_identity(args, prepared_data(args).content_hash())}, folder / "trained" / "last.pth")
     return [*SMALL, "--is_training", 0, "--checkpoint", folder / "trained" / "checkpoint.pth", "--moving_avg", 13]
 
 

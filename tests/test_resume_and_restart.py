@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from data_provider.data_factory import prepared_data
 from helpers import (SMALL_TIMERXL as TIMERXL, Streamed, assert_ok, free_port, kill_a_worker_before,
                      output_args as _outputs, records, run_cli, subprocess_env)
 
@@ -149,7 +150,7 @@ def test_resume_reads_the_training_state_onto_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", load_as_a_gpu_host_would)
     optimizer = exp.make_optimizer()
     start = checkpoint.TrainingState(exp.raw_model, optimizer, EarlyStopping(args.patience))
-    checkpoint.resume(args, setting_name(args, 0), start)
+    checkpoint.resume(args, setting_name(args, 0), start, prepared_data(args).content_hash())
     assert (start.epoch, start.windows, start.step, len(start.history)) == (2, 0, saved["global_step"], 1)
     for name, value in exp.raw_model.state_dict().items():
         assert torch.equal(value, saved["model"][name]), name
@@ -208,13 +209,13 @@ def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tm
     saved = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), stopper, running={"since_log": sums},
                                      history=history, epoch=2, step=30, windows=96, end_of_epoch=False)
     path = tmp_path / "last.pth"
-    checkpoint.save_training_state(path, saved, args)
+    checkpoint.save_training_state(path, saved, args, prepared_data(args).content_hash())
     assert set(torch.load(path, weights_only=True)) == LAST_PTH_KEYS
     with torch.no_grad():
         next(exp.raw_model.parameters()).add_(1.0)
     loaded = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3),
                                       running={"since_log": RunningLoss("cpu")})
-    checkpoint.load_training_state(path, loaded, args)
+    checkpoint.load_training_state(path, loaded, args, prepared_data(args).content_hash())
     assert (loaded.epoch, loaded.step, loaded.windows, loaded.history) == (2, 30, 96, history)
     assert (loaded.stopper.stopped, loaded.stopper.best_loss, loaded.stopper.counter) == (True, 0.5, 1)
     assert loaded.running["since_log"].state_dict() == sums.state_dict()
@@ -222,7 +223,7 @@ def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tm
     assert all(torch.equal(value, weights[name]) for name, value in exp.raw_model.state_dict().items())
     older = {key: value for key, value in torch.load(path, weights_only=True).items() if key != "best_weights"}
     torch.save(older, path)  # a last.pth from before the best weights were named in it still resumes
-    checkpoint.load_training_state(path, loaded, args)
+    checkpoint.load_training_state(path, loaded, args, prepared_data(args).content_hash())
     assert (loaded.epoch, loaded.step, loaded.history) == (2, 30, history)
 
 
@@ -241,17 +242,19 @@ def test_resume_keeps_the_fp16_loss_scale(tmp_path):
     scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0, "_growth_tracker": 7})  # as after some backoffs
     optimizer, stopper = exp.make_optimizer(), EarlyStopping(args.patience)
 
+    data_hash = prepared_data(args).content_hash()
+
     def state(grad_scaler):  # a training state after step 10 of epoch 1
         return checkpoint.TrainingState(exp.raw_model, optimizer, stopper, grad_scaler, epoch=1, step=10)
 
-    checkpoint.save_training_state(path, state(scaler), args)
+    checkpoint.save_training_state(path, state(scaler), args, data_hash)
     resumed = torch.amp.GradScaler("cpu")
-    checkpoint.load_training_state(path, state(resumed), args)
+    checkpoint.load_training_state(path, state(resumed), args, data_hash)
     assert (resumed.get_scale(), resumed.state_dict()["_growth_tracker"]) == (1024.0, 7)
     without_amp = torch.amp.GradScaler("cpu", enabled=False)  # a bf16 or fp32 run saves and loads none
-    checkpoint.save_training_state(path, state(without_amp), args)
+    checkpoint.save_training_state(path, state(without_amp), args, data_hash)
     assert torch.load(path, weights_only=True)["grad_scaler"] is None
-    checkpoint.load_training_state(path, state(without_amp), args)
+    checkpoint.load_training_state(path, state(without_amp), args, data_hash)
     assert without_amp.get_scale() == 1.0  # a disabled scaler's scale, untouched
 
 

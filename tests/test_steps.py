@@ -135,6 +135,7 @@ def test_a_training_state_records_the_last_whole_epoch(tmp_path, epoch, end_of_e
     re-seeds from it); a save in the middle of epoch 5 has finished epoch 4, and says where it stands."""
     import torch
 
+    from data_provider.data_factory import prepared_data
     from helpers import make_args, make_experiment
     from utils.checkpoint import TrainingState, save_training_state
     from utils.tools import EarlyStopping
@@ -142,7 +143,8 @@ def test_a_training_state_records_the_last_whole_epoch(tmp_path, epoch, end_of_e
     exp = make_experiment(make_args("--synthetic_rows", 1500))
     path = tmp_path / "last.pth"
     save_training_state(path, TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3), epoch=epoch, step=40,
-                                            windows=64, end_of_epoch=end_of_epoch), exp.args)
+                                            windows=64, end_of_epoch=end_of_epoch), exp.args,
+                        prepared_data(exp.args).content_hash())
     state = torch.load(path, weights_only=False)
     assert state["epoch"] == whole and state["position"]["epoch"] == epoch
 
@@ -154,6 +156,7 @@ def test_a_resume_on_as_many_processes_restores_each_ranks_running_sums(tmp_path
     drop the sums on a 300-process run without a word. Emulated: 300 processes, this one rank 0."""
     import torch
 
+    from data_provider.data_factory import prepared_data
     from exp.settings import setting_name
     from exp.steps import RunningLoss
     from helpers import make_args, make_experiment
@@ -167,11 +170,11 @@ def test_a_resume_on_as_many_processes_restores_each_ranks_running_sums(tmp_path
     saved.add(torch.tensor(12.5, dtype=torch.float64), 50, 5, grad_norm=torch.tensor(3.0, dtype=torch.float64))
     checkpoint.save_training_state(path, checkpoint.TrainingState(
         exp.raw_model, exp.make_optimizer(), EarlyStopping(3), running={"train": saved}, epoch=2, step=40, windows=600,
-        end_of_epoch=False), exp.args)
+        end_of_epoch=False), exp.args, prepared_data(exp.args).content_hash())
     assert torch.load(path, weights_only=True)["world_size"] == 300
     restored = RunningLoss("cpu")
     start = checkpoint.TrainingState(exp.raw_model, exp.make_optimizer(), EarlyStopping(3), running={"train": restored})
-    checkpoint.resume(exp.args, setting_name(exp.args, 0), start)
+    checkpoint.resume(exp.args, setting_name(exp.args, 0), start, prepared_data(exp.args).content_hash())
     assert (start.epoch, start.windows) == (2, 600)
     assert restored.state_dict() == saved.state_dict()
 

@@ -380,10 +380,7 @@ def parse_args(argv=None):
     if problem:
         parser.fail(problem)
     args.ignored_args = unknown + _unused_here(args)
-    from models import canonical_name  # here, not at the top: models/ imports utils
-
-    args.model = canonical_name(args.model)  # OpenLTM's timer_xl is TimerXL, in setting names too
-    return args  # exp.settings.resolve_args fills what other arguments and the data decide
+    return args  # exp.settings.resolve_args fills what other arguments and the data decide, --model's spelling too
 
 
 def _unused_here(args):

@@ -373,12 +373,11 @@ def _identity_args():
 IDENTITY_ARGS = _identity_args()
 
 
-def run_identity(args):
-    """What decides a run's trajectory: IDENTITY_ARGS' values and the data's content hash."""
-    from data_provider.data_factory import prepared_data  # cached: the run has prepared it already
-
+def run_identity(args, data_content_hash):
+    """What decides a run's trajectory: IDENTITY_ARGS' values and the data's content hash (the prepared data's
+    content_hash(), which the experiment hands in)."""
     identity = {name: getattr(args, name, None) for name in IDENTITY_ARGS}
-    identity["data_content_hash"] = prepared_data(args).content_hash()
+    identity["data_content_hash"] = data_content_hash
     return identity
 
 
@@ -448,8 +447,9 @@ class TrainingState:
         self.epoch, self.windows = self.epoch + 1, 0
 
 
-def save_training_state(path, state, args):
-    """last.pth: everything needed to continue `state` (a TrainingState) exactly after its step.
+def save_training_state(path, state, args, data_content_hash):
+    """last.pth: everything needed to continue `state` (a TrainingState) exactly after its step, under the
+    run's identity (run_identity: `args` and `data_content_hash`).
     A collective: every rank calls it (its generators, its running sums and, under --zero, its optimizer
     shard go in); rank 0 writes, and if it cannot, every rank stops with its one line (save_or_stop).
     fp16's loss scale is the same on every rank: it follows the all-reduced gradients."""
@@ -474,7 +474,7 @@ def save_training_state(path, state, args):
             "rng": list(rng),
             "running": list(sums),  # each rank's train-loss sums since the last evaluation and log record
             "model_args": {k: getattr(args, k) for k in MODEL_SHAPING_ARGS},
-            "identity": run_identity(args),  # a resume or restart continues only the same run
+            "identity": run_identity(args, data_content_hash),  # a resume or restart continues only the same run
             "world_size": distributed.world_size(),
             "launches": sorted({x for x in launches if x is not None}),  # every node's launch_id()
             "history": state.history,
@@ -532,28 +532,28 @@ def read_training_state(path):
     return state
 
 
-def identity_problem(path, state, args):
-    """None if the training state `state` (read from `path`) is this run's, else a one-line
+def identity_problem(path, state, args, data_content_hash):
+    """None if the training state `state` (read from `path`) is this run's (run_identity), else a one-line
     message naming every argument that differs (the world size may differ: load_training_state
     warns)."""
     if "identity" not in state:
         return (f"cannot resume from {path}: it carries no run identity (written by an older version of this "
                 "code), so nothing shows it is this run's; delete it to start over, or use another --checkpoints")
-    differing = identity_differences(state["identity"], run_identity(args))
+    differing = identity_differences(state["identity"], run_identity(args, data_content_hash))
     if not differing:
         return None
     return (f"cannot resume from {path}: it is another run's training state: " + "; ".join(differing)
             + ". Use the same arguments, or another --checkpoints folder")
 
 
-def load_training_state(path, state, args, saved=None):
+def load_training_state(path, state, args, data_content_hash, saved=None):
     """Load last.pth (`saved`: what it holds, if read already) into `state`, a TrainingState, once rank 0
-    has checked that it is this run's (same identity): the model (strictly), optimizer, early stopping,
-    fp16's loss scale, every random generator, the history and where training stands, as the interrupted
-    run left them. Returns what last.pth holds."""
+    has checked that it is this run's (the same identity of `args` and `data_content_hash`): the model
+    (strictly), optimizer, early stopping, fp16's loss scale, every random generator, the history and where
+    training stands, as the interrupted run left them. Returns what last.pth holds."""
     if saved is None:
         saved = read_training_state(path)
-    distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args), on="main")
+    distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args, data_content_hash), on="main")
     state.model.load_state_dict(saved["model"], strict=True)
     ddp.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
     scaler = state.grad_scaler
@@ -610,10 +610,10 @@ def _written_by_another_launch(state):
     return distributed.broadcast_object(not ours & set(state.get("launches", ())))
 
 
-def resume(args, setting, state):
+def resume(args, setting, state, data_content_hash):
     """Continue the run that --resume, or an elastic restart, names: its last.pth loaded into `state`, a
-    TrainingState (load_training_state). A fresh start leaves `state` as it is. Every rank must see the
-    same file."""
+    TrainingState (load_training_state; `data_content_hash`: the prepared data's, for the run's identity). A
+    fresh start leaves `state` as it is. Every rank must see the same file."""
     path = resume_path(args, setting)
     distributed.require_same(bool(path) and os.path.isfile(path),
                              f"the nodes disagree on the training state to resume (rank 0: {path}): a "
@@ -628,7 +628,7 @@ def resume(args, setting, state):
         logger.info(f"elastic restart: {path} was written by an earlier launch, not by this run's first attempt "
                     f"(stopped before it saved an epoch); starting from epoch 1")
         return
-    load_training_state(path, state, args, saved)
+    load_training_state(path, state, args, data_content_hash, saved)
 
 
 def _windows_done(position, saved_world_size):

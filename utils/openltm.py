@@ -34,6 +34,7 @@ import torch
 
 from utils.adapters import CheckpointAdapter, Lacking, any_key
 from utils.errors import UserError
+from utils.positions import sinusoid_table
 
 
 @dataclass(frozen=True)
@@ -218,21 +219,19 @@ def ours_to_openltm(state, model):
                         f"{OPENLTM_FILES[model]}: {', '.join(sorted(unmapped)[:6])}")
     if model == "Timer":
         d_model = state["embedding.weight"].shape[0]
-        out["position_embedding.pe"] = sinusoid_table(d_model, OPENLTM_PE_LEN).to(state["embedding.weight"].dtype)
+        out["position_embedding.pe"] = positions_table(d_model, OPENLTM_PE_LEN).to(state["embedding.weight"].dtype)
     return out
 
 
-def sinusoid_table(d_model, length):
+def positions_table(d_model, length):
     """OpenLTM's (and TSLib's) fixed positions, [1, length, d_model]: the table of our SinusoidalPositions."""
-    from layers.embedding import SinusoidalPositions
-
-    return SinusoidalPositions(d_model, max_len=length).table.clone()
+    return sinusoid_table(length, d_model).unsqueeze(0)
 
 
 def _check_positions(value, key):
     if value.dim() != 3 or value.shape[0] != 1:
         raise UserError(f"{key} has shape {tuple(value.shape)}, not OpenLTM's [1, length, d_model] positions")
-    expected = sinusoid_table(value.shape[-1], value.shape[1]).to(value.dtype)
+    expected = positions_table(value.shape[-1], value.shape[1]).to(value.dtype)
     if not torch.allclose(value.float().cpu(), expected.float(), atol=1e-4, rtol=0):
         raise UserError(f"{key} is not the sinusoid table OpenLTM's Timer computes (our Timer recomputes it and "
                         "cannot load other positions)")
