@@ -3,6 +3,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 # The one place tests edit sys.path: the project's packages (run, exp, models, ...) from the repository
 # root and the shared helpers (helpers.py) from tests/. Ranks that helpers.run_on_ranks spawns inherit it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -18,3 +20,22 @@ def pytest_configure(config):
     if not re.search(r"(?<!not )\bgpu\b", config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ[HIDDEN_GPUS] = "1"
+
+
+# What makes an in-process run.main take itself for a rank of a job: a test that leaves one set changes every test
+# after it (a later run.main ended pytest as "rank 1").
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def launch_variables_untouched():
+    """Each test leaves the launcher's variables as it found them (monkeypatch's own are undone before this)."""
+    before = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+    yield
+    after = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+    changed = {name: (before[name], after[name]) for name in LAUNCH_VARIABLES if before[name] != after[name]}
+    if changed:
+        for name, (value, _) in changed.items():  # the next test starts clean either way
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        pytest.fail(f"the test left launcher variables changed (before, after): {changed}")
