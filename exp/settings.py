@@ -228,6 +228,9 @@ def _weights_to_evaluate(args, setting):
     if args.checkpoint:
         return args.checkpoint, False
     own = checkpoint_path(args, setting, args.test_file_name or "checkpoint.pth")
+    if args.pretrain_model_path and distributed.is_main():  # --adaptation: a fine-tuning run's weights, said so
+        logger.warning(f"--is_training 0 with --adaptation evaluates the fine-tuned weights of setting {setting}, not "
+                       f"--pretrain_model_path {args.pretrain_model_path}; drop --adaptation to evaluate those zero-shot")
     if not args.test_dir:
         return own, False
     named = os.path.join(args.checkpoints, args.test_dir, args.test_file_name or "checkpoint.pth")

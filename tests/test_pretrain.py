@@ -191,13 +191,16 @@ def test_few_shot_fine_tuning_starts_from_the_pretrained_weights(tmp_path, pretr
 def test_a_fine_tuning_runs_arguments_with_is_training_0_evaluate_its_fine_tuned_weights(tmp_path, pretrained):
     """`--is_training 0` added to a fine-tuning command scores what that command trained (a foundation model
     still builds its sizes from the --pretrain_model_path folder), not the pre-trained weights: the same
-    metrics as the fine-tuning run's own test. Planted: --adaptation ignored (zero-shot of the pre-trained
-    weights): fails."""
+    metrics as the fine-tuning run's own test, and one warning line says so. Planted: --adaptation ignored
+    (zero-shot of the pre-trained weights): fails."""
     checkpoint = pretrained[3]
     argv = [*TIMERXL, "--features", "S", "--synthetic_rows", 1500, "--train_epochs", 1, "--model_id", "tuned",
             "--adaptation", "--pretrain_model_path", checkpoint]
     assert_ok(run_cli(tmp_path, *argv))
-    assert_ok(run_cli(tmp_path, *argv, "--is_training", 0))
+    proc = run_cli(tmp_path, *argv, "--is_training", 0)
+    assert_ok(proc)
+    said = [line for line in proc.stdout.splitlines() if line.startswith("warning: --is_training 0 with --adaptation")]
+    assert len(said) == 1 and "evaluates the fine-tuned weights of setting" in said[0] and str(checkpoint) in said[0]
     tuned, evaluated = records(tmp_path)
     assert evaluated["setting"] == tuned["setting"]
     for key in ("mse", "mae", "vali_loss"):
