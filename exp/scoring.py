@@ -149,7 +149,8 @@ class ProbabilisticScoring:
         window) had a quantile above the next level's before `quantile_order` (the rule) was applied."""
         metrics = dict(self.sums.metrics(), quantiles_crossed=int(self.crossed), quantile_order=self.objective.order)
         if self.original is not None:
-            metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items() if k != "wql_levels"})
+            metrics.update({f"{k}_orig": v for k, v in self.original.metrics().items()
+                            if k not in ("wql_levels", "msis_alpha")})  # the same on either scale
         return metrics
 
 

@@ -47,7 +47,13 @@ def score(q, y, scale, levels, batches, transform=None):
     return sums.metrics()
 
 
+GLUONTS_MSIS_ALPHA = 0.1  # benchmarks/gluonts_reference.py scores MSIS(alpha=0.1)
+
+
 def assert_equal_to(metrics, expected, rel):
+    metrics, expected = dict(metrics), dict(expected)  # gluonts' figures name no alpha; ours do
+    want_alpha = expected.pop("msis_alpha", GLUONTS_MSIS_ALPHA if "msis" in expected else None)
+    assert metrics.pop("msis_alpha", None) == want_alpha
     assert set(metrics) == set(expected)
     for name, value in expected.items():
         if name == "wql_levels":
@@ -235,6 +241,27 @@ def test_without_a_scale_no_mase_and_without_its_levels_no_msis_or_coverage():
     scaled = ProbabilisticSums((0.25, 0.5, 0.75))
     scaled.update(q, torch.tensor([[[2.5]]]), torch.ones(1, 1, dtype=torch.float64))
     assert scaled.metrics()["mase"] == 0.5 and "msis" not in scaled.metrics()
+
+
+@pytest.mark.parametrize("alpha, levels", [(0.1, (0.05, 0.5, 0.95)), (0.2, (0.1, 0.5, 0.9)), (0.5, (0.25, 0.5, 0.75))])
+def test_msis_is_the_interval_score_at_its_alpha_and_names_it(alpha, levels):
+    """MSIS at the interval 1 - alpha (gluonts' MSIS(alpha)): mean over elements of (u - l + 2/alpha (l - y)1[y < l]
+    + 2/alpha (y - u)1[y > u]) / scale, computed here with numpy; the metrics name the alpha (default 0.1, the
+    90 % interval), and without both ends among the levels there is no msis."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.sort(torch.randn(4, 6, 2, 3, generator=generator, dtype=torch.float64), dim=-1).values  # [B, P, C, L]
+    y = torch.randn(4, 6, 2, generator=generator, dtype=torch.float64)
+    scale = torch.rand(4, 2, generator=generator, dtype=torch.float64) + 0.5
+    sums = ProbabilisticSums(levels, msis_alpha=alpha) if alpha != 0.1 else ProbabilisticSums(levels)
+    sums.update(q, y, scale)
+    low, high, truth = q[..., 0].numpy(), q[..., 2].numpy(), y.numpy()
+    score = (high - low + 2 / alpha * (low - truth) * (truth < low) + 2 / alpha * (truth - high) * (truth > high))
+    want = (score / scale.numpy()[:, None, :]).mean()
+    got = sums.metrics()
+    assert got["msis"] == pytest.approx(want, rel=1e-12) and got["msis_alpha"] == alpha
+    other = ProbabilisticSums(levels, msis_alpha=0.3)
+    other.update(q, y, scale)
+    assert "msis" not in other.metrics() and "msis_alpha" not in other.metrics()
 
 
 def test_zero_denominators_follow_gluonts():

@@ -189,7 +189,7 @@ def seasonal_error(history, season, series="a series"):
 
 
 GIFT_EVAL_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-MSIS_ALPHA = 0.1  # the 90 % interval: levels 0.05 and 0.95
+MSIS_ALPHA = 0.1  # the default: the 90 % interval, levels 0.05 and 0.95
 COVERAGE_INTERVALS = {"coverage_50": (0.25, 0.75), "coverage_80": (0.1, 0.9), "coverage_90": (0.05, 0.95)}
 
 
@@ -201,19 +201,20 @@ class ProbabilisticSums:
     transform: as ErrorSums', applied to the quantiles with channels last ([L, B, P, C]) before scoring.
     metrics(): wql (GIFT-Eval's mean weighted quantile loss over its nine levels 0.1 ... 0.9 when all
     are given, else over `levels`; wql_levels says which), smape, coverage_50 / 80 / 90 (where both
-    ends of the interval are levels), and with a scale given, mase and msis (90 %, where 0.05 and 0.95
-    are levels). gluonts' rules at a zero denominator: elements whose scale is 0 are left out of mase
+    ends of the interval are levels), and with a scale given, mase and msis (the 1 - msis_alpha interval, where
+    msis_alpha / 2 and 1 - msis_alpha / 2 are levels; msis_alpha says which). gluonts' rules at a zero denominator: elements whose scale is 0 are left out of mase
     and msis, elements with y = 0 forecast as 0 out of smape; wql of all-zero truths is NaN (inf when
     some loss is not 0); a mean over no element is NaN.
     """
 
-    def __init__(self, levels, transform=None, keep_windows=False):
+    def __init__(self, levels, transform=None, keep_windows=False, msis_alpha=MSIS_ALPHA):
         levels = tuple(float(level) for level in levels)
         require(all(0 < level < 1 for level in levels) and list(levels) == sorted(set(levels)) and 0.5 in levels,
                 f"quantile levels must be distinct, sorted, in (0, 1) and include 0.5; got {list(levels)}")
         self.levels, self.transform = levels, transform
         self.wql_levels = GIFT_EVAL_LEVELS if set(GIFT_EVAL_LEVELS) <= set(levels) else levels
-        lo, hi = MSIS_ALPHA / 2, 1 - MSIS_ALPHA / 2
+        self.msis_alpha = float(msis_alpha)
+        lo, hi = self.msis_alpha / 2, 1 - self.msis_alpha / 2
         self._msis_ends = (levels.index(lo), levels.index(hi)) if lo in levels and hi in levels else None
         self._intervals = {name: (levels.index(a), levels.index(b))
                            for name, (a, b) in COVERAGE_INTERVALS.items() if a in levels and b in levels}
@@ -258,8 +259,8 @@ class ProbabilisticSums:
             parts += [_window_sums(torch.where(scaled, abs_err / safe, 0)), _window_sums(scaled)]
             if self._msis_ends is not None:
                 low, high = q[..., self._msis_ends[0]], q[..., self._msis_ends[1]]
-                score = (high - low + (2 / MSIS_ALPHA) * (low - true) * (true < low)
-                         + (2 / MSIS_ALPHA) * (true - high) * (true > high))
+                score = (high - low + (2 / self.msis_alpha) * (low - true) * (true < low)
+                         + (2 / self.msis_alpha) * (true - high) * (true > high))
                 parts += [_window_sums(torch.where(scaled, score / safe, 0)), _window_sums(scaled)]
             else:
                 parts += [torch.zeros(windows, dtype=torch.float64, device=true.device)] * 2
@@ -313,6 +314,7 @@ class ProbabilisticSums:
             out["mase"] = _ratio(s["ase"], s["ase_count"])
             if self._msis_ends is not None:
                 out["msis"] = _ratio(s["interval_score"], s["interval_score_count"])
+                out["msis_alpha"] = self.msis_alpha
         elif s["scaled_windows"]:
             raise ValueError(f"a scale was given for {s['scaled_windows']:.0f} of {s['windows']:.0f} windows; "
                              "MASE needs it for all or none")
