@@ -240,6 +240,7 @@ def run(args):
                 warned = True
             result = {"identity": identity, "config": config, "windows": n_windows, "point_only": point_only,
                       "quantiles_crossed": crossed, "quantile_order": quantile_order(args, point_only),
+                      "msis_alpha": scores.MSIS_ALPHA,  # the MSIS column's interval: GIFT-Eval's 95 %
                       "metrics": scores.metrics(all_rows), "seasonal_naive": scores.metrics(ref_rows)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
             crossing = ("" if point_only else f"quantiles crossed at {crossed} of {n_windows * config['horizon']} "
