@@ -61,8 +61,8 @@ def check_series_as_given(args, cls):
         return
     data = prepared_data(args)
     require(data.scaler is not None or not data.per_series_scaling or args.data == "m4",  # M4 is never scaled
-            f"--model {args.model} forecasts each series as given (its release's own scaling"
-            + (" and non-negativity rule" if args.model == "TimesFM25" else "") + f"), but --data {args.data} "
+            f"--model {args.model} forecasts each series as given (its release's own scaling rules), "
+            f"but --data {args.data} "
             "z-scores every series with its own training part, which cannot be undone window by window: add "
             "--scale false (its metrics are then on each series' own scale)")
 

@@ -122,9 +122,7 @@ class Model(nn.Module):
     inputs_used = ("x_enc",)
     quantile_levels = chronos2.RELEASED_QUANTILES
     checkpoint_adapters = (chronos2.CHRONOS2,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

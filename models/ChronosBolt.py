@@ -69,9 +69,7 @@ class Model(nn.Module):
     inputs_used = ("x_enc",)
     quantile_levels = tuple(chronos_bolt.RELEASED_CHRONOS_CONFIG["quantiles"])  # the released models' 9 levels
     checkpoint_adapters = (chronos_bolt.CHRONOS_BOLT,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

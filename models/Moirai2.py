@@ -63,9 +63,7 @@ class Model(nn.Module):
                                                 "variate, which softmax ignores (kept frozen for the release)"}
     quantile_levels = release.QUANTILES
     checkpoint_adapters = (release.MOIRAI2,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

@@ -66,9 +66,7 @@ class Model(nn.Module):
     quantile_levels = QUANTILE_LEVELS
     default_num_samples = DEFAULT_SAMPLES
     checkpoint_adapters = (release.SUNDIAL,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

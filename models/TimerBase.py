@@ -151,9 +151,7 @@ class Model(nn.Module):
     inputs_used = ("x_enc",)
     computes_loss = True  # fine-tunes on next-token MSE (module docstring)
     checkpoint_adapters = (timer_hf.TIMER_BASE,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

@@ -100,9 +100,7 @@ class Model(nn.Module):
     inputs_used = ("x_enc",)
     quantile_levels = tuple(RELEASED.quantiles)  # 0.1, ..., 0.9
     checkpoint_adapters = (release.TIMESFM25,)
-    # the release's own forecast of the user's series: the window unscaled from --scale's z-scores, the forecast
-    # scaled back for scoring (exp.adaptation.series_as_given)
-    series_as_given = True
+    series_as_given = True  # forecasts the user's series as the file holds it (exp.adaptation)
 
     def __init__(self, configs):
         super().__init__()

@@ -19,8 +19,8 @@ from utils import sundial
 from utils import time_moe
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
-from utils.files import (atomic_write, file_versions, give_open_mode, lock_holder, release_file_lock, same_file,
-                         take_file_lock)
+from utils.files import (atomic_write, file_version, file_versions, give_open_mode, lock_holder, release_file_lock,
+                         same_file, take_file_lock)
 from utils.tools import rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
@@ -53,11 +53,6 @@ class _Hashing:
 _digests = {}
 
 
-def _version(path):
-    stat = os.stat(path)
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
 def save_hashed(obj, path):
     """save_atomic, keeping the file's sha256 as it is written (file_sha256 need not read it back)."""
     hashing = []
@@ -67,14 +62,14 @@ def save_hashed(obj, path):
         torch.save(obj, hashing[0])
 
     atomic_write(path, write)
-    _digests[os.path.abspath(path)] = (hashing[0].sha256.hexdigest(), _version(path))
+    _digests[os.path.abspath(path)] = (hashing[0].sha256.hexdigest(), file_version(os.stat(path)))
     return path
 
 
 def file_sha256(path, f=None):
     """The sha256 of the file at `path` (read from the open file `f` if given, which is left at its start),
     read once per version of the file."""
-    key, version = os.path.abspath(path), _version(path) if f is None else _fd_version(f)
+    key, version = os.path.abspath(path), file_version(os.stat(path) if f is None else os.fstat(f.fileno()))
     known = _digests.get(key)
     if known is not None and known[1] == version:
         return known[0]
@@ -85,11 +80,6 @@ def file_sha256(path, f=None):
         source.seek(0)
     _digests[key] = (digest.hexdigest(), version)
     return digest.hexdigest()
-
-
-def _fd_version(f):
-    stat = os.fstat(f.fileno())
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 # What the last read_weights of this process read, and the last load_weights loaded: {"path" (as given), "file"

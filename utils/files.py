@@ -39,13 +39,18 @@ def open_mode():
     return 0o666 & ~current_umask()
 
 
+def file_version(stat):
+    """A file's version as an os.stat result tells it: (inode, mtime, size); a rewrite or a replacement moves it."""
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
 def file_versions(folder):
     """{name: (inode, mtime, size)} of the plain files in `folder` ({} if it is not there): what give_open_mode
     compares with."""
     if not os.path.isdir(folder):
         return {}
-    return {entry.name: (s.st_ino, s.st_mtime_ns, s.st_size) for entry in os.scandir(folder)
-            if entry.is_file(follow_symlinks=False) for s in (entry.stat(follow_symlinks=False),)}
+    return {entry.name: file_version(entry.stat(follow_symlinks=False)) for entry in os.scandir(folder)
+            if entry.is_file(follow_symlinks=False)}
 
 
 def give_open_mode(folder, before):
