@@ -29,7 +29,7 @@ PIP_NAMES = {"mamba_ssm": "mamba-ssm", "reformer_pytorch": "reformer-pytorch", "
 def available_models():
     names = []
     for info in pkgutil.iter_modules([str(_HERE)]):
-        if info.name.startswith("_"):
+        if info.name.startswith("_") or info.ispkg:
             continue
         source = (_HERE / f"{info.name}.py").read_text()
         if "class Model(" in source:
