@@ -1,7 +1,7 @@
 """Series decomposition into a moving-average trend and a seasonal remainder (Autoformer / DLinear).
 
 One moving average, two ways to compute it: `moving_average` pools (O(L k), TSLib's own arithmetic:
-Autoformer's family, layers/Autoformer_EncDec, uses it), `moving_average_matrix` is the same linear map
+Autoformer's family, layers/tslib/Autoformer_EncDec, uses it), `moving_average_matrix` is the same linear map
 as an [L, L] matrix, which DLinear and TimeMixer fold into their own products.
 """
 import torch

@@ -1,6 +1,6 @@
 """Input embeddings shared by the Transformer-family forecasters (TSLib's Embed.py, written once).
 
-The classes are named for what they do; layers/Embed.py offers TSLib's classes (DataEmbedding, ...) under
+The classes are named for what they do; layers/tslib/Embed.py offers TSLib's classes (DataEmbedding, ...) under
 TSLib's names and state_dict keys, built on this module's functions (circular_token_conv, cut_patches) and
 utils.positions.sinusoid_table, so both sets compute with one implementation and keep their own checkpoints'
 key names.

@@ -2,7 +2,7 @@
 
 Used by the channel-independent and Transformer forecasters: each window is z-scored per
 channel with its own statistics before the network, and the forecast is mapped back. TSLib's
-layers/StandardNorm.Normalize (its names and keys) computes with this module's window_statistics.
+layers/tslib/StandardNorm.Normalize (its names and keys) computes with this module's window_statistics.
 """
 import torch
 from torch import nn

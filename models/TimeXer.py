@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.encoder import activation_fn
-from layers.Embed import DataEmbedding_inverted, PositionalEmbedding
 from layers.normalization import InstanceNorm
-from layers.SelfAttention_Family import AttentionLayer, FullAttention
+from layers.tslib.Embed import DataEmbedding_inverted, PositionalEmbedding
+from layers.tslib.SelfAttention_Family import AttentionLayer, FullAttention
 from models.PatchTST import FlattenHead
 
 

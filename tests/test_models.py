@@ -472,7 +472,7 @@ def test_a_training_forwards_masks_come_from_one_draw_per_sample(name):
      "models/Borrowed.py imports reformer_pytorch, which is not installed: pip install reformer-pytorch"),
     ("import no_such_package_here.ops",  # a package the table does not know: its import name
      "models/Borrowed.py imports no_such_package_here, which is not installed: pip install no_such_package_here"),
-    ("from borrowed_layer import Decomposition",  # TSLib's WPMixer: pywt through layers/DWT_Decomposition.py
+    ("from borrowed_layer import Decomposition",  # TSLib's WPMixer: pywt through layers/tslib/DWT_Decomposition.py
      "models/Borrowed.py imports pywt (through models/borrowed_layer.py), which is not installed: "
      "pip install PyWavelets"),
 ])

@@ -1,4 +1,4 @@
-"""TSLib's layer surface (layers/Embed.py, SelfAttention_Family.py, Transformer_EncDec.py, StandardNorm.py,
+"""TSLib's layer surface (layers/tslib/: Embed.py, SelfAttention_Family.py, Transformer_EncDec.py, StandardNorm.py,
 Conv_Blocks.py, utils/masking.py) without a TSLib checkout: the modules and classes TSLib's long-term
 forecasting model files import, with TSLib's constructor and forward signatures and state_dict key names
 (a TSLib checkpoint loads); a few values known exactly; and attention dropout keyed by the sample, so a
@@ -6,9 +6,13 @@ TSLib-style encoder built from these layers trains alike on 1 and 2 processes.
 benchmarks/tslib_layers.py --tslib PATH compares every class with TSLib's own code, forward and gradients.
 """
 import importlib
+import importlib.util
 import inspect
 import math
+import subprocess
+import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from torch import nn
 
 from helpers import run_on_ranks
 from utils.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
 
 # module -> {class: (constructor parameters, forward parameters)}, as TSLib (4e938a1) spells them
 SURFACE = {
@@ -271,3 +277,60 @@ def _same_training(inner, single, pair):
     for name, weight in single.items():
         torch.testing.assert_close(torch.from_numpy(pair[name]), torch.from_numpy(weight), rtol=1e-6, atol=1e-7,
                                    msg=f"{inner}: {name}")
+
+
+def test_tslibs_module_names_import_the_modules_of_layers_tslib():
+    """`from layers.Embed import DataEmbedding`, as a TSLib model file writes it, gives layers.tslib.Embed's class:
+    one module under two names, whichever is imported first, so isinstance holds across them."""
+    import layers
+    from layers.tslib import Embed
+    assert sorted(layers.TSLIB_MODULES) == sorted(p.stem for p in (REPO / "layers" / "tslib").glob("[A-Z]*.py"))
+    assert importlib.import_module("layers.Embed") is Embed
+    assert importlib.import_module("layers.Embed").__spec__.name == "layers.tslib.Embed"
+    from layers.Embed import DataEmbedding
+    assert isinstance(DataEmbedding(3, 8), Embed.DataEmbedding)
+    tslib_first = ("from layers.Transformer_EncDec import Encoder; import layers.tslib.Transformer_EncDec as t; "
+                   "import layers.Transformer_EncDec as u; import sys; assert Encoder is t.Encoder and t is u; "
+                   "assert 'layers.Transformer_EncDec' in sys.modules; print('ok')")
+    done = subprocess.run([sys.executable, "-c", tslib_first], cwd=REPO, capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_dropped_in_tslib_style_file_imports_by_tslibs_names(tmp_path):
+    """A model file written as TSLib writes them, its imports unchanged, builds and runs on these layers."""
+    (tmp_path / "DroppedIn.py").write_text(
+        "from torch import nn\n"
+        "from layers.Embed import DataEmbedding\n"
+        "from layers.SelfAttention_Family import AttentionLayer, FullAttention\n"
+        "from layers.StandardNorm import Normalize\n"
+        "from layers.Transformer_EncDec import Encoder, EncoderLayer\n\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self, c_in=3, d_model=8):\n"
+        "        super().__init__()\n"
+        "        self.norm = Normalize(c_in)\n"
+        "        self.embedding = DataEmbedding(c_in, d_model, 'timeF', 'h', 0.0)\n"
+        "        self.encoder = Encoder([EncoderLayer(AttentionLayer(FullAttention(False, attention_dropout=0.0),\n"
+        "                                                             d_model, 2), d_model, 16, dropout=0.0)])\n\n"
+        "    def forward(self, x, x_mark):\n"
+        "        return self.encoder(self.embedding(self.norm(x, 'norm'), x_mark))[0]\n")
+    spec = importlib.util.spec_from_file_location("DroppedIn", tmp_path / "DroppedIn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from layers.tslib.Transformer_EncDec import Encoder
+    model = module.Model()
+    assert isinstance(model.encoder, Encoder)
+    assert model(torch.randn(2, 12, 3), torch.randn(2, 12, 4)).shape == (2, 12, 8)
+
+
+def test_a_tslib_checkouts_own_layers_package_is_left_alone(tmp_path):
+    """With a TSLib checkout's `layers` imported in place of ours (benchmarks.checkouts.packages_from), its names
+    are its own files: the alias answers under this repository's package only."""
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "__init__.py").write_text("")
+    (tmp_path / "layers" / "Embed.py").write_text("THEIRS = True\n")
+    swap = (f"import sys; import layers.Embed; "
+            f"[sys.modules.pop(n) for n in list(sys.modules) if n.split('.')[0] == 'layers']; "
+            f"sys.path.insert(0, {str(tmp_path)!r}); import layers.Embed as e; assert e.THEIRS\n"
+            f"try:\n    import layers.Conv_Blocks\nexcept ImportError as e:\n    print(e.name)")
+    done = subprocess.run([sys.executable, "-c", swap], cwd=REPO, capture_output=True, text=True)
+    assert done.stdout.strip() == "layers.Conv_Blocks", done.stdout + done.stderr  # theirs lacks it: not ours

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from scipy.special import eval_legendre
 
-from layers.FourierCorrelation import _attend, _complex_weights, _rfft
+from layers.tslib.FourierCorrelation import _attend, _complex_weights, _rfft
 
 
 # ---------- Legendre multiwavelet filters (float64 NumPy, built once per block) ----------

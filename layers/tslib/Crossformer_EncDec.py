@@ -7,7 +7,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from layers.SelfAttention_Family import TwoStageAttentionLayer
+from layers.tslib.SelfAttention_Family import TwoStageAttentionLayer
 
 
 class SegMerging(nn.Module):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.Embed import DataEmbedding
-from layers.SelfAttention_Family import AttentionLayer, FullAttention
+from layers.tslib.Embed import DataEmbedding
+from layers.tslib.SelfAttention_Family import AttentionLayer, FullAttention
 
 
 def _scale_sizes(input_size, window_size):

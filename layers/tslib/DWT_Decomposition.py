@@ -7,5 +7,5 @@ installed the module still refuses, in one line: the decomposition is not writte
 """
 import pywt  # noqa: F401  (the package a model file importing this layer needs)
 
-raise ImportError("layers/DWT_Decomposition.py: TSLib's wavelet Decomposition (WPMixer) is not part of this "
+raise ImportError("layers/tslib/DWT_Decomposition.py: TSLib's wavelet Decomposition (WPMixer) is not part of this "
                   "codebase yet; run that model in TSLib")

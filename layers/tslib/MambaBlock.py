@@ -9,5 +9,5 @@ written here yet.
 """
 from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # noqa: F401
 
-raise ImportError("layers/MambaBlock.py: TSLib's Mamba_TimeVariant is not part of this codebase yet; run "
+raise ImportError("layers/tslib/MambaBlock.py: TSLib's Mamba_TimeVariant is not part of this codebase yet; run "
                   "that model in TSLib")

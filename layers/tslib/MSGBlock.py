@@ -10,7 +10,7 @@ from einops.layers.torch import Rearrange
 from torch import nn, Tensor
 
 # TSLib's MSGBlock defines FullAttention again; here it is the one of SelfAttention_Family, same function
-from layers.SelfAttention_Family import FullAttention  # noqa: F401 (also TSLib's name in this module)
+from layers.tslib.SelfAttention_Family import FullAttention  # noqa: F401 (also TSLib's name in this module)
 
 
 class Predict(nn.Module):
