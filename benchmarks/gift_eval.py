@@ -23,7 +23,7 @@ Models: benchmarks/gift_eval_models.py runs any model of this codebase; written 
 (seasonal naive, GIFT-Eval's reference, naive and mean), each with
 Gaussian quantiles from its in-sample residuals (Hyndman & Athanasopoulos, Forecasting: Principles and
 Practice, 3rd ed., section 5.5, the benchmark methods' h-step standard deviations), which are statsforecast's
-SeasonalNaive and Naive, GIFT-Eval's reference rows (benchmarks/gift_eval_statsforecast.py checks them).
+SeasonalNaive and Naive, GIFT-Eval's reference rows (lab/gift_eval_statsforecast.py checks them).
 """
 import argparse
 import csv

@@ -166,7 +166,7 @@ def _wall(row):
 
 def shown_command():
     """This run's command line, after PYTHONPATH when set: a folder there can change what every
-    run computes (benchmarks/tf32 emulates TF32 products)."""
+    run computes (lab/tf32 emulates TF32 products)."""
     path = os.environ.get("PYTHONPATH")
     return (f"PYTHONPATH={shlex.quote(path)} " if path else "") + " ".join(shlex.quote(a) for a in sys.argv)
 

@@ -1,12 +1,15 @@
 """The rules of docs/architecture.md that code can break silently: no import cycle among the project's
 modules, nothing imported upward (a model file knows neither the experiment, nor the data, nor
-checkpoints; utils/ is the floor, importing none of the other packages), and a training loop small
-enough to read top to bottom."""
+checkpoints; utils/ is the floor, importing none of the other packages; the product imports neither
+benchmarks/ nor lab/), and a training loop small enough to read top to bottom."""
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("exp", "utils", "data_provider", "layers", "models")
+# The harnesses users run (benchmarks/) and the cross-checks and one-off measurements (lab/, lab/README.md) import
+# the product; the product (run.py and PACKAGES) imports neither, and benchmarks/ does not import lab/.
+TOOLING = {"benchmarks": ("lab",), "lab": ()}
 
 # package (or module) -> what it must never import, imports inside functions included
 UPWARD = {
@@ -22,7 +25,7 @@ LOOP, LOOP_LINES, FUNCTION_LINES = "exp/exp_forecast.py", 300, 50
 def project_modules(root):
     """{dotted name: path} of run.py and every module of the project's packages under `root`."""
     modules = {"run": root / "run.py"} if (root / "run.py").exists() else {}
-    for package in PACKAGES:
+    for package in (*PACKAGES, *TOOLING):
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -81,6 +84,16 @@ def upward_imports(graph):
             if any(within(imported, b) for b in banned)]
 
 
+def tooling_imports(graph):
+    """'a imports b' for each module of the product importing benchmarks/ or lab/, and of benchmarks/ importing lab/."""
+    def top(module):
+        return module.split(".")[0]
+
+    banned = {**{package: tuple(TOOLING) for package in ("run", *PACKAGES)}, **TOOLING}
+    return [f"{module} imports {imported}" for module, imports in sorted(graph.items()) for imported in sorted(imports)
+            if top(imported) in banned.get(top(module), ())]
+
+
 def long_functions(path, limit):
     """'name (n lines)' for each function or method of the file longer than `limit` lines, decorators included."""
     tree = ast.parse(path.read_text(), str(path))
@@ -113,6 +126,20 @@ def test_the_checks_find_a_planted_cycle_and_upward_import(tmp_path):
     assert import_cycle(graph) == ["exp.loop", "exp.steps", "exp.loop"]
     assert upward_imports(graph) == ["models.Net imports utils.checkpoint", "utils.arguments imports models",
                                      "utils.checkpoint imports exp", "utils.checkpoint imports exp.steps"]
+
+
+def test_the_product_imports_neither_benchmarks_nor_lab(tmp_path):
+    assert tooling_imports(import_graph(REPO)) == []
+    for package in (*PACKAGES, *TOOLING):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "run.py").write_text("import lab.tool\n")
+    (tmp_path / "exp" / "outputs.py").write_text("def table():\n    from benchmarks.report import summarise\n")
+    (tmp_path / "benchmarks" / "report.py").write_text("from lab import tool\n")
+    (tmp_path / "lab" / "tool.py").write_text("from benchmarks import report\nimport exp.outputs\n")
+    assert tooling_imports(import_graph(tmp_path)) == [
+        "benchmarks.report imports lab", "benchmarks.report imports lab.tool", "exp.outputs imports benchmarks.report",
+        "run imports lab.tool"]
 
 
 def test_the_training_loop_stays_small_enough_to_read_top_to_bottom():

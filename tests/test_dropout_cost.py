@@ -114,7 +114,7 @@ def test_a_training_attention_step_at_1280_tokens_stays_below_its_weights():
     """Issue 43 item 1: one keyed training attention step (forward and backward) at 1 280 tokens rises by
     2 [B, H, S, S] float32 tensors above its start, one of them the learned mask's own gradient; written out
     it rose by 4. Measured in a fresh process as its resident high-water mark, glibc made to unmap every
-    freed block (as benchmarks/bench_attention_dropout.py does)."""
+    freed block (as lab/bench_attention_dropout.py does)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", PEAK.format(repo=str(REPO))], capture_output=True, text=True,
                           env=env, timeout=120)

@@ -1,5 +1,5 @@
 """The GIFT-Eval harness (benchmarks/gift_eval.py, issue 42): GIFT-Eval's rules, its all_results.csv equal to
-gluonts' evaluate_model on fixed forecasts (tests/golden/gift_eval/, written by benchmarks/gift_eval_reference.py
+gluonts' evaluate_model on fixed forecasts (tests/golden/gift_eval/, written by lab/gift_eval_reference.py
 in a gluonts venv), the same CSV on 1, 2 and 3 gloo processes and any batch size, resuming, point forecasts,
 and bad inputs. Data sets are small synthetic ones in GIFT-Eval's layout (Arrow, as save_to_disk writes it)."""
 import csv
@@ -83,7 +83,7 @@ def test_rules_are_gift_evals():
 
 def test_the_baselines_are_statsforecasts(tmp_path):
     """Seasonal naive and naive with their nine quantiles equal statsforecast's SeasonalNaive and Naive (GIFT-Eval's
-    reference rows) on committed figures (benchmarks/gift_eval_statsforecast.py, in its own venv)."""
+    reference rows) on committed figures (lab/gift_eval_statsforecast.py, in its own venv)."""
     cases = json.loads((GOLDEN / "statsforecast.json").read_text())["cases"]
     for case in cases:
         for name in ("naive", "seasonal_naive"):
@@ -421,9 +421,9 @@ def test_a_quantile_model_gives_gift_evals_nine_of_its_levels(tmp_path):
 
 def test_seasonal_naive_rows_equal_gift_evals_own_pipeline(tmp_path):
     """GIFT-Eval's Dataset, its notebook's statsforecast SeasonalNaive predictor and gluonts' evaluate_model, run
-    by benchmarks/gift_eval_official.py on its synthetic sets (NaN gaps, multivariate, m4, 10-second data; 11
+    by lab/gift_eval_official.py on its synthetic sets (NaN gaps, multivariate, m4, 10-second data; 11
     configurations): the harness's rows agree to float32 rounding (measured: at most 2.9e-7 relative, MSIS)."""
-    from benchmarks.gift_eval_official import synthetic_sets
+    from lab.gift_eval_official import synthetic_sets
 
     official = json.loads((GOLDEN / "official.json").read_text())["rows"]
     sets = synthetic_sets()

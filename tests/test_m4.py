@@ -1,7 +1,7 @@
 """M4 short-term forecasting (issue 42 item 3): TSLib's layout, windows, losses and summary, exact on any number of
 processes, and TSLib's M4 scripts run unchanged. M4's data is not shipped: every test writes a small M4-shaped
 folder (data_provider.m4.write_synthetic_m4); the summary's figures are checked against those TSLib's
-m4_summary gives on the committed fixture (tests/golden/m4, benchmarks/m4_crosscheck.py)."""
+m4_summary gives on the committed fixture (tests/golden/m4, lab/m4_crosscheck.py)."""
 import json
 import os
 import shlex
@@ -111,9 +111,9 @@ def test_one_two_and_three_processes_give_the_same_forecasts_and_figures(tmp_pat
 
 
 def test_the_summary_equals_tslibs_m4_summary_on_the_fixture():
-    """benchmarks/m4_crosscheck.py: TSLib's m4_summary on the fixture's files gave expected.json (unrounded, and
+    """lab/m4_crosscheck.py: TSLib's m4_summary on the fixture's files gave expected.json (unrounded, and
     rounded as TSLib prints); utils.m4 on the same files gives the same to 1e-9."""
-    from benchmarks.m4_crosscheck import FIXTURE, TOLERANCE, largest_difference, ours
+    from lab.m4_crosscheck import FIXTURE, TOLERANCE, largest_difference, ours
 
     expected = json.loads((FIXTURE / "expected.json").read_text())
     mine = ours()

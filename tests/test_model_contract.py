@@ -39,7 +39,7 @@ CONTRACT_ARGS = [
     "--dropout", 0, "--data", "synthetic", "--synthetic_rows", 400, "--synthetic_channels", 7,
     "--batch_size", 4, "--num_threads", 1, "--use_gpu", "false",
     # A model that cannot run this small (TSLib's MultiPatchFormer fixes patches up to 32 steps) gets its own
-    # settings on top: benchmarks/tslib_models.py passes a dropped-in file's here.
+    # settings on top: lab/tslib_models.py passes a dropped-in file's here.
     *shlex.split(os.environ.get("TSL_CONTRACT_ARGS", "")),
 ]
 SEED, OTHER_SEED = 2021, 7
@@ -56,7 +56,7 @@ class ModelSpec(NamedTuple):
     zoo: bool | None = None
 
 
-# Files dropped in under a zoo model's name (benchmarks/tslib_models.py copies TSLib's TiDE.py over ours in a
+# Files dropped in under a zoo model's name (lab/tslib_models.py copies TSLib's TiDE.py over ours in a
 # scratch copy): held to what every file must do, not to the zoo's own clauses.
 DROPPED_IN = frozenset(shlex.split(os.environ.get("TSL_CONTRACT_DROPPED_IN", "")))
 
@@ -854,7 +854,7 @@ def test_forward_rounding_is_the_models_own(broken_models):
 
 def test_zoo_membership():
     """The zoo's clauses go by models.ZOO, except for a file dropped in under a zoo name (TSLib's TiDE.py in
-    benchmarks/tslib_models.py's scratch copy: TSL_CONTRACT_DROPPED_IN) or a self-test's explicit flag."""
+    lab/tslib_models.py's scratch copy: TSL_CONTRACT_DROPPED_IN) or a self-test's explicit flag."""
     assert in_zoo(ModelSpec("TiDE")) and not in_zoo(ModelSpec("SCINet"))
     with mock.patch(f"{__name__}.DROPPED_IN", frozenset({"TiDE"})):
         assert not in_zoo(ModelSpec("TiDE")) and in_zoo(ModelSpec("DLinear"))

@@ -1,5 +1,5 @@
 """Probabilistic metrics (utils.metrics.ProbabilisticSums, seasonality, seasonal_error) against gluonts'
-own figures on committed fixtures (benchmarks/gluonts_reference.py wrote them, in a gluonts venv), on
+own figures on committed fixtures (lab/gluonts_reference.py wrote them, in a gluonts venv), on
 1, 2 and 3 gloo processes, and their edge cases."""
 import json
 from pathlib import Path
@@ -47,7 +47,7 @@ def score(q, y, scale, levels, batches, transform=None):
     return sums.metrics()
 
 
-GLUONTS_MSIS_ALPHA = 0.1  # benchmarks/gluonts_reference.py scores MSIS(alpha=0.1)
+GLUONTS_MSIS_ALPHA = 0.1  # lab/gluonts_reference.py scores MSIS(alpha=0.1)
 
 
 def assert_equal_to(metrics, expected, rel):

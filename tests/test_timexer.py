@@ -1,6 +1,6 @@
 """TimeXer with exogenous variables (--features MS, --covariate): the target is the one endogenous series, the
 other columns reach it only through its global token's cross-attention, and training is exact on 1 and 2
-processes. Its function against TSLib's own TimeXer: benchmarks/tslib_timexer.py --tslib PATH."""
+processes. Its function against TSLib's own TimeXer: lab/tslib_timexer.py --tslib PATH."""
 import types
 
 import pytest

@@ -3,7 +3,7 @@ Conv_Blocks.py, utils/masking.py) without a TSLib checkout: the modules and clas
 forecasting model files import, with TSLib's constructor and forward signatures and state_dict key names
 (a TSLib checkpoint loads); a few values known exactly; and attention dropout keyed by the sample, so a
 TSLib-style encoder built from these layers trains alike on 1 and 2 processes.
-benchmarks/tslib_layers.py --tslib PATH compares every class with TSLib's own code, forward and gradients.
+lab/tslib_layers.py --tslib PATH compares every class with TSLib's own code, forward and gradients.
 """
 import importlib
 import importlib.util

@@ -1,7 +1,7 @@
 """TSLib's layer surface, second half (layers/Autoformer_EncDec, AutoCorrelation, FourierCorrelation,
 MultiWaveletCorrelation, ETSformer_EncDec, Pyraformer_EncDec, Crossformer_EncDec, MSGBlock,
 TimeFilter_layers, DWT_Decomposition, MambaBlock), without TSLib: the names and signatures TSLib's model
-files call, and small known values. benchmarks/tslib_layers.py --tslib checks them against TSLib's code.
+files call, and small known values. lab/tslib_layers.py --tslib checks them against TSLib's code.
 """
 import importlib
 import importlib.util

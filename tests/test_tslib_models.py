@@ -1,9 +1,9 @@
-"""benchmarks/tslib_models.py's pieces on a fake TSLib checkout (CI has no real one): which files are
+"""lab/tslib_models.py's pieces on a fake TSLib checkout (CI has no real one): which files are
 long-term forecasting, the scratch copy with one file dropped in, the refusal of a file whose package is not
 installed, the contract tests it selects, and the metrics it compares."""
 import pytest
 
-from benchmarks import tslib_models
+from lab import tslib_models
 
 FORECASTER = '''import torch
 import torch.nn as nn
@@ -89,7 +89,7 @@ def test_the_scratch_copy_holds_the_working_tree_and_the_one_file(checkout, tmp_
     scratch = tslib_models.scratch_copy(tslib_models.REPO, tmp_path / "repo", checkout / "models" / "Linear.py")
     assert (scratch / "models" / "Linear.py").read_text() == FORECASTER
     assert not (scratch / "models" / "iLinear.py").exists()
-    for name in ("run.py", "models/DLinear.py", "tests/test_model_contract.py", "benchmarks/tslib_models.py"):
+    for name in ("run.py", "models/DLinear.py", "tests/test_model_contract.py", "lab/tslib_models.py"):
         assert (scratch / name).is_file(), name
     (scratch / "models" / "iLinear.py").write_text(FORECASTER)
     collected = tslib_models.collect_contract(scratch)
@@ -170,7 +170,7 @@ def test_a_merged_results_file_names_every_run_its_rows_come_from(tmp_path):
     commit and seconds (the results file must say where every figure comes from)."""
     import json
 
-    earlier = dict(command="python benchmarks/tslib_models.py --files A B", date="2026-01-01 10:00 UTC",
+    earlier = dict(command="python lab/tslib_models.py --files A B", date="2026-01-01 10:00 UTC",
                    version="commit abc1234", seconds=100.0, files=2)
     rows = [dict(file=f"models/{name}.py", status="fails", difference="", reload="", contract="", seconds="50",
                  note="old") for name in "AB"]
@@ -180,7 +180,7 @@ def test_a_merged_results_file_names_every_run_its_rows_come_from(tmp_path):
                                        [str(tmp_path / "earlier.json")])
     assert [(row["file"], row["status"]) for row in merged] == [("models/A.py", "fails"), ("models/B.py", "runs")]
     text = tslib_models.markdown(merged, [], tmp_path, runs)
-    assert "- `python benchmarks/tslib_models.py --files A B`, 2026-01-01 10:00 UTC, this repository's commit " \
+    assert "- `python lab/tslib_models.py --files A B`, 2026-01-01 10:00 UTC, this repository's commit " \
            "abc1234, 100 s (2 files)" in text
     assert "- `python again`, " in text and ", 160 s of runs in all" in text and "**1 of 2 model files run" in text
 
@@ -297,7 +297,7 @@ def test_the_committed_table_is_read_back_as_it_was_written(tmp_path):
                  reload="same metrics", contract="14/14", seconds="145", note="max |difference| 1.19e-07; two"),
             dict(file="models/M.py", status="refused", difference="", micro="", reload="", contract="", seconds="9",
                  note="error: pip install m")]
-    runs = [tslib_models.run_record(f"python benchmarks/tslib_models.py --files {name}", 10.0 * n, 1)
+    runs = [tslib_models.run_record(f"python lab/tslib_models.py --files {name}", 10.0 * n, 1)
             for n, name in enumerate("AM", 1)]
     text = tslib_models.markdown(rows, [("Chronos", "wraps a | model")], tmp_path, runs)
     (tmp_path / "t.md").write_text(text)

@@ -18,7 +18,7 @@ Sources of the facts (numbers written here, no code taken):
   Hourly weighted by their numbers of series and Average the mean of all six so weighted; MASE's scale is
   the in-sample seasonal naive error at M4-info.csv's Frequency; sMAPE counts 0 / 0 as 0; OWA is taken on
   the grouped figures; M4's own Naive2 forecasts (submission-Naive2.csv) are read as float32, as TSLib
-  reads them. benchmarks/m4_crosscheck.py checks every figure against TSLib's m4_summary to 1e-9.
+  reads them. lab/m4_crosscheck.py checks every figure against TSLib's m4_summary to 1e-9.
 
 Everything here is float64 NumPy on whole frequencies, computed once, on one process (rank 0), from the
 forecasts every rank gathered: the summary does not depend on how many processes forecast.

@@ -12,9 +12,9 @@
 # tail padding, `--times_padding tail` (0.4157, as with zeros), the paper's d_model rule, `--d_model 32`
 # (0.4058), and dropping the epoch's last, one-window training batch as TSLib's loader did when TimesNet
 # was published, `--train_drop_last` (0.4156). GPUs' TF32 arithmetic, emulated on the CPU with
-# PYTHONPATH=benchmarks/tf32 (seed 2021): 0.437784 against 0.437785 in fp32. No calendar features,
+# PYTHONPATH=lab/tf32 (seed 2021): 0.437784 against 0.437785 in fp32. No calendar features,
 # `--embed none` (0.4138; validation worse). TSLib's own code over seeds 2021-2026
-# (benchmarks/tslib_crosscheck.py --mode run): 0.4078, its seed 2021 0.3892 (TSLib's users: 0.3890).
+# (lab/tslib_crosscheck.py --mode run): 0.4078, its seed 2021 0.3892 (TSLib's users: 0.3890).
 #   ROOT_PATH=../shared/datasets/ETT-small/ bash scripts/long_term_forecast/ETT_script/TimesNet_ETTh1.sh
 #   PRED_LENS="96 336" bash ...TimesNet_ETTh1.sh --seed 1   # a subset of horizons; extra flags override
 #   ... TimesNet_ETTh1.sh --ddp         # same runs on 2 local DDP workers (use --batch_size 16 to keep 32 globally)
