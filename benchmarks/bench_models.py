@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.outputs import add_output_arguments  # noqa: E402
-from lab.tslib_crosscheck import packages_from  # noqa: E402
+from benchmarks.checkouts import packages_from  # noqa: E402
 from data_provider.data_factory import data_provider  # noqa: E402
 from data_provider.global_batches import GlobalStep  # noqa: E402
 from exp.exp_forecast import Exp_Forecast  # noqa: E402
