@@ -4,8 +4,9 @@ released configurations' shapes (random weights in the released layout) and zero
     python benchmarks/foundation_crosscheck.py --models ChronosBolt,Chronos2,TimesFM25,TiRex
     python benchmarks/foundation_crosscheck.py --models TiRex --skip_speed
 
-Each model's checks live in benchmarks/foundation/<module>.py as `crosscheck()` and `speed()`, each returning
-markdown lines; this driver runs them where the package is installed and writes
+Each release's checks live in its folder, models/foundation/<release>/crosscheck.py, as `crosscheck()` and
+`speed()`, each returning markdown lines (the side environment each needs is in its docstring); this driver runs
+them where the package is installed and writes
 benchmarks/results/foundation_<Name>.md (the figures docs/foundation.md quotes).
 """
 import argparse
@@ -16,16 +17,27 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODULES = {"ChronosBolt": "chronos_bolt", "Chronos2": "chronos2", "TimesFM25": "timesfm25", "TiRex": "tirex"}
+MODULES = {"ChronosBolt": "chronos_bolt", "Chronos2": "chronos2", "TimesFM25": "timesfm25"}
 MODULES["TimerBase"] = "timer_base"  # issue 40: run in /work/venvs/timer (transformers 4.40.1; recreate: benchmarks/foundation/timer_base.py)
 MODULES["Moirai2"] = "moirai2"  # issue 40: run in /work/venvs/uni2ts (official uni2ts 2.0.0 without its pins; recreate: benchmarks/foundation/moirai2.py)
 MODULES["TimeMoE"] = "time_moe"  # issue 40: run in /work/venvs/timemoe (transformers 4.40.1 + Time-MoE's own code; recreate: benchmarks/foundation/time_moe.py)
 MODULES["Sundial"] = "sundial"  # issue 40: run in /work/venvs/sundial (transformers 4.40.1; recreate: benchmarks/foundation/sundial.py)
 
 
+def crosscheck_modules():
+    """{--model name: its crosscheck module}: every release folder with a crosscheck.py (models/foundation/)."""
+    sys.path.insert(0, str(REPO))
+    from models import model_files
+
+    found = {name: ".".join(path.parent.relative_to(REPO).parts) + ".crosscheck"
+             for name, path in model_files().items() if (path.parent / "crosscheck.py").is_file()}
+    return {**{name: f"benchmarks.foundation.{module}" for name, module in MODULES.items()}, **found}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODULES))
+    modules = crosscheck_modules()
+    parser.add_argument("--models", default=",".join(modules))
     parser.add_argument("--skip_speed", action="store_true")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
@@ -33,9 +45,9 @@ def main(argv=None):
     import torch
 
     for name in args.models.split(","):
-        if name not in MODULES:
-            parser.error(f"unknown model {name}; choose from {', '.join(MODULES)}")
-        checks = importlib.import_module(f"benchmarks.foundation.{MODULES[name]}")
+        if name not in modules:
+            parser.error(f"unknown model {name}; choose from {', '.join(modules)}")
+        checks = importlib.import_module(modules[name])
         started = time.time()
         lines = [f"# {name} against its official package", "",
                  f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "

@@ -12,6 +12,7 @@ import torch
 
 from data_provider.data_factory import prepared_data
 from data_provider.few_shot import check_subset_ratio
+from models.foundation import export_formats
 from utils import distributed
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require
@@ -37,7 +38,7 @@ def load_pretrained(model, path, device):
         require(os.path.exists(path), f"--pretrain_model_path {path} not found; pass the checkpoint.pth that a "
                                       "pre-training run wrote under its --checkpoints folder")
         try:
-            load_weights(module, path, map_location=device)
+            load_weights(module, path, map_location=device, formats=export_formats())
         except UserError as exc:
             raise UserError(f"cannot fine-tune from --pretrain_model_path: {exc}") from None
 

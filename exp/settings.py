@@ -18,6 +18,7 @@ from data_provider.splits import SPLITS
 from exp.adaptation import check_adaptation_args, check_series_as_given
 from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, canonical_name, get_model_class, inputs_used, missing_module_line
+from models.foundation import export_formats
 from utils import distributed
 from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights, weights_being_trained
@@ -472,5 +473,6 @@ def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
                         "metrics.json that run.py wrote under --results_dir/<setting>/") from None
     args = argparse.Namespace(**saved)
     model = build_model(args)
-    load_weights(model, checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth"), map_location=device)
+    load_weights(model, checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth"), map_location=device,
+                 formats=export_formats())
     return model.to(device).eval()

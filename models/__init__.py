@@ -1,4 +1,5 @@
-"""Model registry: every `models/<Name>.py` that defines `Model(configs)` is `--model <Name>`.
+"""Model registry: every `models/<Name>.py` that defines `Model(configs)` is `--model <Name>`, and so is every
+`models/foundation/<release>/<Name>.py` (a released foundation model's folder: models/foundation/__init__.py).
 
 Nothing to edit when a model is added; files are imported only when asked for. Other spellings of
 a name are aliases, derived from the registry rather than listed: any case, with or without `_`
@@ -26,15 +27,34 @@ PIP_NAMES = {"mamba_ssm": "mamba-ssm", "reformer_pytorch": "reformer-pytorch", "
              "PIL": "Pillow", "cv2": "opencv-python", "patoolib": "patool", "sktime": "sktime"}
 
 
+def model_files():
+    """{--model name: its file}: models/<Name>.py and models/foundation/<release>/<Name>.py that define a Model
+    class; found by reading the files, so nothing is imported until a model is asked for."""
+    files = {}
+    for folder in (_HERE, *sorted(path for path in (_HERE / "foundation").glob("*") if path.is_dir())):
+        for info in pkgutil.iter_modules([str(folder)]):
+            if info.name.startswith("_") or info.ispkg:
+                continue
+            path = folder / f"{info.name}.py"
+            if "class Model(" in path.read_text():
+                files[info.name] = path
+    return files
+
+
 def available_models():
-    names = []
-    for info in pkgutil.iter_modules([str(_HERE)]):
-        if info.name.startswith("_") or info.ispkg:
-            continue
-        source = (_HERE / f"{info.name}.py").read_text()
-        if "class Model(" in source:
-            names.append(info.name)
-    return sorted(names)
+    return sorted(model_files())
+
+
+def _module_of(name):
+    """The dotted module of model `name` (`models.DLinear`, `models.foundation.tirex.TiRex`)."""
+    path = model_files()[name].relative_to(_HERE.parent).with_suffix("")
+    return ".".join(path.parts)
+
+
+def model_path(name):
+    """Model `name`'s file relative to the repository, for messages: models/DLinear.py."""
+    path = model_files().get(name, _HERE / f"{name}.py")
+    return path.relative_to(_HERE.parent).as_posix()
 
 
 def outside_zoo():
@@ -62,9 +82,9 @@ def get_model_class(name):
     if name not in available_models():
         raise UserError(f"unknown --model '{name}'; available: {', '.join(available_models())}")
     try:
-        module = importlib.import_module(f"models.{name}")
+        module = importlib.import_module(_module_of(name))
     except ModuleNotFoundError as missing:  # a file written for another codebase (TSLib's layers) or package
-        if missing.name is None or missing.name == f"models.{name}":
+        if missing.name is None or missing.name == _module_of(name):
             raise
         raise UserError(missing_module_line(name, missing)) from None
     return module.Model
@@ -79,7 +99,7 @@ def missing_module_line(name, missing):
         fix = f"a module this codebase does not have; add layers/{module_path}.py or change the import"
     else:
         fix = f"which is not installed: {pip_command(missing.name)}"
-    return f"models/{name}.py imports {missing.name}{_through(missing, name)}, {fix}"
+    return f"{model_path(name)} imports {missing.name}{_through(missing, name)}, {fix}"
 
 
 def pip_command(module_name):
@@ -94,7 +114,7 @@ def _through(missing, name):
     root = _HERE.parent
     files = [Path(frame.filename) for frame in traceback.extract_tb(missing.__traceback__)]
     files = [file for file in files if file.is_relative_to(root) and file != Path(__file__)]  # not importlib's
-    if not files or files[-1] == _HERE / f"{name}.py":
+    if not files or files[-1] == model_files().get(name, _HERE / f"{name}.py"):
         return ""
     return f" (through {files[-1].relative_to(root).as_posix()})"
 

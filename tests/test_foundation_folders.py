@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, moirai2, sundial, time_moe, timer_hf, timesfm, tirex
+from models.foundation.tirex import adapter as tirex
+from utils import adapters, chronos2, chronos_bolt, moirai2, sundial, time_moe, timer_hf, timesfm
 from utils.errors import UserError
 
 # each release's folder as its hub repository lays it out, reduced to what tells it apart

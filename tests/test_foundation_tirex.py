@@ -1,4 +1,4 @@
-"""TiRex (models/TiRex.py) against the tirex-ts package (issue 39): a release folder built here with the package's
+"""TiRex (models/foundation/tirex/TiRex.py) against the tirex-ts package (issue 39): a release folder built here with the package's
 own TiRexZero at a reduced size (random weights, saved as NX-AI/TiRex ships it: model.ckpt, a Lightning
 checkpoint with hyper_parameters and state_dict) forecasts what the package's load_model(...).forecast(...) does
 on the same windows, zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size, fine-tuning
@@ -16,10 +16,10 @@ from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_
 tirex = pytest.importorskip("tirex", reason="the tirex-ts package is not installed")
 from tirex.models.tirex import TiRexZero  # noqa: E402
 
-from models import TiRex  # noqa: E402
-from utils.checkpoint import export, load_weights  # noqa: E402
+from models.foundation.tirex import TiRex  # noqa: E402
+from exp.export import export, load_weights  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.tirex import RELEASED  # noqa: E402
+from models.foundation.tirex.adapter import RELEASED  # noqa: E402
 
 # The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 512-step context.
 REDUCED = {"model_config": {"input_patch_size": 32, "output_patch_size": 32, "quantiles": list(RELEASED["quantiles"]),
@@ -96,7 +96,7 @@ def test_forecasts_equal_the_packages_load_model_forecast(released, seq_len, pre
 
 
 def test_a_block_with_its_state_is_the_packages_block(released):
-    """models/TiRex._block (the package's sLSTMBlock with the sLSTM state in and out) is block(x), and a sequence
+    """TiRex._block (the package's sLSTMBlock with the sLSTM state in and out) is block(x), and a sequence
     cut in two, the second half started from the first's state, is the whole (the shared padding's premise)."""
     model = ours(released, 96, 24)
     block = model.tirex.blocks[1]
@@ -204,7 +204,7 @@ def test_the_released_size_is_35m_parameters():
 
 
 def test_the_input_gate_bias_is_a_direction_the_forecast_does_not_depend_on(released):
-    """Why models/TiRex.py sets that bias's gradient to 0: shifting it moves the sLSTM's stabilizer alike, and the
+    """Why TiRex.py sets that bias's gradient to 0: shifting it moves the sLSTM's stabilizer alike, and the
     forecast (float32, as in training) stays what it was; the forget gate's bias is no such direction."""
     model = ours(released, 96, 48).train()
     windows = windows_to_forecast(96)

@@ -14,15 +14,18 @@ import pytest
 import torch
 from torch import nn
 
+from exp.export import main as checkpoint_main
 from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, output_args, records, run_cli
+from models.foundation import export_formats
 from models.Timer import Model as Timer
 from models.TimerXL import Model as TimerXL
 from utils import openltm
-from utils.checkpoint import KNOWN_LAYOUTS, load_weights, main as checkpoint_main, save_atomic, weights_for
+from utils.checkpoint import known_layouts, load_weights, save_atomic, weights_for
 from utils.errors import UserError
 
 OURS = {"TimerXL": TimerXL, "Timer": Timer}
 ADAPTER = {"TimerXL": openltm.TIMER_XL, "Timer": openltm.TIMER}
+KNOWN_LAYOUTS = known_layouts(export_formats())  # the floor's and every release folder's
 SHAPES = [dict(e_layers=1, n_heads=1, d_model=16, d_ff=32, input_token_len=8, output_token_len=8),
           dict(e_layers=3, n_heads=4, d_model=32, d_ff=48, input_token_len=4, output_token_len=12)]
 
@@ -410,10 +413,10 @@ def test_export_writes_openltms_layout_and_back(tmp_path, capsys):
         checkpoint_main(["export", "--to", "openltm", str(tmp_path / "dlinear.pth"), str(tmp_path / "x.pth")])
 
 
-@pytest.mark.filterwarnings("ignore:'utils.checkpoint' found in sys.modules")  # runpy: run as `python -m` runs it
+@pytest.mark.filterwarnings("ignore:'exp.export' found in sys.modules")  # runpy: run as `python -m` runs it
 @pytest.mark.parametrize("where", ["an existing folder", "under a file"])
 def test_export_to_a_path_it_cannot_write_says_so_in_one_line(tmp_path, capsys, monkeypatch, where):
-    """`python -m utils.checkpoint export SRC DST` with DST a folder, or a path no file can take: exit 2,
+    """`python -m exp.export export SRC DST` with DST a folder, or a path no file can take: exit 2,
     one `error:` line, nothing written (it was an IsADirectoryError traceback)."""
     import runpy
     import sys
@@ -424,7 +427,7 @@ def test_export_to_a_path_it_cannot_write_says_so_in_one_line(tmp_path, capsys, 
     dst = tmp_path / "out" if where == "an existing folder" else tmp_path / "out" / "kept.txt" / "o.pth"
     monkeypatch.setattr(sys, "argv", ["checkpoint", "export", "--to", "openltm", str(tmp_path / "ours.pth"), str(dst)])
     with pytest.raises(SystemExit) as stop:
-        runpy.run_module("utils.checkpoint", run_name="__main__")
+        runpy.run_module("exp.export", run_name="__main__")
     out, err = capsys.readouterr()
     assert stop.value.code == 2 and out == ""
     expected = (f"error: {dst} is a folder: name the file to write, e.g. {dst / 'checkpoint.pth'}"
@@ -601,7 +604,7 @@ def test_export_to_a_full_disk_says_so_in_one_line(tmp_path):
     child = ("import resource, runpy, signal\n"
              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # then a write past the limit fails with EFBIG
              "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
-             "runpy.run_module('utils.checkpoint', run_name='__main__', alter_sys=True)\n")  # python -m utils.checkpoint
+             "runpy.run_module('exp.export', run_name='__main__', alter_sys=True)\n")  # python -m exp.export
     proc = subprocess.run([sys.executable, "-c", child, "export", "--to", "moirai2", str(release), str(tmp_path / "out")],
                           cwd=REPO, env=repo_first_env(subprocess_env()), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr

@@ -375,7 +375,7 @@ def _export_every_release_folder(out):
     (config.json + model.safetensors, which safetensors' save_file made 0o600) and to ours (one .pth)."""
     from pathlib import Path
 
-    from utils.checkpoint import main as checkpoint_main
+    from exp.export import main as checkpoint_main
 
     releases = Path(__file__).parent / "golden" / "foundation"
     for folder, layout in (("timer_base", "timer-base"), ("sundial", "sundial"), ("time_moe", "time-moe"),

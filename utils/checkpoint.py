@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, ddp, distributed, openltm, timer_hf, timesfm, tirex
+from utils import adapters, chronos2, chronos_bolt, ddp, distributed, openltm, timer_hf, timesfm
 from utils import moirai2
 from utils import sundial
 from utils import time_moe
@@ -157,15 +157,25 @@ def written_by_newer_torch(failure):
             f"reads up to version {found[2]}), and is not damaged")
 
 
-# The layouts `python -m utils.checkpoint export --to NAME` writes: NAME -> the adapters, one per model.
+# The layouts `export --to NAME` writes that the floor itself serves: OpenLTM's, for our Timer / Timer-XL. The
+# released foundation models' formats are declared in their folders (models/foundation/) and handed in from above
+# as `formats` ({NAME: adapters}, models.foundation.export_formats()): utils/ imports no model.
 EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
-                  "chronos2": chronos2.ADAPTERS, "tirex": tirex.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
+                  "chronos2": chronos2.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
 EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # Moirai 2.0 (Salesforce/moirai-2.0-R-small)
 EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # Sundial (thuml/sundial-base-128m)
 EXPORT_FORMATS["time-moe"] = time_moe.ADAPTERS  # Time-MoE (Maple728/TimeMoE-50M, -200M)
-# Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
-# (a model loads its own layout and those it declares: utils/adapters.py).
-KNOWN_LAYOUTS = (*(a for formats in EXPORT_FORMATS.values() for a in formats), *openltm.LACKING)
+
+
+def all_formats(formats=None):
+    """{export format: adapters}: the floor's and those handed in (`formats`)."""
+    return {**EXPORT_FORMATS, **(formats or {})}
+
+
+def known_layouts(formats=None):
+    """Every foreign layout known here, whatever model declares it: only named in a refusal, never loaded from
+    (a model loads its own layout and those it declares: utils/adapters.py)."""
+    return (*(a for adapters_ in all_formats(formats).values() for a in adapters_), *openltm.LACKING)
 
 
 def _tells_apart(layout, state, config, expected):
@@ -174,12 +184,13 @@ def _tells_apart(layout, state, config, expected):
     return layout.recognise(state, config) and not layout.recognise(expected, {})
 
 
-def weights_for(model, path, map_location="cpu"):
+def weights_for(model, path, map_location="cpu", formats=None):
     """(the state_dict of `path` in `model`'s layout, the adapter that converted it or None). The model's own
     layout comes first: a file with the model's keys is never converted. Else the first adapter the model
     declares (checkpoint_adapters) that recognises the file converts it. A file that fits neither is left as
     it is for the strict load to name key by key, unless some other known layout (another model's adapter, a
-    model we lack) names what it is: then it is refused in one line that says so."""
+    model we lack; `formats`, the released models' adapters handed in from above) names what it is: then it is
+    refused in one line that says so."""
     state, config = read_weights(path, map_location)
     expected = model.state_dict()
     if set(state) == set(expected):
@@ -191,13 +202,14 @@ def weights_for(model, path, map_location="cpu"):
             except UserError as exc:
                 raise UserError(f"checkpoint {path} ({adapter.what}): {exc}") from None
     name = model_name(model)
-    for layout in KNOWN_LAYOUTS:
+    layouts = known_layouts(formats)
+    for layout in layouts:
         if not _tells_apart(layout, state, config, expected):
             continue
         if isinstance(layout, adapters.CheckpointAdapter):
             raise UserError(f"checkpoint {path} holds {layout.what} weights: load it with --model {layout.model}, "
                             f"not {name}")
-        readable = ", ".join(f"{a.what} as --model {a.model}" for a in KNOWN_LAYOUTS
+        readable = ", ".join(f"{a.what} as --model {a.model}" for a in layouts
                              if isinstance(a, adapters.CheckpointAdapter))
         raise UserError(f"checkpoint {path} holds {layout.what}{adapters.describe_config(config)}, which this "
                         f"codebase cannot load: {layout.why_not}. Foreign files load here as: {readable}")
@@ -245,11 +257,11 @@ def _best_weights_position(path, digest):
     return {"epoch": best.get("epoch"), "step": best.get("step")}
 
 
-def load_weights(model, path, map_location="cpu"):
-    """Strictly load `path` into `model` (its own layout, or one the model declares, converted: weights_for);
-    on a mismatch name every offending key (and the shape arguments that differ, where the model's adapter
-    can tell them)."""
-    state, adapter = weights_for(model, path, map_location)
+def load_weights(model, path, map_location="cpu", formats=None):
+    """Strictly load `path` into `model` (its own layout, or one the model declares, converted: weights_for,
+    `formats` as there); on a mismatch name every offending key (and the shape arguments that differ, where the
+    model's adapter can tell them)."""
+    state, adapter = weights_for(model, path, map_location, formats)
     name = model_name(model)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -718,16 +730,17 @@ def setting_lock(args, setting):
                     os.rmdir(folder)
 
 
-# ------------------------------------------------------------ python -m utils.checkpoint export
-def export(src, dst, to="openltm"):
-    """Write `src` (any file read_weights reads) to `dst` in a foreign layout (`to`: a key of EXPORT_FORMATS,
+# ------------------------------------------------------------ python -m exp.export
+def export(src, dst, to="openltm", formats=None):
+    """Write `src` (any file read_weights reads) to `dst` in a foreign layout (`to`: a key of all_formats(formats),
     "openltm" for OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`), through the
     adapter of the model the file holds. Returns (that adapter, the adapter `src` was converted from or None)."""
-    folder_format = to != "ours" and any(getattr(a, "writes_folder", False) for a in EXPORT_FORMATS.get(to, ()))
+    formats = all_formats(formats)
+    folder_format = to != "ours" and any(getattr(a, "writes_folder", False) for a in formats.get(to, ()))
     if os.path.isdir(dst) and not folder_format:
         raise UserError(f"{dst} is a folder: name the file to write, e.g. {os.path.join(dst, 'checkpoint.pth')}")
     state, config = read_weights(src)
-    candidates = EXPORT_FORMATS.get(to, [a for formats in EXPORT_FORMATS.values() for a in formats])
+    candidates = formats.get(to, [a for adapters_ in formats.values() for a in adapters_])
     source = None
     if not any(a.holds_ours(state) for a in candidates):  # not ours: one of the foreign files we read?
         source = next((a for a in candidates if a.recognise(state, config)), None)
@@ -757,21 +770,22 @@ def export(src, dst, to="openltm"):
     return holder, source
 
 
-def main(argv=None):
+def main(argv=None, formats=None):
+    """`python -m exp.export`: the command line of export, `formats` the released models' (handed in from above)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.checkpoint",
+    parser = argparse.ArgumentParser(prog="python -m exp.export",
                                      description="Convert checkpoints between our layout and another codebase's, "
                                                  "through the adapters our models declare (utils/adapters.py; "
                                                  "OpenLTM's Timer-XL and Timer: utils/openltm.py, docs/openltm.md).")
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser("export", help="write SRC in OpenLTM's layout (--to openltm) or ours (--to ours)")
-    convert.add_argument("--to", choices=(*EXPORT_FORMATS, "ours"), default="openltm")
+    convert.add_argument("--to", choices=(*all_formats(formats), "ours"), default="openltm")
     convert.add_argument("src", help="a checkpoint.pth / last.pth of ours, or an OpenLTM checkpoint (.pth, "
                                      ".safetensors, a model.safetensors folder)")
     convert.add_argument("dst", help="the file to write (not a folder)")
     args = parser.parse_args(argv)
-    holder, source = export(args.src, args.dst, args.to)
+    holder, source = export(args.src, args.dst, args.to, formats)
     origin = source.what if source is not None else f"our {holder.model}"
     target = holder.what if args.to != "ours" else f"our models/{holder.model}.py"
     print(f"wrote {args.dst}: {origin} weights in the layout of {target}")
@@ -779,12 +793,3 @@ def main(argv=None):
         print(f"note: {holder.export_note}")
     return 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    try:
-        sys.exit(main())
-    except UserError as error:  # one line and exit code 2, as run.py's bad input
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)

@@ -1,5 +1,5 @@
 """NX-AI's TiRex release in and out: the folder a user downloads from the Hugging Face hub (NX-AI/TiRex),
-read for models/TiRex.py, and written back by `python -m utils.checkpoint export --to tirex`.
+read for TiRex.py, and written back by `python -m exp.export export --to tirex`.
 
 What the release is (tirex-ts 1.4.2, tirex/base.py `PretrainedModel.from_pretrained`): ONE file, `model.ckpt`,
 a PyTorch Lightning checkpoint read with `torch.load(..., weights_only=True)`; its `hyper_parameters` hold
@@ -8,7 +8,7 @@ embedding_dim 512, num_blocks 12, num_heads 4; input_ff_dim 2048; and `train_ctx
 `state_dict` the weights, named as tirex.models.tirex.TiRexZero names them once the prefix `block_stack.` is
 dropped (the package's own `on_load_checkpoint` drops it). There is no config.json and no safetensors file.
 
-Our layout: models/TiRex.py holds the package's TiRexZero as `tirex`, so ours is the release's key with
+Our layout: TiRex.py holds the package's TiRexZero as `tirex`, so ours is the release's key with
 `tirex.` in front, plus one buffer, `train_ctx_len` (the context the model reads, which the state_dict alone
 does not show and an export must write back)."""
 import os
@@ -126,7 +126,7 @@ def hyper_parameters_of(state):
 
 
 class TiRexAdapter(CheckpointAdapter):
-    """NX-AI's model.ckpt (tirex-ts's TiRexZero) read into models/TiRex.py and written back."""
+    """NX-AI's model.ckpt (tirex-ts's TiRexZero) read into TiRex.py and written back."""
     model = "TiRex"
     what = f"NX-AI's TiRex release ({HUB_ID}, {RELEASED_FILE})"
     export_format = "tirex"
@@ -168,4 +168,4 @@ class TiRexAdapter(CheckpointAdapter):
 
 
 TIREX = TiRexAdapter()
-ADAPTERS = (TIREX,)  # `python -m utils.checkpoint export --to tirex`
+ADAPTERS = (TIREX,)  # `python -m exp.export export --to tirex`

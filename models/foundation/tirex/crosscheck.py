@@ -1,4 +1,4 @@
-"""TiRex (models/TiRex.py) against tirex-ts at the released configuration's shapes (embedding_dim 512, 12 sLSTM
+"""TiRex (TiRex.py) against tirex-ts at the released configuration's shapes (embedding_dim 512, 12 sLSTM
 blocks of 4 heads, input_ff_dim 2048, patch 32, train_ctx_len 2048: 35,291,200 parameters), random weights
 written as NX-AI/TiRex ships them (model.ckpt). Run through benchmarks/foundation_crosscheck.py --models TiRex.
 
@@ -23,7 +23,7 @@ def released_folder(root):
     """root/NX-AI/TiRex/model.ckpt: the package's TiRexZero at the released hyper_parameters, random weights."""
     from tirex.models.tirex import TiRexZero
 
-    from utils.tirex import RELEASED
+    from models.foundation.tirex.adapter import RELEASED
 
     hyper = {"model_config": {"input_patch_size": 32, "output_patch_size": 32, "quantiles": list(RELEASED["quantiles"]),
                               "block_kwargs": {"embedding_dim": 512, "num_heads": 4, "num_blocks": 12},
@@ -43,7 +43,7 @@ def released_folder(root):
 
 
 def ours(folder, seq_len, pred_len):
-    from models import TiRex
+    from models.foundation.tirex import TiRex
     from utils.checkpoint import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
@@ -87,7 +87,7 @@ def crosscheck():
             relative = difference / float(want.abs().max())
             verdict = "ok" if relative <= 1e-5 else "FAILS 1e-5"
             lines.append(f"| {seq_len} | {pred_len} | 2 x 3 | {difference:.3g} | {relative:.3g} ({verdict}) |")
-    lines += ["", "Ours: the folder read by utils.checkpoint.load_weights into models/TiRex.py, one forward of the 6 "
+    lines += ["", "Ours: the folder read by utils.checkpoint.load_weights into models/foundation/tirex/TiRex.py, one forward of the 6 "
               "series (the padding's patches once for all); the package: tirex.load_model(NX-AI/TiRex/model.ckpt).forecast(batch_size=5), its own "
               "prediction path (torch backend, CPU)."]
     return lines

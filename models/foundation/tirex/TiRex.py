@@ -10,7 +10,7 @@ blocks, RMSNorm, quantile head), and a forecast is its `_forecast_tensor`, the f
 model's train_ctx_len (2048 released), every rollout step one more NaN patch, each step a full pass. One
 difference, for speed: the patches of padding that every series has (61 of 64 at seq_len 96) are one input, so
 they run once, and every series continues from the states they leave; the forecasts are the package's (the
-tests and benchmarks/foundation/tirex.py hold them to it). Why the package and not a native
+tests and crosscheck.py hold them to it). Why the package and not a native
 copy: it installs beside torch 2.13 and pandas 3 (torch, numpy, scikit-learn, huggingface-hub), builds a model
 offline from a config, and its modules are plain nn.Modules, differentiable, so DDP wraps and fine-tunes it.
 On a CPU only its `torch` backend exists (the `cuda` one needs NX-AI's xlstm kernels): the sLSTM recurrence
@@ -29,7 +29,7 @@ All channels of a batch are one call: [B, seq_len, C] -> B*C univariate series -
 Shapes: with --pretrain_model_path DIR (the folder of NX-AI/TiRex, its model.ckpt), the model is the one
 model.ckpt's hyper_parameters describe; without it, the released architecture with --d_model (embedding_dim),
 --n_heads (num_heads), --e_layers (num_blocks) and --d_ff (input_ff_dim) in place of the released sizes, patch
-32 and train_ctx_len 2048 as released (utils/tirex.RELEASED). A --seq_len past train_ctx_len (the package
+32 and train_ctx_len 2048 as released (adapter.RELEASED). A --seq_len past train_ctx_len (the package
 would silently drop the oldest steps) or a --pred_len past it (the last rollout step would see no data) is
 refused."""
 import functools
@@ -40,7 +40,7 @@ import types
 import torch
 from torch import nn
 
-from utils import tirex as release
+from models.foundation.tirex import adapter as release
 from utils.errors import UserError
 from utils.optional import require_package
 

@@ -1,0 +1,31 @@
+"""utils.checkpoint's export and load_weights with the released foundation models' formats handed in, and
+`python -m exp.export export --to NAME SRC DST`, the command line writing a checkpoint in another codebase's
+layout or ours. Here, above both, because those formats are declared in the release folders
+(models.foundation.export_formats) and utils/, the floor, imports no model."""
+import sys
+
+from models.foundation import export_formats
+from utils import checkpoint
+from utils.errors import UserError
+
+
+def export(src, dst, to="openltm"):
+    """utils.checkpoint.export, every release's format known."""
+    return checkpoint.export(src, dst, to, export_formats())
+
+
+def load_weights(model, path, map_location="cpu"):
+    """utils.checkpoint.load_weights, a file of any release named as such when it is not `model`'s."""
+    return checkpoint.load_weights(model, path, map_location, export_formats())
+
+
+def main(argv=None):
+    return checkpoint.main(argv, export_formats())
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as error:  # one line and exit code 2, as run.py's bad input
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
