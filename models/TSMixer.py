@@ -6,7 +6,7 @@ normalisation (the paper's RevIN) under configs.use_norm.
 
 Dropout draws its masks itself (layers.dropout), a measured faster path: the four masks of a step in one
 draw per sample (Model.dropout_masks), on the CPU 32 reseeds a step at batch 32 instead of 128; keying the
-masks then costs 0.4-0.5 ms a step instead of 0.85 (10.5 ms a step, benchmarks/README.md)."""
+masks then costs 0.4-0.5 ms a step instead of 0.85 (10.5 ms a step, benchmarks/results/speed_notes.md)."""
 from torch import nn
 
 from layers.dropout import add_dropout, dropout_noises, shared_rate
@@ -43,7 +43,7 @@ class MixerBlock(nn.Module):
 
         # the channel MLP's [L * B, d_model] hidden layer is TSMixer's one large tensor, and its narrow
         # input (C channels) makes autograd's weight gradient slow: relu_mlp's backward (layers/mlp.py).
-        # Computed a cache-sized block at a time it measured slower (benchmarks/README.md).
+        # Computed a cache-sized block at a time it measured slower (benchmarks/results/speed_notes.md).
         up, _, down, drop = self.channel
         rows = x.view(-1, channels)  # [L * B, C]
         mixed = relu_mlp(rows, up, down)

@@ -8,7 +8,7 @@ Forecasting", ICLR 2024; follows the official code as ported to TSLib.
 Speed (the mathematics is the official code's, to float rounding): the hidden state is feature-major with
 the scales side by side, so every time MLP is one product over the rows of a scale and every feature
 MLP one product over all columns, and the moving-average decomposition folds into the mixing products
-(177 -> 121 ms a step, benchmarks/README.md). The embedding's dropout keeps that measured faster path:
+(177 -> 121 ms a step, benchmarks/results/speed_notes.md). The embedding's dropout keeps that measured faster path:
 in place on the feature-major layout, its masks drawn by layers.dropout along the samples' dimension 1
 (_dropout_).
 (Computing the feature MLP's wide hidden layer a cache-sized block at a time, as TSMixer and TiDE do,

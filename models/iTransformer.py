@@ -5,7 +5,7 @@ within each variate, and one linear map turns every variate token into its forec
 
 Dropout draws its masks itself (layers.dropout), a measured faster path: the embedding's and every layer's
 four masks in one draw per sample (Model._dropout_masks), 32 draws a step instead of 96, 15.2-15.5 -> 13.8-14.1
-ms a step on the CPU (benchmarks/README.md), on token-major tensors whose CPU attention is written out."""
+ms a step on the CPU (benchmarks/results/speed_notes.md), on token-major tensors whose CPU attention is written out."""
 import torch
 import torch.nn.functional as F
 from torch import nn

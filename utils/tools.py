@@ -177,7 +177,7 @@ def keep_freed_memory():
     glibc's threshold for such mappings starts at 128 KiB and rises only as mapped blocks are freed; a
     training step's tensors kept coming back as fresh pages, each zeroed by the kernel at its first touch
     (a page fault per 4 KiB): about 31 000 a step for TimeMixer at its ETTh1 settings, 128 MB of fresh
-    memory, a few hundred with the threshold fixed at 32 MiB and the heap never trimmed (benchmarks/README.md).
+    memory, a few hundred with the threshold fixed at 32 MiB and the heap never trimmed (benchmarks/results/speed_notes.md).
     Resident memory settles at the training peak, as with PyTorch's GPU allocator, which caches for the
     same reason.
     """
