@@ -70,7 +70,7 @@ def test_sampled_forecast_csv_comes_from_the_futures_key(tmp_path):
     for seed in (1, 2):
         exp = make_experiment(make_args(*SMALL, "--loss", "studentt", "--num_samples", 8, "--seed", 1,
                                         "--results_dir", tmp_path / "results", "--no_plots"))
-        exp.args.seed = seed  # the same weights, another sample stream
+        exp.args = exp.args.replace(seed=seed)  # the same weights, another sample stream
         predict(exp, f"s{seed}")
         files.append(pd.read_csv(tmp_path / "results" / f"s{seed}" / "forecast.csv"))
     assert not files[0]["OT_q0.1"].equals(files[1]["OT_q0.1"])
