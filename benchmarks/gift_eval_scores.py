@@ -22,25 +22,29 @@ import math
 
 import numpy as np
 
+from utils import metrics as metrics_
+
 LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # GIFT-Eval's quantile levels (and the CRPS column's)
 MSIS_ALPHA = 0.05  # gluonts' MSIS() default, which GIFT-Eval uses
 TAIL_TOL = 1e-8  # ExponentialTailApproximation's tol
-FIELDS = ("count", "se_mean", "se_median", "ae", "abs_label", "ape", "ape_count", "sape", "sape_count",
-          "ase", "ase_count", "interval_score", "interval_count", *(f"ql{q}" for q in LEVELS))
-COLUMNS = ("MSE[mean]", "MSE[0.5]", "MAE[0.5]", "MASE[0.5]", "MAPE[0.5]", "sMAPE[0.5]", "MSIS", "RMSE[mean]",
-           "NRMSE[mean]", "ND[0.5]", "mean_weighted_sum_quantile_loss")
+# each column's metric (utils.metrics): the same objects the run reports, under GIFT-Eval's names
+METRICS = {"MSE[mean]": metrics_.MSE_MEAN, "MSE[0.5]": metrics_.MSE, "MAE[0.5]": metrics_.MAE,
+           "MASE[0.5]": metrics_.MASE, "MAPE[0.5]": metrics_.MASKED_MAPE, "sMAPE[0.5]": metrics_.SMAPE,
+           "MSIS": metrics_.msis(MSIS_ALPHA), "RMSE[mean]": metrics_.RMSE_MEAN, "NRMSE[mean]": metrics_.NRMSE_MEAN,
+           "ND[0.5]": metrics_.ND, "mean_weighted_sum_quantile_loss": metrics_.wql(LEVELS)}
+COLUMNS = tuple(METRICS)
+EXTRA = {"SQL": metrics_.sql(LEVELS)}  # in each configuration's record, not all_results.csv (GIFT-Eval's columns)
+FIELDS = ("count", *(name for name in metrics_.sum_names([*METRICS.values(), *EXTRA.values()]) if name != "count"))
 
 
 def seasonal_errors(histories, season):
     """[N] float64: each history's mean |y_t - y_(t-m)| over the pairs with no NaN (gluonts' masked
-    seasonal_error); 0 where there is no such pair, which leaves the window out of MASE and MSIS."""
+    seasonal_error, utils.metrics.seasonal_naive_error), m 1 where the season exceeds the history; 0 where there
+    is no such pair, which leaves the window out of MASE, MSIS and SQL."""
     out = np.zeros(len(histories))
     for i, history in enumerate(histories):
-        history = np.asarray(history, np.float64)
-        m = 1 if season > len(history) else season
-        diffs = np.abs(history[m:] - history[:len(history) - m])
-        diffs = diffs[np.isfinite(diffs)]
-        out[i] = diffs.mean() if len(diffs) else 0.0
+        error = metrics_.seasonal_naive_error(history, 1 if season > len(history) else season)
+        out[i] = 0.0 if math.isnan(error) else error
     return out
 
 
@@ -80,38 +84,27 @@ def window_sums(label, mean, quantiles, scale):
     scale = np.asarray(scale, np.float64)[:, None]
     scaled = (scale != 0) & ok
     safe = np.where(scale != 0, scale, 1.0)
-    sape_ok = (np.abs(y0) + np.abs(median)) != 0
-    ape_ok = y0 != 0
-    parts = [ok.sum(1).astype(np.float64), total((y0 - mean) ** 2), total(err ** 2), total(err), total(np.abs(y0)),
-             total(err / np.where(ape_ok, np.abs(y0), 1.0), ok & ape_ok), count(ape_ok),
-             total(2 * err / np.where(sape_ok, np.abs(y0) + np.abs(median), 1.0), ok & sape_ok), count(sape_ok),
-             total(err / safe, scaled), count(scale != 0)]
+    sape_terms, sape_ok = metrics_.sape(y0, median)
+    ape_terms, ape_ok = metrics_.ape(y0, median)
+    parts = {"count": ok.sum(1).astype(np.float64), "sq_mean": total((y0 - mean) ** 2), "sq": total(err ** 2),
+             "abs": total(err), "abs_label": total(np.abs(y0)),
+             "masked_ape": total(ape_terms, ok & ape_ok), "masked_ape_count": count(ape_ok),
+             "sape": total(sape_terms, ok & sape_ok), "sape_count": count(sape_ok),
+             "ase": total(err / safe, scaled), "ase_count": count(scale != 0)}
     if quantiles is None:
-        parts += [np.full(len(y), np.nan)] * (2 + len(LEVELS))
+        parts.update({name: np.full(len(y), np.nan) for name in FIELDS if name not in parts})
     else:
         lower, upper = tail_quantiles(q)
-        a = MSIS_ALPHA
-        score = (upper - lower + 2.0 / a * (lower - y0) * (y0 < lower) + 2.0 / a * (y0 - upper) * (y0 > upper))
-        parts += [total(score / safe, scaled), count(scale != 0)]
-        for i, tau in enumerate(LEVELS):
-            parts.append(total(2 * np.abs((y0 - q[:, i]) * ((q[:, i] >= y0) - tau))))
-    return np.stack(parts, axis=1)
+        score = metrics_.interval_score(y0, lower, upper, MSIS_ALPHA)
+        parts.update(interval_score=total(score / safe, scaled), interval_score_count=count(scale != 0))
+        losses = [metrics_.quantile_loss(y0, q[:, i], tau) for i, tau in enumerate(LEVELS)]
+        parts.update({f"ql{tau}": total(loss) for tau, loss in zip(LEVELS, losses)})
+        parts["sql"] = total(np.mean(losses, axis=0) / safe, scaled)
+    return np.stack([parts[name] for name in FIELDS], axis=1)
 
 
 def metrics(rows):
-    """GIFT-Eval's 11 columns from the windows' sums [N, len(FIELDS)] (any order): NaN where undefined
-    (a point forecast's MSIS and CRPS; a mean over nothing)."""
+    """GIFT-Eval's 11 columns (and EXTRA's) from the windows' sums [N, len(FIELDS)] (any order): NaN where
+    undefined (a point forecast's MSIS, CRPS and SQL; a mean over nothing)."""
     s = {name: math.fsum(rows[:, i]) if len(rows) else 0.0 for i, name in enumerate(FIELDS)}
-
-    def ratio(a, b):
-        return a / b if b else (math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a))
-
-    mse_mean = ratio(s["se_mean"], s["count"])
-    wql = [ratio(s[f"ql{q}"], s["abs_label"]) for q in LEVELS]
-    return {"MSE[mean]": mse_mean, "MSE[0.5]": ratio(s["se_median"], s["count"]),
-            "MAE[0.5]": ratio(s["ae"], s["count"]), "MASE[0.5]": ratio(s["ase"], s["ase_count"]),
-            "MAPE[0.5]": ratio(s["ape"], s["ape_count"]), "sMAPE[0.5]": ratio(s["sape"], s["sape_count"]),
-            "MSIS": ratio(s["interval_score"], s["interval_count"]), "RMSE[mean]": math.sqrt(mse_mean),
-            "NRMSE[mean]": ratio(math.sqrt(mse_mean), ratio(s["abs_label"], s["count"])),
-            "ND[0.5]": ratio(s["ae"], s["abs_label"]),
-            "mean_weighted_sum_quantile_loss": float(np.mean(np.array(wql)))}
+    return {column: metric(s) for column, metric in {**METRICS, **EXTRA}.items()}

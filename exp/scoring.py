@@ -15,8 +15,8 @@ import torch
 from data_provider.data_factory import prepared_data, split_numbering, window_for
 from utils import distributed
 from utils.errors import require
-from utils.metrics import ProbabilisticSums, seasonal_error, seasonality
-from utils.probabilistic import window_keys
+from utils.metrics import ProbabilisticSums, seasonal_error, seasonality, squared_seasonal_error
+from utils.probabilistic import objective_for, window_keys
 
 logger = logging.getLogger("tsl")
 
@@ -26,14 +26,15 @@ def scored_channels(args, data):
     return 1 if args.features == "MS" or args.covariate else len(data.columns)
 
 
-def series_scales(args, flag="test", original=False):
+def series_scales(args, flag="test", original=False, squared=False):
     """[windows of the split, k] float64: each window's scored channels' MASE scale, the in-sample seasonal naive
-    error of its series' history at the seasonality of --freq; None where the data keeps no history."""
-    found = _scales_of_series(args, flag, original)
+    error of its series' history at the seasonality of --freq (`squared`: the mean squared seasonal difference,
+    RMSSE's scale); None where the data keeps no history."""
+    found = _scales_of_series(args, flag, original, squared)
     return None if found is None else torch.from_numpy(found[0][found[1]])
 
 
-def _scales_of_series(args, flag, original):
+def _scales_of_series(args, flag, original, squared=False):
     """([S, k] each series' scored channels' scales, each window's series), or None without histories."""
     data = prepared_data(args)
     found = data.series_histories(flag, window_for(args, flag), original=original)
@@ -42,7 +43,8 @@ def _scales_of_series(args, flag, original):
     histories, series = found
     k = scored_channels(args, data)
     season = seasonality(args.freq)
-    per_series = np.stack([seasonal_error(history[:, -k:], season, _series_name(data, i, args))
+    error = squared_seasonal_error if squared else seasonal_error
+    per_series = np.stack([error(history[:, -k:], season, _series_name(data, i, args))
                            for i, history in enumerate(histories)])  # [S, k]
     return per_series, series
 
@@ -85,15 +87,17 @@ class ProbabilisticScoring:
 
     def __init__(self, args, dataset, device, transform=None):
         self.args, self.device = args, device
-        self.objective = args.objective  # the run's, built once (exp.settings.settle)
+        self.objective = objective_for(args)
         self.median = self.objective.levels.index(0.5)
         self.numbers, _ = split_numbering(dataset)  # keys and scales follow the window's number in the split
         self.scales = _on(series_scales(args), device)
+        self.sq_scales = _on(series_scales(args, squared=True), device)  # RMSSE's
         self.sums = ProbabilisticSums(self.objective.levels, keep_windows=True)
         self.original = None
         if transform is not None:
             self.original = ProbabilisticSums(self.objective.levels, transform=transform, keep_windows=True)
             self.original_scales = _on(series_scales(args, original=True), device)
+            self.original_sq_scales = _on(series_scales(args, original=True, squared=True), device)
         if self.scales is None:
             logger.info(f"MASE is not computed: --data {args.data} keeps no series history at hand")
         elif distributed.is_main():
@@ -112,10 +116,9 @@ class ProbabilisticScoring:
         self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
         quantiles = self.objective.quantiles(params, keys)
         where = torch.as_tensor(numbers, device=self.device)
-        self.sums.update(quantiles, true, None if self.scales is None else self.scales[where])
+        self.sums.update(quantiles, true, *_of(where, self.scales, self.sq_scales))
         if self.original is not None:
-            scales = None if self.original_scales is None else self.original_scales[where]
-            self.original.update(quantiles, original_truth, scales)
+            self.original.update(quantiles, original_truth, *_of(where, self.original_scales, self.original_sq_scales))
         return quantiles[..., self.median]
 
     def all_reduce(self):
@@ -156,20 +159,22 @@ class ProbabilisticScoring:
 
 def window_fields(levels, scaled):
     """What window_sums keeps of ProbabilisticSums' sums: all but the window counts (a row is one window);
-    MASE's and MSIS's only where a scale was given."""
-    fields = [k for k in ProbabilisticSums(levels).sums if k not in ("windows", "scaled_windows")]
-    return fields if scaled else [k for k in fields if k not in _SCALED]
-
-
-_SCALED = ("ase", "ase_count", "interval_score", "interval_score_count")
+    the scaled metrics' (MASE, MSIS, SQL, RMSSE) only where a scale was given."""
+    sums = ProbabilisticSums(levels)
+    return sums.window_fields() if scaled else [k for k in sums.window_fields() if k not in sums.scaled_fields()]
 
 
 def _kept(sums, scales):
     """[windows, window_fields] of a ProbabilisticSums(keep_windows=True): adding rows gives the sums of any
-    subset of windows, and its metrics exactly (subset_metrics); MASE's and MSIS's only where scaled."""
-    names = sums.window_fields()
-    keep = [i for i, name in enumerate(names) if scales is not None or name not in _SCALED]
+    subset of windows, and its metrics exactly (subset_metrics); the scaled metrics' only where scaled."""
+    scaled = sums.scaled_fields()
+    keep = [i for i, name in enumerate(sums.window_fields()) if scales is not None or name not in scaled]
     return sums.window_sums()[:, keep]
+
+
+def _of(where, scales, sq_scales):
+    """The scales of the windows `where` (each None where the data keeps no history)."""
+    return (None if scales is None else scales[where]), (None if sq_scales is None else sq_scales[where])
 
 
 def subset_metrics(columns, suffix=""):
@@ -182,9 +187,12 @@ def subset_metrics(columns, suffix=""):
     windows = len(columns[f"count{suffix}"])
     sums.sums["windows"] = windows
     sums.sums["scaled_windows"] = windows if f"ase{suffix}" in columns else 0
+    sums.sums["sq_scaled_windows"] = windows if f"sse{suffix}" in columns else 0  # older files: no RMSSE
     for field in window_fields(levels, f"ase{suffix}" in columns):
-        sums.sums[field] = math.fsum(columns[field + suffix])
-    return sums.metrics()
+        if field + suffix in columns:  # a file written before SQL and RMSSE were scored has no sql, sse
+            sums.sums[field] = math.fsum(columns[field + suffix])
+    metrics = sums.metrics()
+    return {k: v for k, v in metrics.items() if k != "sql" or f"sql{suffix}" in columns}
 
 
 def _on(tensor, device):

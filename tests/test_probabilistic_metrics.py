@@ -10,7 +10,7 @@ import torch
 
 from helpers import run_on_ranks
 from utils.errors import UserError
-from utils.metrics import ErrorSums, ProbabilisticSums, seasonal_error, seasonality
+from utils.metrics import ErrorSums, ProbabilisticSums, seasonal_error, seasonality, squared_seasonal_error
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "probabilistic"
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
@@ -52,6 +52,9 @@ GLUONTS_MSIS_ALPHA = 0.1  # lab/gluonts_reference.py scores MSIS(alpha=0.1)
 
 def assert_equal_to(metrics, expected, rel):
     metrics, expected = dict(metrics), dict(expected)  # gluonts' figures name no alpha; ours do
+    for name in ("sql", "rmsse"):  # fev's metrics, not gluonts': against fev.json below
+        if name not in expected:
+            metrics.pop(name, None)
     want_alpha = expected.pop("msis_alpha", GLUONTS_MSIS_ALPHA if "msis" in expected else None)
     assert metrics.pop("msis_alpha", None) == want_alpha
     assert set(metrics) == set(expected)
@@ -292,3 +295,67 @@ def test_smape_where_the_median_and_the_truth_differ_in_sign():
     sums = ProbabilisticSums((0.1, 0.5, 0.9))
     sums.update(quantiles, truth.view(2, 6, 1))
     assert sums.metrics()["smape"] == pytest.approx(expected, rel=1e-15)
+
+
+# ---- SQL and RMSSE against fev's own figures (lab/fev_reference.py wrote fev.json, in a fev venv) ----
+
+FEV = json.loads((GOLDEN / "fev.json").read_text())
+
+
+def test_sql_and_rmsse_equal_fev_figures_on_each_series():
+    """Each series' windows scored alone (fev takes one seasonality a call): SQL over GIFT-Eval's nine levels and
+    RMSSE of the median, the constant history channel (scale 0) left out as fev leaves it out. Planted: a season
+    off by one, |y - q| without its level weight, the squared scale's root taken twice, each fails here."""
+    fx = fixtures()
+    q, y = tensors(fx)
+    for s, freq in enumerate(fx["freqs"]):
+        windows = torch.as_tensor(np.flatnonzero(fx["series"] == s))
+        season = seasonality(str(freq))
+        history = fx[f"history_{s}"]
+        scale = torch.tensor(seasonal_error(history, season)).expand(len(windows), -1)
+        sq_scale = torch.tensor(squared_seasonal_error(history, season)).expand(len(windows), -1)
+        sums = ProbabilisticSums(fx["levels"].tolist())
+        sums.update(q[windows], y[windows], scale, sq_scale)
+        metrics, expected = sums.metrics(), FEV["figures"][f"series_{s}"]
+        assert metrics["sql"] == pytest.approx(expected["sql"], rel=1e-12, abs=0), s
+        assert metrics["rmsse"] == pytest.approx(expected["rmsse"], rel=1e-12, abs=0), s
+
+
+def test_gift_eval_sql_equals_the_runs_where_nothing_is_masked():
+    """GIFT-Eval's records carry SQL from the same definition: on a finite series its window sums give the run's."""
+    from benchmarks import gift_eval_scores as scores
+
+    fx = fixtures()
+    q, y = tensors(fx, scores.LEVELS)
+    s = 0
+    windows = np.flatnonzero(fx["series"] == s)
+    history = fx[f"history_{s}"][:, 0]
+    scale = scores.seasonal_errors([history] * len(windows), seasonality(str(fx["freqs"][s])))
+    rows = scores.window_sums(y[windows, :, 0].numpy(), None, q[windows, :, 0].numpy().transpose(0, 2, 1), scale)
+    sums = ProbabilisticSums(scores.LEVELS)
+    sums.update(q[windows][:, :, :1], y[windows][:, :, :1], torch.tensor(scale)[:, None])
+    assert scores.metrics(rows)["SQL"] == pytest.approx(sums.metrics()["sql"], rel=1e-12)
+    assert scores.metrics(rows)["MASE[0.5]"] == pytest.approx(sums.metrics()["mase"], rel=1e-12)
+
+
+def test_rmsse_needs_the_squared_scale_of_every_window():
+    fx = fixtures()
+    q, y = tensors(fx)
+    scale = series_scales(fx)
+    sums = ProbabilisticSums(fx["levels"].tolist())
+    sums.update(q, y, scale)
+    assert "rmsse" not in sums.metrics() and "sql" in sums.metrics()  # no squared scale: no RMSSE
+    with pytest.raises(ValueError, match="needs scale"):
+        sums.update(q, y, None, scale)
+
+
+def test_every_metric_reads_only_the_sums_it_names():
+    """A metric is one object: its sums by name and its formula; it reads nothing it does not declare."""
+    from utils import metrics as definitions
+
+    for metric in (*definitions.POINT_METRICS, *definitions.probabilistic_metrics((0.1, 0.5, 0.9), 0.1,
+                                                                                  ("coverage_80",))):
+        sums = dict.fromkeys(metric.sums, 1.0)
+        assert isinstance(metric(sums), float), metric
+        with pytest.raises(KeyError):
+            metric(dict(list(sums.items())[1:]))

@@ -110,7 +110,8 @@ def test_each_row_holds_its_own_windows_sums(quantile_run):
     with torch.no_grad():
         params, true = forward(exp.raw_model.eval(), dataset.__getitems__(picks), exp.args, "test", exp.device)
     quantiles = objective_for(exp.args).quantiles(params)
-    expected = np.array([_alone(quantiles[i:i + 1], true[i:i + 1], series_scales(exp.args)[[pick]])
+    expected = np.array([_alone(quantiles[i:i + 1], true[i:i + 1], series_scales(exp.args)[[pick]],
+                                series_scales(exp.args, squared=True)[[pick]])
                          for i, pick in enumerate(picks)])
     names = [c for c in frame.columns[3:] if not c.endswith("_orig")]
     np.testing.assert_allclose(frame.loc[picks, names].to_numpy(), expected, rtol=1e-5, atol=1e-6)
@@ -122,10 +123,10 @@ def test_each_row_holds_its_own_windows_sums(quantile_run):
         assert three[name] == pytest.approx(alone[name], rel=1e-5), name
 
 
-def _alone(quantiles, true, scale):
+def _alone(quantiles, true, scale, sq_scale):
     """One window's sums, scored by a ProbabilisticSums of that window alone."""
     sums = ProbabilisticSums(LEVELS)
-    sums.update(quantiles, true, scale)
+    sums.update(quantiles, true, scale, sq_scale)
     sums.metrics()  # adds its pending sums into sums.sums
     return [sums.sums[k] for k in window_fields(LEVELS, True)]
 

@@ -28,6 +28,7 @@ import os
 
 import numpy as np
 
+from utils import metrics
 from utils.errors import UserError, require
 
 SEASONAL_PATTERNS = ("Yearly", "Quarterly", "Monthly", "Weekly", "Daily", "Hourly")
@@ -48,21 +49,21 @@ def check_pattern(pattern):
 
 
 # ---------------------------------------------------------------- metrics, as TSLib's m4_summary
+# the terms are utils.metrics' (sape, ape, seasonal_naive_error); M4's reductions are its own: sMAPE and MAPE the
+# mean over every element (0 / 0 counted as 0), MASE the mean over series of each series' MAE over its scale
 def smape_terms(forecast, target):
     """200 |f - y| / (|f| + |y|) per element, 0 where both are 0."""
-    denominator = np.abs(target) + np.abs(forecast)
-    return 200 * np.abs(forecast - target) / np.where(denominator == 0, 1.0, denominator)
+    return metrics.sape(target, forecast, factor=200)[0]
 
 
 def mape_terms(forecast, target):
-    denominator = np.abs(target)
-    return 100 * np.abs(forecast - target) / np.where(denominator == 0, 1.0, denominator)
+    """100 |f - y| / |y| per element, 100 |f - y| where y is 0 (TSLib divides by 1 there)."""
+    return metrics.ape(target, forecast, factor=100)[0]
 
 
 def mase_scale(insample, frequency):
     """The in-sample seasonal naive mean absolute error at `frequency` (MASE's denominator)."""
-    insample = np.asarray(insample, dtype=np.float64)
-    return np.mean(np.abs(insample[frequency:] - insample[:-frequency]))
+    return metrics.seasonal_naive_error(insample, frequency)
 
 
 def series_mase(forecast, insample, target, frequency):

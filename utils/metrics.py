@@ -1,8 +1,13 @@
-"""Forecast metrics from sums, so they can be added up across ranks exactly.
+"""Forecast metrics, each defined once, and their sums, so they can be added up across ranks exactly.
 
-Each rank accumulates `ErrorSums` (point forecasts) or `ProbabilisticSums` (quantile forecasts:
-WQL, MASE, sMAPE, MSIS, coverage, as gluonts scores them) over its own windows; one all_reduce of
-the sums gives the metrics of the whole set, identical to a single-process evaluation.
+A metric is a `Metric`: its name, the per-window sums it reads (by name), and its formula from them. A sum is a
+`Sum`: its name and its per-element term (the formulas below, written once for torch tensors and NumPy arrays
+alike). Each window contributes its own float64 sums; sums add across batches, ranks and windows, and one
+all_reduce of them gives the metrics of the whole set, identical to a single-process evaluation. The run's
+`ErrorSums` (point forecasts) and `ProbabilisticSums` (quantile forecasts: WQL, MASE, sMAPE, MSIS, SQL, RMSSE,
+coverage, as gluonts and fev score them), GIFT-Eval's columns (benchmarks/gift_eval_scores.py) and M4's summary
+(utils/m4.py) all read these definitions. Adding a metric: its term and `Sum` (if it needs a new sum) and its
+`Metric` here, then its name in PROBABILISTIC_METRICS (or the caller's list).
 """
 import math
 import re
@@ -13,7 +18,159 @@ import torch
 from utils import distributed
 from utils.errors import require
 
-_FIELDS = ("count", "sq", "abs", "ape", "spe")
+
+# ---------------------------------------------------------------- element formulas (torch tensors or NumPy arrays)
+
+def _where(condition, a, b):
+    return torch.where(condition, a, b) if torch.is_tensor(condition) else np.where(condition, a, b)
+
+
+def _as_float(mask, like):
+    """A boolean mask as 0 / 1 in `like`'s dtype (NumPy's arithmetic promotes a bool by itself)."""
+    return mask.to(like.dtype) if torch.is_tensor(mask) else mask
+
+
+def quantile_loss(y, q, tau):
+    """2 |(y - q) (1[q >= y] - tau)| of the quantile q at level tau: gluonts' and fev's quantile loss (twice the
+    pinball loss), what WQL and SQL add up."""
+    return 2 * abs((y - q) * (_as_float(q >= y, q) - tau))
+
+
+def sape(y, f, factor=2):
+    """(factor |y - f| / (|y| + |f|), defined): the symmetric absolute percentage error of each element, and
+    where it is defined (|y| + |f| not 0; the term is 0 elsewhere). factor 2: gluonts' sMAPE; 200: M4's, in %."""
+    denominator = abs(y) + abs(f)
+    defined = denominator != 0
+    return factor * abs(y - f) / _where(defined, denominator, 1), defined
+
+
+def ape(y, f, factor=1):
+    """(factor |y - f| / |y| where y is not 0, else factor |y - f|; defined: y not 0): the absolute percentage
+    error of each element. gluonts leaves the undefined elements out (factor 1); M4's summary (TSLib's
+    m4_summary, factor 100) keeps them as they are."""
+    defined = y != 0
+    return factor * abs(y - f) / _where(defined, abs(y), 1), defined
+
+
+def interval_score(y, low, high, alpha):
+    """The interval score of [low, high] as the central 1 - alpha interval: its width, plus 2 / alpha times how
+    far y falls outside it (MSIS's numerator)."""
+    return high - low + (2 / alpha) * (low - y) * (y < low) + (2 / alpha) * (y - high) * (y > high)
+
+
+def covered(y, low, high):
+    """Whether y lies in [low, high] (a coverage's count)."""
+    return (low <= y) & (y <= high)
+
+
+def seasonal_naive_error(history, season, power=1):
+    """The mean of |y_t - y_(t-season)| ** power over a [T] or [T, C] history's pairs (per column): the in-sample
+    seasonal naive error, power 1 MASE's, MSIS's and SQL's scale, power 2 RMSSE's. Pairs holding a NaN are left
+    out of a 1-D history's mean; NaN where no pair is left. Every seasonal error of this codebase is this one."""
+    history = np.asarray(history, dtype=np.float64)
+    differences = np.abs(history[season:] - history[:len(history) - season])
+    if power == 2:
+        differences = differences * differences
+    if differences.ndim == 1:
+        finite = np.isfinite(differences)
+        if not finite.all():
+            differences = differences[finite]
+        if len(differences) == 0:
+            return math.nan
+    return differences.mean(0)
+
+
+def ratio(total, count):
+    """total / count as NumPy divides floats: NaN for 0 / 0 or a NaN total, inf of total's sign for x / 0."""
+    if count == 0:
+        return math.nan if total == 0 or math.isnan(total) else math.copysign(math.inf, total)
+    return total / count
+
+
+# ---------------------------------------------------------------- the metrics, one object each
+
+class Metric:
+    """One metric: `name` (its key in the records), `sums` (the per-window sums its figure reads, by name) and
+    `formula` (the figure from those sums). Window sums add across batches, ranks and windows, so a metric of
+    any set of windows is its formula of their added sums (exact under any split of the windows). `scaled`: it
+    divides by a series' seasonal error, so it exists only where every window was given one."""
+
+    def __init__(self, name, sums, formula, scaled=False):
+        self.name, self.sums, self.formula, self.scaled = name, tuple(sums), formula, scaled
+
+    def __call__(self, sums):
+        return self.formula({name: sums[name] for name in self.sums})  # only the sums it declares
+
+    def __repr__(self):
+        return f"Metric({self.name!r}, sums={list(self.sums)})"
+
+
+def _quantile_sums(levels):
+    return tuple(f"ql{level}" for level in levels)
+
+
+def wql(levels):
+    """WQL over `levels`: the mean over the levels of sum quantile loss / sum |y| (GIFT-Eval's CRPS column,
+    gluonts' mean_weighted_sum_quantile_loss); NaN over no element."""
+    return Metric("wql", ("count", "abs_label", *_quantile_sums(levels)), lambda s: float(np.mean(
+        [ratio(s[f"ql{level}"], s["abs_label"]) for level in levels])) if s["count"] else math.nan)
+
+
+def sql(levels):
+    """SQL over `levels` (fev's scaled quantile loss): the mean over scaled elements of the quantile loss, averaged
+    over the levels, divided by the series' seasonal naive error; elements whose scale is 0 are left out."""
+    return Metric("sql", ("sql", "ase_count"), lambda s: ratio(s["sql"], s["ase_count"]), scaled=True)
+
+
+def msis(alpha):
+    """MSIS: the mean interval score of the 1 - alpha interval over the seasonal naive error."""
+    return Metric("msis", ("interval_score", "interval_score_count"),
+                  lambda s: ratio(s["interval_score"], s["interval_score_count"]), scaled=True)
+
+
+def coverage(name):
+    """The share of elements inside the interval `name` (COVERAGE_INTERVALS)."""
+    return Metric(name, (name, "count"), lambda s: ratio(s[name], s["count"]))
+
+
+# point forecasts (ErrorSums): TSLib's figures, every element counted
+MSE = Metric("mse", ("sq", "count"), lambda s: ratio(s["sq"], s["count"]))
+MAE = Metric("mae", ("abs", "count"), lambda s: ratio(s["abs"], s["count"]))
+RMSE = Metric("rmse", ("sq", "count"), lambda s: math.sqrt(MSE(s)))
+MAPE = Metric("mape", ("ape", "count"), lambda s: ratio(s["ape"], s["count"]))  # |e / y|: inf where y is 0
+MSPE = Metric("mspe", ("spe", "count"), lambda s: ratio(s["spe"], s["count"]))
+POINT_METRICS = (MSE, MAE, RMSE, MAPE, MSPE)
+
+# the median's figures, as gluonts scores them (undefined elements left out)
+SMAPE = Metric("smape", ("sape", "sape_count"), lambda s: ratio(s["sape"], s["sape_count"]))
+MASE = Metric("mase", ("ase", "ase_count"), lambda s: ratio(s["ase"], s["ase_count"]), scaled=True)
+RMSSE = Metric("rmsse", ("sse", "ase_count"), lambda s: math.sqrt(ratio(s["sse"], s["ase_count"])), scaled=True)
+MASKED_MAPE = Metric("MAPE", ("masked_ape", "masked_ape_count"),
+                     lambda s: ratio(s["masked_ape"], s["masked_ape_count"]))
+# the forecast's mean (GIFT-Eval's [mean] columns) and the median's absolute error over the labels' (ND)
+MSE_MEAN = Metric("MSE[mean]", ("sq_mean", "count"), lambda s: ratio(s["sq_mean"], s["count"]))
+RMSE_MEAN = Metric("RMSE[mean]", ("sq_mean", "count"), lambda s: math.sqrt(MSE_MEAN(s)))
+NRMSE_MEAN = Metric("NRMSE[mean]", ("sq_mean", "count", "abs_label"),
+                    lambda s: ratio(RMSE_MEAN(s), ratio(s["abs_label"], s["count"])))
+ND = Metric("ND", ("abs", "abs_label"), lambda s: ratio(s["abs"], s["abs_label"]))
+
+
+def probabilistic_metrics(wql_levels, msis_alpha, intervals=()):
+    """The run's probabilistic metrics, in the order its records list them: wql, smape, mase, msis, the coverages
+    of `intervals`, sql, rmsse."""
+    return (wql(wql_levels), SMAPE, MASE, msis(msis_alpha), *(coverage(name) for name in intervals),
+            sql(wql_levels), RMSSE)
+
+
+def sum_names(metrics):
+    """Every sum the metrics read, each once, in the order they first appear."""
+    return list(dict.fromkeys(name for metric in metrics for name in metric.sums))
+
+
+
+# ---------------------------------------------------------------- point forecasts
+
+_FIELDS = ("count", "sq", "abs", "ape", "spe")  # the sums of POINT_METRICS
 
 
 class ErrorSums:
@@ -45,12 +202,12 @@ class ErrorSums:
         # errors is made), then float64 across windows: a window's sum does not depend on which
         # batch or rank it landed in.
         window_dims = tuple(range(1, err.dim()))
-        per_window = torch.stack([err.square().sum(window_dims), err.abs().sum(window_dims),
-                                  rel.abs().sum(window_dims), rel.square().sum(window_dims)])  # [4, B]
+        terms = {"sq": err.square(), "abs": err.abs(), "ape": rel.abs(), "spe": rel.square()}
+        windows = {name: terms[name].sum(window_dims) for name in _FIELDS[1:]}
         self.sums["count"] += err.numel()
-        self._pending.append(per_window.sum(1, dtype=torch.float64))
+        self._pending.append(torch.stack(list(windows.values())).sum(1, dtype=torch.float64))  # in _FIELDS' order
         if self._windows is not None:
-            self._windows.append(per_window[:2].T.double() / err[0].numel())
+            self._windows.append(torch.stack([windows["sq"], windows["abs"]], 1).double() / err[0].numel())
 
     def _flush(self):
         if self._pending:
@@ -83,17 +240,7 @@ class ErrorSums:
 
     def metrics(self):
         self._flush()
-        n = self.sums["count"]
-        if n == 0:
-            return dict.fromkeys(("mse", "mae", "rmse", "mape", "mspe"), float("nan"))
-        mse = self.sums["sq"] / n
-        return {
-            "mse": mse,
-            "mae": self.sums["abs"] / n,
-            "rmse": math.sqrt(mse),
-            "mape": self.sums["ape"] / n,
-            "mspe": self.sums["spe"] / n,
-        }
+        return {metric.name: metric(self.sums) for metric in POINT_METRICS}  # NaN over no element
 
 
 def batch_loss(pred, true, loss):
@@ -129,7 +276,7 @@ def m4_loss(pred, true, loss):
 LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: M4 (data_provider.m4)
 
 
-# ---- probabilistic metrics: the definitions of gluonts.ev, as GIFT-Eval evaluates them ----
+# ---------------------------------------------------------------- quantile forecasts, as gluonts and GIFT-Eval score them
 
 # gluonts' get_seasonality table (gluonts.time_feature.seasonality): a day of seconds, minutes or
 # hours, a year of months or quarters, a week of business days; every other unit 1
@@ -174,7 +321,8 @@ def _offset(freq):
 
 def seasonal_error(history, season, series="a series"):
     """[C] float64: each column's in-sample seasonal naive MAE, mean |y_t - y_(t-season)| over a
-    [T, C] history (gluonts.ev.ts_stats.seasonal_error: MASE's and MSIS's denominator).
+    [T, C] history (gluonts.ev.ts_stats.seasonal_error: MASE's, MSIS's and SQL's denominator; power 2: the mean
+    squared difference, RMSSE's).
 
     A history of season rows or fewer is refused, where gluonts would fall back to season 1 (more
     than T) or give NaN (exactly T): a MASE on another season's scale is a silently wrong number."""
@@ -185,26 +333,37 @@ def seasonal_error(history, season, series="a series"):
     require(rows > season, f"MASE needs at least season+1 history rows per series: {series} has {rows} "
             f"for season {season}; give a longer history or a --freq with a shorter season")
     require(np.isfinite(history).all(), f"MASE needs a finite history: {series} has NaN or infinite values")
-    return np.abs(history[season:] - history[:-season]).mean(0)
+    return seasonal_naive_error(history, season)
+
+
+def squared_seasonal_error(history, season, series="a series"):
+    """[C] float64: each column's mean squared seasonal difference, mean (y_t - y_(t-season))^2 (RMSSE's scale),
+    refused as seasonal_error refuses."""
+    seasonal_error(history, season, series)  # the same checks, one line each
+    history = np.asarray(history, dtype=np.float64)
+    return seasonal_naive_error(history if history.ndim == 2 else history[:, None], season, power=2)
 
 
 GIFT_EVAL_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MSIS_ALPHA = 0.1  # the default: the 90 % interval, levels 0.05 and 0.95
 COVERAGE_INTERVALS = {"coverage_50": (0.25, 0.75), "coverage_80": (0.1, 0.9), "coverage_90": (0.05, 0.95)}
+_COUNTERS = ("windows", "scaled_windows", "sq_scaled_windows")  # windows seen, given a scale, given RMSSE's
 
 
 class ProbabilisticSums:
     """Running float64 sums of the probabilistic metrics of quantile forecasts, reduced like ErrorSums:
     per-window sums in the inputs' dtype, float64 across windows, one all_reduce at the end.
 
-    levels: the forecasts' quantile levels, sorted, in (0, 1), with 0.5 (the median: MASE, sMAPE).
+    levels: the forecasts' quantile levels, sorted, in (0, 1), with 0.5 (the median: MASE, sMAPE, RMSSE).
     transform: as ErrorSums', applied to the quantiles with channels last ([L, B, P, C]) before scoring.
     metrics(): wql (GIFT-Eval's mean weighted quantile loss over its nine levels 0.1 ... 0.9 when all
     are given, else over `levels`; wql_levels says which), smape, coverage_50 / 80 / 90 (where both
-    ends of the interval are levels), and with a scale given, mase and msis (the 1 - msis_alpha interval, where
-    msis_alpha / 2 and 1 - msis_alpha / 2 are levels; msis_alpha says which). gluonts' rules at a zero denominator: elements whose scale is 0 are left out of mase
-    and msis, elements with y = 0 forecast as 0 out of smape; wql of all-zero truths is NaN (inf when
-    some loss is not 0); a mean over no element is NaN.
+    ends of the interval are levels), with a scale given, mase, sql (fev's scaled quantile loss, over wql_levels)
+    and msis (the 1 - msis_alpha interval, where msis_alpha / 2 and 1 - msis_alpha / 2 are levels; msis_alpha says
+    which), and with a squared scale too, rmsse (fev's, of the median). gluonts' rules at a zero denominator:
+    elements whose scale is 0 are left out of mase, msis, sql and rmsse (fev leaves such series out),
+    elements with y = 0 forecast as 0 out of smape; wql of all-zero truths is NaN (inf when some loss is not 0);
+    a mean over no element is NaN. The metrics and the sums they read: probabilistic_metrics.
     """
 
     def __init__(self, levels, transform=None, keep_windows=False, msis_alpha=MSIS_ALPHA):
@@ -213,22 +372,27 @@ class ProbabilisticSums:
                 f"quantile levels must be distinct, sorted, in (0, 1) and include 0.5; got {list(levels)}")
         self.levels, self.transform = levels, transform
         self.wql_levels = GIFT_EVAL_LEVELS if set(GIFT_EVAL_LEVELS) <= set(levels) else levels
+        self._wql_index = [levels.index(level) for level in self.wql_levels]
         self.msis_alpha = float(msis_alpha)
         lo, hi = self.msis_alpha / 2, 1 - self.msis_alpha / 2
         self._msis_ends = (levels.index(lo), levels.index(hi)) if lo in levels and hi in levels else None
         self._intervals = {name: (levels.index(a), levels.index(b))
                            for name, (a, b) in COVERAGE_INTERVALS.items() if a in levels and b in levels}
-        self._fields = (["windows", "scaled_windows", "count", "abs_label", *(f"ql{level}" for level in levels),
-                         "sape", "sape_count", "ase", "ase_count", "interval_score", "interval_score_count",
-                         *self._intervals])
+        self.metric_objects = probabilistic_metrics(self.wql_levels, self.msis_alpha, self._intervals)
+        # every level's quantile loss is kept (window_errors.csv holds them), whichever levels WQL and SQL read
+        window_fields = sum_names([Metric("quantile losses", ("count", "abs_label", *_quantile_sums(levels)), None),
+                                   *self.metric_objects])
+        self._summed = window_fields[1:]  # what update adds up per window, by name
+        self._fields = (*_COUNTERS, *window_fields)
         self.sums = dict.fromkeys(self._fields, 0.0)
-        self._pending = []  # per batch, a float64 tensor of the sums after "count": no host sync in the loop
-        self._windows = [] if keep_windows else None  # per batch, [B, fields after "windows", "scaled_windows"]
+        self._pending = []  # per batch, a float64 tensor of the sums of _summed: no host sync in the loop
+        self._windows = [] if keep_windows else None  # per batch, [B, window_fields]
         self._tau = {}
 
-    def update(self, quantiles, true, scale=None):
+    def update(self, quantiles, true, scale=None, sq_scale=None):
         """quantiles [B, P, C, L] sorted along L; true [B, P, C]; scale None or [B, C]: each window's
-        channel's seasonal error, the same for every window of a series (its history's, not the window's)."""
+        channel's seasonal error, the same for every window of a series (its history's, not the window's);
+        sq_scale None or [B, C], with a scale: its mean squared seasonal difference (RMSSE's scale)."""
         if quantiles.dim() != 4 or quantiles.shape[:3] != true.shape or quantiles.shape[3] != len(self.levels):
             raise ValueError(f"quantiles {tuple(quantiles.shape)} and truths {tuple(true.shape)} do not match "
                              f"[B, P, C, {len(self.levels)}] and [B, P, C]")
@@ -240,48 +404,50 @@ class ProbabilisticSums:
         tau = self._tau.get((q.dtype, q.device))
         if tau is None:  # made once per dtype and device: no host-to-device copy per batch
             tau = self._tau[(q.dtype, q.device)] = torch.tensor(self.levels, dtype=q.dtype, device=q.device)
-        y = true.unsqueeze(-1)
-        # gluonts' quantile loss: 2 |(y - q) (1[q >= y] - tau)|
-        ql = 2 * ((y - q) * ((q >= y).to(q.dtype) - tau)).abs()
+        ql = quantile_loss(true.unsqueeze(-1), q, tau)  # [B, P, C, L]
         abs_err = (true - median).abs()
-        denominator = true.abs() + median.abs()
-        smape_ok = denominator != 0
-        sape = torch.where(smape_ok, 2 * abs_err / torch.where(smape_ok, denominator, 1), 0)
-        parts = [_window_sums(true.abs()), *_window_sums(ql).unbind(-1), _window_sums(sape), _window_sums(smape_ok)]
-        if scale is None:
-            parts += [torch.zeros(windows, dtype=torch.float64, device=true.device)] * 4
-        else:
+        sape_terms, smape_ok = sape(true, median)
+        parts = {"abs_label": _window_sums(true.abs()),
+                 **dict(zip((f"ql{level}" for level in self.levels), _window_sums(ql).unbind(-1))),
+                 "sape": _window_sums(torch.where(smape_ok, sape_terms, 0)), "sape_count": _window_sums(smape_ok)}
+        for name, (lo, hi) in self._intervals.items():
+            parts[name] = _window_sums(covered(true, q[..., lo], q[..., hi]))
+        if scale is not None:
             if tuple(scale.shape) != (windows, true.shape[2]):
                 raise ValueError(f"scale {tuple(scale.shape)} is not [B, C] = {(windows, true.shape[2])}")
             scale = scale.to(device=true.device, dtype=torch.float64)[:, None, :]  # [B, 1, C]
             scaled = (scale != 0).expand(true.shape)
             safe = torch.where(scale != 0, scale, 1)
-            parts += [_window_sums(torch.where(scaled, abs_err / safe, 0)), _window_sums(scaled)]
+            parts.update(ase=_window_sums(torch.where(scaled, abs_err / safe, 0)), ase_count=_window_sums(scaled),
+                         sql=_window_sums(torch.where(scaled, ql[..., self._wql_index].mean(-1) / safe, 0)))
             if self._msis_ends is not None:
-                low, high = q[..., self._msis_ends[0]], q[..., self._msis_ends[1]]
-                score = (high - low + (2 / self.msis_alpha) * (low - true) * (true < low)
-                         + (2 / self.msis_alpha) * (true - high) * (true > high))
-                parts += [_window_sums(torch.where(scaled, score / safe, 0)), _window_sums(scaled)]
-            else:
-                parts += [torch.zeros(windows, dtype=torch.float64, device=true.device)] * 2
-        for lo, hi in self._intervals.values():
-            parts.append(_window_sums((q[..., lo] <= true) & (true <= q[..., hi])))
+                score = interval_score(true, q[..., self._msis_ends[0]], q[..., self._msis_ends[1]], self.msis_alpha)
+                parts.update(interval_score=_window_sums(torch.where(scaled, score / safe, 0)),
+                             interval_score_count=_window_sums(scaled))
+            if sq_scale is not None:
+                sq_scale = sq_scale.to(device=true.device, dtype=torch.float64)[:, None, :]
+                parts["sse"] = _window_sums(torch.where(scaled, (true - median).square()
+                                                        / torch.where(sq_scale != 0, sq_scale, 1), 0))
+        elif sq_scale is not None:
+            raise ValueError("sq_scale needs scale: RMSSE leaves out the elements whose seasonal error is 0")
         # each window's sums first, then float64 across windows: a window's part does not depend
-        # on which batch or rank it landed in
-        per_windows = torch.stack([p.to(torch.float64) for p in parts])  # [fields after "count", B]
+        # on which batch or rank it landed in; a sum this batch cannot give (no scale) is 0
+        zero = torch.zeros(windows, dtype=torch.float64, device=true.device)
+        per_windows = torch.stack([parts.get(name, zero).to(torch.float64) for name in self._summed])  # [_summed, B]
         self._pending.append(per_windows.sum(1))
         if self._windows is not None:  # each window's own sums, its element count first
             counts = per_windows.new_full((1, windows), float(true[0].numel()))
             self._windows.append(torch.cat([counts, per_windows]).T)
         self.sums["windows"] += windows
         self.sums["scaled_windows"] += windows if scale is not None else 0
+        self.sums["sq_scaled_windows"] += windows if sq_scale is not None else 0
         self.sums["count"] += true.numel()
 
     def _flush(self):
         if self._pending:
             totals = torch.stack(self._pending).sum(0).tolist()
             self._pending = []
-            for key, value in zip(self._fields[3:], totals):
+            for key, value in zip(self._summed, totals):
                 self.sums[key] += value
 
     def all_reduce(self):
@@ -301,35 +467,33 @@ class ProbabilisticSums:
 
     def window_fields(self):
         """The names of window_sums' columns: every sum but the window counts."""
-        return self._fields[2:]
+        return list(self._fields[len(_COUNTERS):])
+
+    def scaled_fields(self):
+        """The window fields only the scaled metrics (MASE, MSIS, SQL, RMSSE) read: 0 without a scale."""
+        scaled = set(sum_names(m for m in self.metric_objects if m.scaled))
+        scaled -= set(sum_names(m for m in self.metric_objects if not m.scaled))
+        return [name for name in self.window_fields() if name in scaled]
 
     def metrics(self):
         self._flush()
         s = self.sums
-        out = {"wql": float(np.mean([_ratio(s[f"ql{level}"], s["abs_label"]) for level in self.wql_levels]))
-               if s["count"] else math.nan,
-               "wql_levels": list(self.wql_levels),
-               "smape": _ratio(s["sape"], s["sape_count"])}
-        if s["windows"] and s["scaled_windows"] == s["windows"]:
-            out["mase"] = _ratio(s["ase"], s["ase_count"])
-            if self._msis_ends is not None:
-                out["msis"] = _ratio(s["interval_score"], s["interval_score_count"])
-                out["msis_alpha"] = self.msis_alpha
-        elif s["scaled_windows"]:
-            raise ValueError(f"a scale was given for {s['scaled_windows']:.0f} of {s['windows']:.0f} windows; "
-                             "MASE needs it for all or none")
-        for name in self._intervals:
-            out[name] = _ratio(s[name], s["count"])
+        for counter in _COUNTERS[1:]:
+            if s[counter] and s[counter] != s["windows"]:
+                raise ValueError(f"a scale was given for {s[counter]:.0f} of {s['windows']:.0f} windows; "
+                                 "MASE needs it for all or none")
+        given = {"mase": bool(s["scaled_windows"]), "sql": bool(s["scaled_windows"]),
+                 "msis": bool(s["scaled_windows"]) and self._msis_ends is not None,
+                 "rmsse": bool(s["scaled_windows"] and s["sq_scaled_windows"])}
+        named = {"wql": {"wql_levels": list(self.wql_levels)}, "msis": {"msis_alpha": self.msis_alpha}}
+        out = {}
+        for metric in self.metric_objects:
+            if given.get(metric.name, True):
+                out[metric.name] = metric(s)
+                out.update(named.get(metric.name, {}))
         return out
 
 
 def _window_sums(x):
     """[B, P, C] -> [B]: each window's sum."""
     return x.sum((1, 2))
-
-
-def _ratio(total, count):
-    """total / count as numpy divides floats: NaN for 0 / 0, inf for x / 0 (gluonts' figures there)."""
-    if count == 0:
-        return math.nan if total == 0 else math.copysign(math.inf, total)
-    return total / count
