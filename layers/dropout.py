@@ -456,7 +456,7 @@ class KeyedDropout(nn.Dropout):
         sample's key (_per_sample_attention): the very kernel an unkeyed call takes, flash or memory-efficient
         attention, O(sequence) memory. The CPU has no fused kernel with dropout (SDPA forms the weights there
         anyway), so there the weights are formed with this module's cheaper masks, a query block of a sample at
-        a time (layers.keyed_attention): lab/results/bench_attention_dropout_cpu.md weighs the two."""
+        a time (layers.keyed_attention): lab/results/bench_attention_dropout_cpu.json weighs the two."""
         p = self.p if self.training else 0.0
         if p == 0.0 or _keys is None or not self.keyable(query):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=p,

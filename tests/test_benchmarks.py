@@ -357,3 +357,56 @@ def test_bench_models_breaks_a_step_down_call_by_call():
     assert elapsed >= sum(names.values()) > 0
     assert any(call.startswith("mm [[64, 64], [64, 64]]") for call, _, _ in calls)
     assert any(call.startswith("cat [[2097152], [2097152]]") and count == 1 for call, _, count in calls)
+
+
+# ------------------------------------------------------------------ results_page.py
+def test_the_results_page_is_the_datas():
+    """benchmarks/results/README.md is what `python -m benchmarks.results_page write` makes of the stored results."""
+    from benchmarks import results_page
+
+    assert results_page.main(["check"]) == 0, "python -m benchmarks.results_page write"
+    page = results_page.PAGE.read_text()
+    for folder in results_page.FOLDERS:
+        for path, record in results_page.stored(folder):
+            assert f"`{path.relative_to(folder).with_suffix('').as_posix()}`, data:" in page
+            for block in record["blocks"]:
+                assert "text" in block or (path.parent / block["table"]).is_file()
+        for note in results_page.notes(folder):
+            assert f"]({results_page.link(note)})" in page
+
+
+def test_a_stored_result_gives_its_markdown_back_and_a_changed_figure_shows(tmp_path, monkeypatch, capsys):
+    """`add` keeps a result's tables as CSV and its text as JSON, giving the same markdown back; a figure changed in
+    a CSV changes the page, and `check` says so; a stored result is replaced only on purpose."""
+    from benchmarks import results_page
+
+    results, page = tmp_path / "results", tmp_path / "results" / "README.md"
+    results.mkdir()
+    monkeypatch.setattr(results_page, "FOLDERS", (results,))
+    monkeypatch.setattr(results_page, "PAGE", page)
+    monkeypatch.setattr(results_page, "REPO", tmp_path)
+    text = ("# Speed: DLinear\n\nOne process, 2 cores.\n\n| pipeline | s / epoch | note |\n|---|---|---|\n"
+            "| ours, \"fp32\" | 0.227 | a, b |\n| floor | 0.178 | |\n\nMedians of 4 epochs.\n")
+    (results / "speed.md").write_text(text)
+    (results / "notes.md").write_text("# What we learnt\n\nProse.\n")
+    assert results_page.main(["add", str(results / "speed.md")]) == 0
+    assert not (results / "speed.md").exists()
+    assert (results / "speed.csv").read_text() == 'pipeline,s / epoch,note\n"ours, ""fp32""",0.227,"a, b"\nfloor,0.178,\n'
+    [(path, record)] = results_page.stored(results)
+    assert results_page.render(record["blocks"], {"speed.csv": results_page.read_csv(results / "speed.csv")}) == text
+    assert results_page.main(["check"]) == 0
+    assert "| floor | 0.178 | |" in page.read_text() and "- [notes.md](notes.md): What we learnt" in page.read_text()
+
+    (results / "speed.csv").write_text((results / "speed.csv").read_text().replace("0.227", "0.250"))
+    assert results_page.main(["check"]) == 1
+    assert "results_page write" in capsys.readouterr().err
+    results_page.main(["write"])
+    assert "| ours, \"fp32\" | 0.250 | a, b |" in page.read_text()
+
+    (results / "speed.md").write_text(text)
+    with pytest.raises(SystemExit, match="speed.json exists; pass --replace"):
+        results_page.main(["add", str(results / "speed.md")])
+    results_page.main(["add", str(results / "speed.md"), "--replace"])
+    assert "0.227" in page.read_text()
+    with pytest.raises(SystemExit, match="holds no table: keep it as a note"):
+        results_page.main(["add", str(results / "notes.md")])

@@ -4,7 +4,7 @@ PyTorch's default is one thread per CPU OpenMP sees (its affinity mask), and Ope
 barrier, waiting for the others. When a core they count on is busy with another process, each barrier
 waits a scheduler slice for the descheduled thread: on 2 cores with two busy processes beside it, a DLinear
 epoch took 38.8 s against 0.38 s with one thread and 0.77 s with OMP_WAIT_POLICY=PASSIVE
-(lab/results/bench_threads_cpu.md). Two rules, from what this process may really use:
+(lab/results/bench_threads_cpu.json). Two rules, from what this process may really use:
 
 Thread count (distributed.setup; the same on every start on one machine, so a run's numbers, which can
 depend on it in the last digits, do not depend on what else runs):

@@ -26,7 +26,7 @@ KEY_SAMPLE_SEED = 2021  # ProbAttention's keys in eval mode: one fixed draw
 
 def eval_key_generator():
     """The generator of ProbAttention's key sample in eval mode: seeded afresh at each call (None: the global
-    one, as TSLib; benchmarks/tslib_layers.py compares so)."""
+    one, as TSLib; lab/tslib_layers.py compares so)."""
     return torch.Generator().manual_seed(KEY_SAMPLE_SEED)
 
 
