@@ -5,7 +5,7 @@ model reads its own files and the foreign layouts it declares (checkpoint_adapte
 Nothing of OpenLTM is imported: its layout is written out below as fake modules with the names and
 shapes of its model code (models/timer_xl.py, models/timer.py, layers/Transformer_EncDec.py,
 layers/SelfAttention_Family.py, layers/Attn_Bias.py, layers/Embed.py), independently of the table.
-benchmarks/openltm_crosscheck.py runs OpenLTM's own code against ours."""
+lab/openltm_crosscheck.py runs OpenLTM's own code against ours."""
 import argparse
 import json
 import math
