@@ -70,19 +70,22 @@ def output_args(folder):
     return ["--checkpoints", folder / "checkpoints", "--results_dir", folder / "results"]
 
 
-def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False, fresh=False, preempt_at_step=None):
+def run_cli(tmp_path, *args, nproc=None, timeout=240, outputs=True, plots=False, fresh=False, preempt_at_step=None,
+            extra_env=None):
     """`python run.py ...`, or with `nproc` workers as torchrun starts them. Returns CompletedProcess.
     Pictures are skipped (--no_plots) unless `plots`: drawing them costs about a second.
 
     By default the processes are forked from a warm interpreter (see `fork_run_py`), which runs
     run.py exactly as `python run.py` does but skips the ~5 s of imports each process pays;
     `fresh` starts real interpreters (and the real torchrun agent), as tests of the launcher need.
-    `preempt_at_step`: every process SIGKILLs itself as it starts that optimizer step (forked runs only)."""
+    `preempt_at_step`: every process SIGKILLs itself as it starts that optimizer step (forked runs only).
+    `extra_env`: variables set in every forked process, over those a launcher gives (forked runs only)."""
     argv = [*map(str, args)] + ([] if plots else ["--no_plots"])
     if outputs:
         argv += map(str, output_args(tmp_path))
     if not fresh:
-        return fork_run_py(argv, nproc=nproc, timeout=timeout, preempt_at_step=preempt_at_step)
+        return fork_run_py(argv, nproc=nproc, timeout=timeout, preempt_at_step=preempt_at_step, extra_env=extra_env)
+    assert extra_env is None, "extra_env is for forked runs"
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -200,7 +203,7 @@ def _read_if_there(path):
         return ""
 
 
-def fork_run_py(argv, nproc=None, timeout=240, preempt_at_step=None):
+def fork_run_py(argv, nproc=None, timeout=240, preempt_at_step=None, extra_env=None):
     """run.py with `argv` in a process forked from the warm server, or `nproc` of them with the
     environment torchrun gives its workers (ranks, local world, master address, run id).
 
@@ -222,6 +225,7 @@ def fork_run_py(argv, nproc=None, timeout=240, preempt_at_step=None):
                                 TORCHELASTIC_MAX_RESTARTS="0"))
     else:
         workers.append(env)
+    workers = [dict(worker, **(extra_env or {})) for worker in workers]
     with tempfile.TemporaryDirectory() as folder:
         streams = [(os.path.join(folder, f"{rank}.out"), os.path.join(folder, f"{rank}.err"))
                    for rank in range(len(workers))]

@@ -22,8 +22,23 @@ def test_ddp_without_torchrun_starts_local_workers(tmp_path):
     assert "global batch 96 (32 x 3 processes)" in proc.stdout
 
 
-def test_ddp_forecast_script_runs_as_is(tmp_path):
-    # MODEL picks the model, extra flags pass through (here: a TimerXL small enough for 2 CPU cores)
+def _a_python_first_on_path_that_is_not_the_interpreter(tmp_path, monkeypatch):
+    """The suite run as under a virtual environment called by path, not activated: the first `python` on PATH
+    is another program (here one that fails)."""
+    import os
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python").write_text("#!/bin/sh\necho 'not the interpreter running the tests' >&2\nexit 1\n")
+    (shims / "python").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def test_ddp_forecast_script_runs_as_is(tmp_path, monkeypatch):
+    """MODEL picks the model, extra flags pass through (here: a TimerXL small enough for 2 CPU cores). The first
+    `python` on the suite's PATH is not its interpreter: the script's `python` is still the running one
+    (helpers.subprocess_env)."""
+    _a_python_first_on_path_that_is_not_the_interpreter(tmp_path, monkeypatch)
     small = [str(a) for a in SMALL_TIMERXL if a not in ("--model", "TimerXL")]
     proc = run_command(["bash", "scripts/ddp_forecast.sh", "--train_epochs", "1", *small,
                         "--checkpoints", str(tmp_path / "checkpoints"), "--results_dir", str(tmp_path / "results")],
@@ -73,26 +88,18 @@ def test_the_suite_runs_this_checkouts_code_wherever_pytest_starts(tmp_path):
     assert not marker.exists(), f"the other copy ran: {marker.read_text().split()}"
 
 
-def test_tests_that_start_processes_do_not_depend_on_the_callers_path_or_pythonpath(tmp_path):
-    """Tests that start a script or a child interpreter pass when the suite runs under a `python` on PATH that is
-    not its interpreter (a virtual environment called by path, not activated) and with PYTHONPATH naming this
-    checkout: a script's `python` is the running interpreter, and TSLib's file is imported without PYTHONPATH."""
-    import subprocess
-    import sys
+def test_tests_that_start_processes_do_not_depend_on_the_callers_path_or_pythonpath(tmp_path, monkeypatch):
+    """Tests that start a child interpreter pass when the suite runs under a `python` on PATH that is not its
+    interpreter and with PYTHONPATH naming this checkout: TSLib's file is imported without PYTHONPATH (this
+    repository's regular `models` package would shadow a checkout's namespace folder). A script's `python`:
+    test_ddp_forecast_script_runs_as_is."""
+    from helpers import REPO
+    from test_tslib_models import test_a_failure_is_checked_against_tslibs_own_file
 
-    from helpers import REPO, subprocess_env
-
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    (shims / "python").write_text("#!/bin/sh\necho 'not the interpreter running the tests' >&2\nexit 1\n")
-    (shims / "python").chmod(0o755)
-    inner = [f"{REPO / 'tests' / 'test_cli.py'}::test_ddp_forecast_script_runs_as_is",
-             f"{REPO / 'tests' / 'test_tslib_models.py'}::test_a_failure_is_checked_against_tslibs_own_file"]
-    env = dict(subprocess_env(), PATH=f"{shims}:{subprocess_env()['PATH']}", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
-                           str(tmp_path / "inner"), *inner], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=400)
-    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _a_python_first_on_path_that_is_not_the_interpreter(tmp_path, monkeypatch)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    (tmp_path / "tslib").mkdir()
+    test_a_failure_is_checked_against_tslibs_own_file(tmp_path / "tslib")
 
 
 def test_loader_strips_wrapper_prefixes_and_loads_strictly(tmp_path):

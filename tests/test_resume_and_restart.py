@@ -260,13 +260,13 @@ def test_resume_keeps_the_fp16_loss_scale(tmp_path):
 
 # ---------------------------------------------------------------- elastic restarts
 def test_sigkilled_worker_is_restarted_and_resumes(tmp_path):
-    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--train_epochs", 3, "--no_plots"]
+    argv = [*SMALL_TIMERXL, "--synthetic_rows", 12000, "--train_epochs", 3, "--no_plots"]
     # the uninterrupted reference: the same 2 workers, forked warm (the script's launch is what is tested)
     assert_ok(run_cli(tmp_path / "a", *argv, "--ddp", nproc=2, timeout=300))
     reference = records(tmp_path / "a")[-1]
 
     def start(attempt):
-        env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1")
+        env = dict(MODEL="TimerXL", MASTER_PORT=str(free_port()), MAX_RESTARTS="1", NPROC_PER_NODE="2")
         return Streamed(["bash", "scripts/ddp_forecast.sh", *map(str, argv + _outputs(tmp_path / f"b{attempt}"))],
                         env=dict(subprocess_env(), **env))
 

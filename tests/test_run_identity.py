@@ -93,17 +93,17 @@ def test_resume_of_a_training_state_of_a_newer_torch_says_so_and_keeps_it(tmp_pa
 def test_restart_of_a_fresh_run_never_continues_an_older_runs_state(tmp_path):
     """An older run (lr 1e-4) left last.pth in the folder; a fresh run (lr 1e-3) of the same setting
     loses a worker in epoch 1, before it saved anything: its restart starts from epoch 1."""
-    argv = [*SMALL_TIMERXL, "--synthetic_rows", 20000, "--seed", 7, "--train_epochs", 2, "--no_plots"]
-    env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1")  # ddp_forecast.sh: --rdzv_id tsl-ddp
+    argv = [*SMALL_TIMERXL, "--synthetic_rows", 12000, "--seed", 7, "--train_epochs", 2, "--no_plots"]
+    env = dict(subprocess_env(), MODEL="TimerXL", MAX_RESTARTS="1", NPROC_PER_NODE="2")
     older_states = {}
 
     def start(attempt):  # each attempt in a folder of its own, the older run's last.pth in it
-        outputs = [*map(str, argv), *map(str, _outputs(tmp_path / str(attempt)))]
-        older = Streamed(["bash", "scripts/ddp_forecast.sh", *outputs, "--train_epochs", "1",
-                          "--learning_rate", "1e-4"], env=dict(env, MASTER_PORT=str(free_port())))
-        code, output = older.finish()
-        assert code == 0, output[-3000:]
+        # the older run: 2 workers forked warm, with the run id ddp_forecast.sh's launches share (--rdzv_id
+        # tsl-ddp), so only the launch's agent tells the two runs apart
+        assert_ok(run_cli(tmp_path / str(attempt), *argv, "--ddp", "--train_epochs", 1, "--learning_rate", 1e-4,
+                          nproc=2, extra_env=dict(TORCHELASTIC_RUN_ID="tsl-ddp")))
         older_states[attempt] = last_of(attempt).read_bytes()
+        outputs = [*map(str, argv), *map(str, _outputs(tmp_path / str(attempt)))]
         return Streamed(["bash", "scripts/ddp_forecast.sh", *outputs, "--learning_rate", "1e-3"],
                         env=dict(env, MASTER_PORT=str(free_port())))
 
