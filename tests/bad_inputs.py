@@ -263,243 +263,25 @@ def _trained_with_another_moving_average(folder):
     return [*SMALL, "--is_training", 0, "--checkpoint", folder / "trained" / "checkpoint.pth", "--moving_avg", 13]
 
 
-# issue 39: TimesFM25 (google/timesfm-2.5-200m-pytorch's folder: config.json and model.safetensors)
-def _timesfm25_folder(config=None, tensors=None):
-    """run.py arguments evaluating TimesFM25 zero-shot from a folder holding `config` (config.json) and
-    `tensors` (model.safetensors) where given; a folder of neither when both are None."""
-    def build(folder):
-        release = folder / "timesfm-2.5-200m-pytorch"
-        if config is not None or tensors is not None:
-            release.mkdir()
-        if config is not None:
-            (release / "config.json").write_text(json.dumps(config))
-        if tensors is not None:
-            import torch
-            from safetensors.torch import save_file
+# The released foundation models: a probe's folder is written by its release's row of tests/test_foundation.py
+SUNDIAL_SAMPLING = ("--num_samples", 2, "--sampling_steps", 1)  # a probe refuses before sampling: keep it small
 
-            save_file({key: torch.zeros(shape) for key, shape in tensors.items()}, str(release / "model.safetensors"))
-        return [*SMALL, "--model", "TimesFM25", "--is_training", 0, "--pretrain_model_path", release]
+
+def _release(name, lacking=None, path_name=None, extra=(), **damage):
+    """run.py arguments evaluating release `name` zero-shot from a folder its row writes (a reduced release its
+    package writes, or a copy of the fixture its reference wrote), damaged: `lacking` "folder" (none at all) or one
+    of its files, and the row's other damage (another model's `config`, a tensor `drop`ped, ...); `path_name` the
+    folder's name where not the release's own."""
+    def build(folder):
+        from test_foundation import RELEASES
+
+        row = RELEASES[name]
+        release = folder / (path_name or row.dirname)
+        if lacking != "folder":
+            row.write(release, **({"lacking": lacking} if lacking else {}), **damage)
+        return [*SMALL, "--model", name, "--is_training", 0, "--pretrain_model_path", release, *extra]
     return build
 
-
-# issue 39: Chronos2 (amazon/chronos-2's folder: config.json and model.safetensors, the package's model saved)
-def _chronos2_folder(drop=None, config=None, **forecasting):
-    """run.py arguments evaluating Chronos2 zero-shot from a tiny folder that chronos-forecasting's Chronos2Model
-    saved (`forecasting`: chronos_config fields changed), then damaged: `drop` a file ("config.json",
-    "model.safetensors", or "a tensor" from the weights), `config` written over config.json."""
-    def build(folder):
-        import torch
-        from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
-        from safetensors.torch import load_file, save_file
-
-        from utils.chronos2 import RELEASED_FORECASTING
-
-        release = folder / "chronos-2"
-        torch.manual_seed(0)
-        Chronos2Model(Chronos2CoreConfig(d_model=16, d_kv=8, d_ff=16, num_layers=1, num_heads=2, reg_token_id=1,
-                                         chronos_config={**RELEASED_FORECASTING, **forecasting})).save_pretrained(release)
-        if drop == "a tensor":
-            tensors = load_file(release / "model.safetensors")
-            tensors.pop("encoder.block.0.layer.1.self_attention.q.weight")
-            save_file(tensors, release / "model.safetensors")
-        elif drop in ("config.json", "model.safetensors"):
-            (release / drop).unlink()
-        if config is not None:
-            (release / "config.json").write_text(json.dumps(config))
-        return [*SMALL, "--model", "Chronos2", "--is_training", 0, "--pretrain_model_path",
-                release if drop != "folder" else folder / "absent"]
-    return build
-
-
-# issue 39: ChronosBolt (amazon/chronos-bolt-*'s folder, config.json and model.safetensors, as the package writes it)
-def _chronos_bolt_folder(lacking=None, context_length=2048, config=None, drop=None):
-    """run.py arguments evaluating ChronosBolt zero-shot from a folder the package wrote (its model at a reduced
-    size, random weights) without the file `lacking` ("folder": no folder at all), with chronos_config's
-    `context_length`, with another model's `config` (config.json), or without the tensor `drop`."""
-    def build(folder):
-        release = folder / "chronos-bolt-small"
-        argv = [*SMALL, "--model", "ChronosBolt", "--is_training", 0, "--pretrain_model_path", release]
-        if lacking == "folder":
-            return argv
-        from chronos.chronos_bolt import ChronosBoltModelForForecasting
-        from safetensors.torch import load_file, save_file
-        from transformers import T5Config
-
-        from utils.chronos_bolt import released_config
-
-        reduced = released_config("tiny", d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-                                  d_kv=8, chronos_config=dict(context_length=context_length))
-        ChronosBoltModelForForecasting(T5Config.from_dict(reduced)).save_pretrained(release)
-        if lacking:
-            (release / lacking).unlink()
-        if config:
-            (release / "config.json").write_text(json.dumps(config))
-        if drop:
-            tensors = load_file(release / "model.safetensors")
-            del tensors[drop]
-            save_file(tensors, release / "model.safetensors")
-        return argv
-    return build
-
-
-# issue 39: TiRex (NX-AI/TiRex's folder: model.ckpt, a Lightning checkpoint of hyper_parameters and state_dict)
-def _tirex_folder(lacking=None, hyper=None, drop=None, train_ctx_len=256, other=False):
-    """run.py arguments evaluating TiRex zero-shot from a folder holding model.ckpt as the release does, built by
-    the package's TiRexZero at a tiny size (zero weights): `lacking` "folder" (none at all), "model.ckpt" (a
-    folder of its README only) or "hyper_parameters" (a checkpoint of weights alone); `hyper` another model's
-    hyper_parameters; `drop` a tensor; `other` a folder of another model's release (config.json +
-    model.safetensors, Chronos-Bolt's)."""
-    def build(folder):
-        import torch
-
-        release = folder / "TiRex"
-        argv = [*SMALL, "--model", "TiRex", "--is_training", 0, "--pretrain_model_path", release]
-        if lacking == "folder":
-            return argv
-        release.mkdir()
-        (release / "README.md").write_text("TiRex\n")
-        if other:
-            from safetensors.torch import save_file
-
-            (release / "config.json").write_text(json.dumps({"architectures": ["ChronosBoltModelForForecasting"],
-                                                             "model_type": "t5"}))
-            save_file({"shared.weight": torch.zeros(2, 2)}, str(release / "model.safetensors"))
-            return argv
-        if lacking == "model.ckpt":
-            return argv
-        from tirex.models.tirex import TiRexZero
-
-        config = {"input_patch_size": 32, "output_patch_size": 32, "quantiles": [k / 10 for k in range(1, 10)],
-                  "block_kwargs": {"embedding_dim": 8, "num_heads": 2, "num_blocks": 1}, "input_ff_dim": 8}
-        state = {k: torch.zeros(v.shape) for k, v in TiRexZero("torch", config, train_ctx_len).state_dict().items()}
-        state.pop(drop, None)
-        checkpoint = {"state_dict": state, "hyper_parameters": hyper or {"model_config": config,
-                                                                         "train_ctx_len": train_ctx_len}}
-        if lacking == "hyper_parameters":
-            del checkpoint["hyper_parameters"]
-        torch.save(checkpoint, release / "model.ckpt")
-        return argv
-    return build
-
-
-
-# issue 40: TimerBase (thuml/timer-base-84m's folder, config.json and model.safetensors: the committed tiny fixture)
-def _timer_base_folder(lacking=None, config=None, drop=None):
-    """run.py arguments evaluating TimerBase zero-shot from a copy of tests/golden/foundation/timer_base (written by
-    the release's code at a tiny size: tokens of 8 steps) without the file `lacking` ("folder": no folder at all),
-    with another model's `config` (config.json), or without the tensor `drop`."""
-    def build(folder):
-        release = folder / "timer-base-84m"
-        argv = [*SMALL, "--model", "TimerBase", "--is_training", 0, "--pretrain_model_path", release]
-        if lacking == "folder":
-            return argv
-        release.mkdir()
-        fixture = Path(__file__).resolve().parent / "golden" / "foundation" / "timer_base"
-        for name in ("config.json", "model.safetensors"):
-            if name != lacking:
-                (release / name).write_bytes((fixture / name).read_bytes())
-        if config:
-            (release / "config.json").write_text(json.dumps(config))
-        if drop:
-            from safetensors.torch import load_file, save_file
-
-            tensors = load_file(release / "model.safetensors")
-            del tensors[drop]
-            save_file(tensors, release / "model.safetensors")
-        return argv
-    return build
-
-# issue 40: Sundial (thuml/sundial-base-128m's folder, config.json and model.safetensors: the committed tiny fixture)
-def _sundial_folder(lacking=None, config=None, drop=None):
-    """run.py arguments evaluating Sundial zero-shot from a copy of tests/golden/foundation/sundial (written by the
-    reference's save_pretrained at a tiny size: tokens of 4 steps, output tokens of 12) without the file `lacking`
-    ("folder": no folder at all), with another model's `config` (config.json), or without the tensor `drop`."""
-    def build(folder):
-        release = folder / "sundial-base-128m"
-        argv = [*SMALL, "--model", "Sundial", "--is_training", 0, "--pretrain_model_path", release,
-                "--num_samples", 2, "--sampling_steps", 1]
-        if lacking == "folder":
-            return argv
-        release.mkdir()
-        fixture = Path(__file__).resolve().parent / "golden" / "foundation" / "sundial"
-        for name in ("config.json", "model.safetensors"):
-            if name != lacking:
-                (release / name).write_bytes((fixture / name).read_bytes())
-        if config:
-            (release / "config.json").write_text(json.dumps(config))
-        if drop:
-            from safetensors.torch import load_file, save_file
-
-            tensors = load_file(release / "model.safetensors")
-            del tensors[drop]
-            save_file(tensors, release / "model.safetensors")
-        return argv
-    return build
-
-
-# issue 40: Moirai2 (Salesforce/moirai-2.0-R-small's folder: config.json and model.safetensors, as uni2ts's
-# Moirai2Module.save_pretrained writes it; tests/golden/foundation/moirai2 is one at a tiny size)
-MOIRAI2_FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
-
-
-def _moirai2_folder(lacking=None, config=None, drop=None):
-    """run.py arguments evaluating Moirai2 zero-shot from a copy of the committed tiny release (patch 4, 2 tokens a
-    step, max_seq_len 64): `lacking` "folder" (none at all) or a file of it; `config` a config.json in place of
-    its own; `drop` a tensor taken out of model.safetensors."""
-    def build(folder):
-        import shutil
-
-        release = folder / "moirai-2.0-R-small"
-        argv = [*SMALL, "--model", "Moirai2", "--is_training", 0, "--pretrain_model_path", release]
-        if lacking == "folder":
-            return argv
-        release.mkdir()
-        for name in ("config.json", "model.safetensors"):
-            if name != lacking:
-                shutil.copy(MOIRAI2_FIXTURE / name, release / name)
-        if config is not None:
-            (release / "config.json").write_text(json.dumps(config))
-        if drop:
-            from safetensors.torch import load_file, save_file
-
-            tensors = load_file(release / "model.safetensors")
-            del tensors[drop]
-            save_file(tensors, release / "model.safetensors")
-        return argv
-    return build
-
-
-
-# issue 40: TimeMoE (Maple728/TimeMoE-50M's folder: config.json and model.safetensors, as Time-MoE's save_pretrained
-# writes it; tests/golden/foundation/time_moe is one at a tiny size)
-TIME_MOE_FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "time_moe"
-
-
-def _time_moe_folder(lacking=None, config=None, drop=None):
-    """run.py arguments evaluating TimeMoE zero-shot from a copy of the committed tiny release (max_position_embeddings
-    4096): `lacking` "folder" (none at all) or a file of it; `config` a config.json in place of its own; `drop` a
-    tensor taken out of model.safetensors."""
-    def build(folder):
-        import shutil
-
-        release = folder / "TimeMoE-50M"
-        argv = [*SMALL, "--model", "TimeMoE", "--is_training", 0, "--pretrain_model_path", release]
-        if lacking == "folder":
-            return argv
-        release.mkdir()
-        for name in ("config.json", "model.safetensors"):
-            if name != lacking:
-                shutil.copy(TIME_MOE_FIXTURE / name, release / name)
-        if config is not None:
-            (release / "config.json").write_text(json.dumps(config))
-        if drop:
-            from safetensors.torch import load_file, save_file
-
-            tensors = load_file(release / "model.safetensors")
-            del tensors[drop]
-            save_file(tensors, release / "model.safetensors")
-        return argv
-    return build
 
 def _has_gpu():
     import torch
@@ -730,21 +512,21 @@ PROBES = [
     Probe("MASE on a history shorter than a season", fixed("--loss", "quantile", "--freq", "s", *SMALL),
           "MASE needs at least season+1 history rows per series: --data synthetic (its rows before the test split, "
           "at --freq s) has 1200 for season 3600", shows="`--loss quantile --freq s` (season 3600) on 1500 rows"),
-    # issue 39: TimesFM25
-    Probe("TimesFM 2.5 weights folder missing", _timesfm25_folder(),
+    # the released foundation models (tests/test_foundation.py's rows write their folders)
+    Probe("TimesFM 2.5 weights folder missing", _release("TimesFM25", lacking="folder"),
           "timesfm-2.5-200m-pytorch not found: download google/timesfm-2.5-200m-pytorch (config.json and "
           "model.safetensors) and pass its folder", shows="`--model TimesFM25 --is_training 0 --pretrain_model_path` "
           "a folder that is not there"),
-    Probe("TimesFM 2.5 folder without its weights", _timesfm25_folder(config={"torch_compile": False}),
+    Probe("TimesFM 2.5 folder without its weights", _release("TimesFM25", config={"torch_compile": False}),
           "timesfm-2.5-200m-pytorch lacks model.safetensors: download the whole folder of google/timesfm-2.5-200m-pytorch",
           shows="a TimesFM 2.5 folder holding config.json only"),
     Probe("TimesFM 2.5 weights missing tensors",
-          _timesfm25_folder(config={"torch_compile": False}, tensors={"tokenizer.hidden_layer.weight": (8, 64)}),
+          _release("TimesFM25", config={"torch_compile": False}, tensors={"tokenizer.hidden_layer.weight": (8, 64)}),
           "model.safetensors lacks tokenizer.output_layer.weight, stacked_xf.0.attn.query_ln.scale, "
           "stacked_xf.0.ff0.weight, output_projection_point.hidden_layer.weight, ... (7 in all): not a complete "
           "TimesFM 2.5 checkpoint", shows="a TimesFM 2.5 folder whose model.safetensors holds one tensor"),
     Probe("TimesFM 2.5 folder of another model",
-          _timesfm25_folder(config={"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"},
+          _release("TimesFM25", config={"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"},
                             tensors={"shared.weight": (4, 8)}),
           "config.json is the config.json of t5 / T5ForConditionalGeneration, not of TimesFM 2.5: TimesFM25 reads "
           "google/timesfm-2.5-200m-pytorch's folder", shows="`--model TimesFM25 --pretrain_model_path` a folder "
@@ -752,172 +534,165 @@ PROBES = [
     Probe("TimesFM 2.5 horizon past its quantile head",
           fixed("--model", "TimesFM25", "--synthetic_rows", 20000, "--seq_len", 48, "--label_len", 24, "--pred_len", 1100),
           "TimesFM 2.5's quantile head forecasts at most 1024 steps; pred_len 1100 is longer"),
-    # issue 39: Chronos2
-    Probe("Chronos-2 weights folder missing", _chronos2_folder(drop="folder"),
+    Probe("Chronos-2 weights folder missing", _release("Chronos2", lacking="folder", path_name="absent"),
           "absent not found: download amazon/chronos-2 (config.json and model.safetensors) and pass its folder",
           shows="`--model Chronos2 --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Chronos-2 folder without its weights", _chronos2_folder(drop="model.safetensors"),
+    Probe("Chronos-2 folder without its weights", _release("Chronos2", lacking="model.safetensors"),
           "chronos-2 has no model.safetensors: the folder of amazon/chronos-2 holds config.json and model.safetensors; "
           "download both", shows="a Chronos-2 folder holding config.json only"),
-    Probe("Chronos-2 folder without config.json", _chronos2_folder(drop="config.json"),
+    Probe("Chronos-2 folder without config.json", _release("Chronos2", lacking="config.json"),
           "chronos-2 has no config.json: the folder of amazon/chronos-2 holds config.json and model.safetensors",
           shows="a Chronos-2 folder holding model.safetensors only"),
-    Probe("Chronos-2 weights missing a tensor", _chronos2_folder(drop="a tensor"),
+    Probe("Chronos-2 weights missing a tensor", _release("Chronos2", drop="encoder.block.0.layer.1.self_attention.q.weight"),
           "does not fit model Chronos2: missing: chronos.encoder.block.0.layer.1.self_attention.q.weight",
           shows="a Chronos-2 folder whose model.safetensors lacks one tensor"),
-    Probe("Chronos-2 folder of another model", _chronos2_folder(config={
+    Probe("Chronos-2 folder of another model", _release("Chronos2", config={
               "architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5", "chronos_config": {}}),
           "config.json is the config of another model (architectures ['ChronosBoltModelForForecasting'], model_type "
           "t5), not Chronos-2's (architectures ['Chronos2Model'], amazon/chronos-2)",
           shows="`--model Chronos2 --pretrain_model_path` a folder whose config.json is Chronos-Bolt's"),
-    Probe("Chronos-2 context shorter than --seq_len", _chronos2_folder(context_length=32, time_encoding_scale=32),
+    Probe("Chronos-2 context shorter than --seq_len", _release("Chronos2", context_length=32, time_encoding_scale=32),
           "--seq_len 48 is longer than Chronos-2's context of 32 steps (config.json chronos_config.context_length)",
           shows="`--seq_len 48` with a Chronos-2 folder whose context_length is 32"),
-    Probe("Chronos-2 quantiles of another model", _chronos2_folder(quantiles=[0.1, 0.5, 0.9]),
+    Probe("Chronos-2 quantiles of another model", _release("Chronos2", quantiles=[0.1, 0.5, 0.9]),
           "its config.json forecasts the quantiles [0.1, 0.5, 0.9], not the 21 of amazon/chronos-2",
           shows="a Chronos-2 folder whose chronos_config.quantiles are 0.1, 0.5, 0.9"),
-    # issue 39: ChronosBolt
-    Probe("Chronos-Bolt folder missing", _chronos_bolt_folder("folder"),
+    Probe("Chronos-Bolt folder missing", _release("ChronosBolt", lacking="folder"),
           "chronos-bolt-small not found; pass the folder downloaded from the Hugging Face hub (e.g. "
           "amazon/chronos-bolt-small: config.json and model.safetensors)",
           shows="`--model ChronosBolt --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Chronos-Bolt folder without config.json", _chronos_bolt_folder("config.json"),
+    Probe("Chronos-Bolt folder without config.json", _release("ChronosBolt", lacking="config.json"),
           "chronos-bolt-small is a partial Chronos-Bolt folder: config.json missing; download both files of the "
           "release", shows="a Chronos-Bolt folder holding model.safetensors only"),
-    Probe("Chronos-Bolt folder without its weights", _chronos_bolt_folder("model.safetensors"),
+    Probe("Chronos-Bolt folder without its weights", _release("ChronosBolt", lacking="model.safetensors"),
           "chronos-bolt-small is a partial Chronos-Bolt folder: model.safetensors missing; download both files of "
           "the release", shows="a Chronos-Bolt folder holding config.json only"),
-    Probe("Chronos-Bolt weights missing a tensor", _chronos_bolt_folder(drop="output_patch_embedding.output_layer.bias"),
+    Probe("Chronos-Bolt weights missing a tensor", _release("ChronosBolt", drop="output_patch_embedding.output_layer.bias"),
           "converted) does not fit model ChronosBolt: missing: bolt.output_patch_embedding.output_layer.bias",
           shows="a Chronos-Bolt folder whose model.safetensors lacks output_patch_embedding.output_layer.bias"),
     Probe("Chronos-Bolt folder of another model",
-          _chronos_bolt_folder(config={"architectures": ["Chronos2Model"], "model_type": "t5",
+          _release("ChronosBolt", config={"architectures": ["Chronos2Model"], "model_type": "t5",
                                        "chronos_config": {"context_length": 8192}}),
           "config.json is the config of another model (Chronos2Model, model_type t5; a Chronos-2 model: --model "
           "Chronos2), not Chronos-Bolt's (ChronosBoltModelForForecasting)",
           shows="`--model ChronosBolt --pretrain_model_path` a folder whose config.json is Chronos-2's"),
-    Probe("context longer than Chronos-Bolt reads", _chronos_bolt_folder(context_length=32),
+    Probe("context longer than Chronos-Bolt reads", _release("ChronosBolt", context_length=32),
           "--seq_len 48 is longer than the 32 steps of context Chronos-Bolt reads (chronos_config.context_length of",
           shows="`--seq_len 48` from a Chronos-Bolt folder whose chronos_config.context_length is 32 (released: 2048)"),
-    # issue 39: TiRex
-    Probe("TiRex weights folder missing", _tirex_folder("folder"),
+    Probe("TiRex weights folder missing", _release("TiRex", lacking="folder"),
           "TiRex not found: download TiRex's release (NX-AI/TiRex: huggingface-cli download NX-AI/TiRex --local-dir "
           "DIR) and pass DIR", shows="`--model TiRex --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("TiRex folder without model.ckpt", _tirex_folder("model.ckpt"),
+    Probe("TiRex folder without model.ckpt", _release("TiRex", lacking="model.ckpt"),
           "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md",
           shows="a TiRex folder holding its README.md only"),
-    Probe("TiRex model.ckpt without hyper_parameters", _tirex_folder("hyper_parameters"),
+    Probe("TiRex model.ckpt without hyper_parameters", _release("TiRex", lacking="hyper_parameters"),
           "model.ckpt lacks hyper_parameters: a partial or foreign checkpoint, not TiRex's release (NX-AI/TiRex)",
           shows="a TiRex model.ckpt holding a state_dict alone"),
-    Probe("TiRex model.ckpt missing a tensor", _tirex_folder(drop="blocks.0.slstm_layer.slstm_cell._bias_"),
+    Probe("TiRex model.ckpt missing a tensor", _release("TiRex", drop="blocks.0.slstm_layer.slstm_cell._bias_"),
           "converted) does not fit model TiRex: missing: tirex.blocks.0.slstm_layer.slstm_cell._bias_",
           shows="a TiRex model.ckpt whose state_dict lacks blocks.0.slstm_layer.slstm_cell._bias_"),
-    Probe("TiRex folder of another model", _tirex_folder(other=True),
+    Probe("TiRex folder of another model", _release("TiRex", other=True),
           "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md, config.json, "
           "model.safetensors (config.json + model.safetensors: another model's Hugging Face release, t5 / "
           "['ChronosBoltModelForForecasting'])",
           shows="`--model TiRex --pretrain_model_path` a folder of Chronos-Bolt's release (config.json, model.safetensors)"),
-    Probe("TiRex model.ckpt of another model", _tirex_folder(hyper={"lr": 0.001, "hidden_size": 8}),
+    Probe("TiRex model.ckpt of another model", _release("TiRex", hyper={"lr": 0.001, "hidden_size": 8}),
           "model.ckpt: its hyper_parameters (hidden_size, lr) are not a TiRex configuration (model_config with "
           "block_kwargs, input_patch_size, output_patch_size, quantiles, input_ff_dim, and train_ctx_len): a "
           "checkpoint of another model", shows="a model.ckpt whose hyper_parameters are another Lightning model's"),
-    Probe("context longer than TiRex reads", _tirex_folder(train_ctx_len=32),
+    Probe("context longer than TiRex reads", _release("TiRex", train_ctx_len=32),
           "TiRex reads at most 32 steps of context (its train_ctx_len); --seq_len 48 would lose the oldest 16 unread",
           shows="`--seq_len 48` from a TiRex folder whose train_ctx_len is 32 (released: 2048)"),
-    Probe("horizon past TiRex's window", lambda f: [*_tirex_folder(train_ctx_len=64)(f), "--pred_len", 96],
+    Probe("horizon past TiRex's window", lambda f: [*_release("TiRex", train_ctx_len=64)(f), "--pred_len", 96],
           "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
           shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
-    # issue 40: TimerBase
-    Probe("TimerBase folder missing", _timer_base_folder("folder"),
+    Probe("TimerBase folder missing", _release("TimerBase", lacking="folder"),
           "timer-base-84m not found; pass the folder downloaded from the Hugging Face hub (thuml/timer-base-84m: "
           "config.json and model.safetensors)", shows="`--model TimerBase --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("TimerBase folder without its weights", _timer_base_folder("model.safetensors"),
+    Probe("TimerBase folder without its weights", _release("TimerBase", lacking="model.safetensors"),
           "timer-base-84m is a partial Timer folder: model.safetensors missing; download both files of the "
           "release (thuml/timer-base-84m)", shows="a Timer folder holding config.json only"),
-    Probe("TimerBase folder without config.json", _timer_base_folder("config.json"),
+    Probe("TimerBase folder without config.json", _release("TimerBase", lacking="config.json"),
           "timer-base-84m is a partial Timer folder: config.json missing; download both files of the release "
           "(thuml/timer-base-84m)",
           shows="a Timer folder holding model.safetensors only"),
-    Probe("TimerBase weights missing a tensor", _timer_base_folder(drop="lm_heads.0.weight"),
+    Probe("TimerBase weights missing a tensor", _release("TimerBase", drop="lm_heads.0.weight"),
           "converted) does not fit model TimerBase: missing: heads.0.weight",
           shows="a Timer folder whose model.safetensors lacks lm_heads.0.weight"),
     Probe("TimerBase folder of another model",
-          _timer_base_folder(config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
+          _release("TimerBase", config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
           "config.json is the config of another model (sundial / ['SundialForPrediction']; --model Sundial reads it), "
           "not Timer's (model_type timer, thuml/timer-base-84m)",
           shows="`--model TimerBase --pretrain_model_path` a folder whose config.json is Sundial's"),
-    Probe("context shorter than one Timer token", lambda f: [*_timer_base_folder()(f), "--seq_len", 4, "--label_len", 2],
+    Probe("context shorter than one Timer token", lambda f: [*_release("TimerBase")(f), "--seq_len", 4, "--label_len", 2],
           "Timer reads whole tokens of 8 steps", shows="`--seq_len 4` from a Timer folder whose tokens are 8 steps "
           "(released: 96)"),
-    # issue 40: Sundial
-    Probe("Sundial folder missing", _sundial_folder("folder"),
+    Probe("Sundial folder missing", _release("Sundial", lacking="folder", extra=SUNDIAL_SAMPLING),
           "sundial-base-128m not found; pass the folder downloaded from the Hugging Face hub "
           "(thuml/sundial-base-128m: config.json and model.safetensors)",
           shows="`--model Sundial --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Sundial folder without its weights", _sundial_folder("model.safetensors"),
+    Probe("Sundial folder without its weights", _release("Sundial", lacking="model.safetensors", extra=SUNDIAL_SAMPLING),
           "sundial-base-128m is a partial Sundial folder: model.safetensors missing; download both files of the "
           "release (thuml/sundial-base-128m)", shows="a Sundial folder holding config.json only"),
-    Probe("Sundial folder without config.json", _sundial_folder("config.json"),
+    Probe("Sundial folder without config.json", _release("Sundial", lacking="config.json", extra=SUNDIAL_SAMPLING),
           "sundial-base-128m is a partial Sundial folder: config.json missing; download both files of the release "
           "(thuml/sundial-base-128m)", shows="a Sundial folder holding model.safetensors only"),
-    Probe("Sundial weights missing a tensor", _sundial_folder(drop="flow_loss.net.final_layer.linear.weight"),
+    Probe("Sundial weights missing a tensor", _release("Sundial", extra=SUNDIAL_SAMPLING, drop="flow_loss.net.final_layer.linear.weight"),
           "converted) does not fit model Sundial: missing: flow.final_layer.linear.weight",
           shows="a Sundial folder whose model.safetensors lacks flow_loss.net.final_layer.linear.weight"),
     Probe("Sundial folder of another model",
-          _sundial_folder(config={"model_type": "time_moe", "architectures": ["TimeMoeForPrediction"]}),
+          _release("Sundial", extra=SUNDIAL_SAMPLING, config={"model_type": "time_moe", "architectures": ["TimeMoeForPrediction"]}),
           "config.json is the config of another model (TimeMoeForPrediction, model_type time_moe; Time-MoE: --model "
           "TimeMoE), not Sundial's (SundialForPrediction, model_type sundial)",
           shows="`--model Sundial --pretrain_model_path` a folder whose config.json is Time-MoE's"),
-    Probe("context shorter than one Sundial token", lambda f: [*_sundial_folder()(f), "--seq_len", 3, "--label_len", 2],
+    Probe("context shorter than one Sundial token", lambda f: [*_release("Sundial", extra=SUNDIAL_SAMPLING)(f), "--seq_len", 3, "--label_len", 2],
           "Sundial reads tokens of 4 steps and --seq_len 3 is shorter than one",
           shows="`--seq_len 3` from a Sundial folder whose tokens are 4 steps (released: 16)"),
-    # issue 40: Moirai2
-    Probe("Moirai 2.0 weights folder missing", _moirai2_folder("folder"),
+    Probe("Moirai 2.0 weights folder missing", _release("Moirai2", lacking="folder"),
           "moirai-2.0-R-small not found; pass the folder downloaded from the Hugging Face hub "
           "(Salesforce/moirai-2.0-R-small: config.json and model.safetensors",
           shows="`--model Moirai2 --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Moirai 2.0 folder without model.safetensors", _moirai2_folder("model.safetensors"),
+    Probe("Moirai 2.0 folder without model.safetensors", _release("Moirai2", lacking="model.safetensors"),
           "is a partial Moirai 2.0 folder: model.safetensors missing; download both files of the release "
           "(Salesforce/moirai-2.0-R-small)", shows="a Moirai 2.0 folder holding config.json only"),
-    Probe("Moirai 2.0 weights missing a tensor", _moirai2_folder(drop="encoder.layers.1.ffn.fc_gate.weight"),
+    Probe("Moirai 2.0 weights missing a tensor", _release("Moirai2", drop="encoder.layers.1.ffn.fc_gate.weight"),
           "converted) does not fit model Moirai2: missing: moirai.encoder.layers.1.ffn.fc_gate.weight",
           shows="a Moirai 2.0 folder whose model.safetensors lacks encoder.layers.1.ffn.fc_gate.weight"),
     Probe("Moirai 2.0 folder of another model",
-          _moirai2_folder(config={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"}),
+          _release("Moirai2", config={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"}),
           "config.json is the config of another model (model_type t5, ChronosBoltModelForForecasting), not Moirai "
           "2.0's (uni2ts Moirai2Module", shows="`--model Moirai2 --pretrain_model_path` a folder whose config.json "
                                               "is Chronos-Bolt's"),
     Probe("Moirai 1.x folder given to Moirai 2.0",
-          _moirai2_folder(config={"d_model": 384, "num_layers": 6, "patch_sizes": [8, 16, 32, 64, 128],
+          _release("Moirai2", config={"d_model": 384, "num_layers": 6, "patch_sizes": [8, 16, 32, 64, 128],
                                   "max_seq_len": 512, "distr_output": {}}),
           "config.json is the config of Moirai 1.x or Moirai-MoE (patch_sizes / distr_output: a masked encoder "
           "with a mixture distribution), not Moirai 2.0's", shows="a folder whose config.json is Moirai 1.1-R-small's"),
-    Probe("context and horizon past Moirai 2.0's tokens", lambda f: [*_moirai2_folder()(f), "--seq_len", 240],
+    Probe("context and horizon past Moirai 2.0's tokens", lambda f: [*_release("Moirai2")(f), "--seq_len", 240],
           "Moirai 2.0 reads at most 64 tokens of 4 steps (max_seq_len): --seq_len 240 + --pred_len 24 make 66",
           shows="`--seq_len 240 --pred_len 24` from a Moirai 2.0 folder of max_seq_len 64 tokens of 4 steps "
                 "(released: 512 of 16)"),
-    # issue 40: TimeMoE
-    Probe("Time-MoE folder missing", _time_moe_folder("folder"),
+    Probe("Time-MoE folder missing", _release("TimeMoE", lacking="folder"),
           "TimeMoE-50M not found; pass the folder downloaded from the Hugging Face hub (Maple728/TimeMoE-50M or "
           "Maple728/TimeMoE-200M: config.json and model.safetensors)",
           shows="`--model TimeMoE --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Time-MoE folder without its weights", _time_moe_folder("model.safetensors"),
+    Probe("Time-MoE folder without its weights", _release("TimeMoE", lacking="model.safetensors"),
           "TimeMoE-50M is a partial Time-MoE folder: model.safetensors missing; download both files of the release "
           "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding config.json only"),
-    Probe("Time-MoE folder without config.json", _time_moe_folder("config.json"),
+    Probe("Time-MoE folder without config.json", _release("TimeMoE", lacking="config.json"),
           "TimeMoE-50M is a partial Time-MoE folder: config.json missing; download both files of the release "
           "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding model.safetensors only"),
-    Probe("Time-MoE weights missing a tensor", _time_moe_folder(drop="model.layers.1.ffn_layer.experts.3.up_proj.weight"),
+    Probe("Time-MoE weights missing a tensor", _release("TimeMoE", drop="model.layers.1.ffn_layer.experts.3.up_proj.weight"),
           "converted) does not fit model TimeMoE: missing: layers.1.moe.experts.3.up.weight",
           shows="a Time-MoE folder whose model.safetensors lacks model.layers.1.ffn_layer.experts.3.up_proj.weight"),
     Probe("Time-MoE folder of another model",
-          _time_moe_folder(config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
+          _release("TimeMoE", config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
           "config.json is the config of another model (SundialForPrediction, model_type sundial), not Time-MoE's "
           "(TimeMoeForPrediction, model_type time_moe); --model TimeMoE reads Maple728/TimeMoE-50M / "
           "Maple728/TimeMoE-200M folders", shows="`--model TimeMoE --pretrain_model_path` a folder whose config.json "
                                                  "is Sundial's"),
     Probe("context and horizon past Time-MoE's positions",
-          lambda f: [*_time_moe_folder()(f), "--seq_len", 4090, "--synthetic_rows", 6000],
+          lambda f: [*_release("TimeMoE")(f), "--seq_len", 4090, "--synthetic_rows", 6000],
           "Time-MoE reads at most 4096 positions (max_position_embeddings of config.json of",
           shows="`--seq_len 4090 --pred_len 24` from a Time-MoE folder of max_position_embeddings 4096 (as released)"),
     # what only a GPU runs, refused where there is none

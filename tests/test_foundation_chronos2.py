@@ -1,53 +1,27 @@
-"""Chronos-2 (models/Chronos2.py on chronos-forecasting's Chronos2Model; utils/chronos2.py): a released folder
-built here with the package's own model class at a reduced size (random weights, save_pretrained: config.json +
-model.safetensors) is evaluated zero-shot exactly on any number of processes and batch size, forecasts what the
-package's Chronos2Pipeline.predict_quantiles forecasts, fine-tunes to the same weights on 1 and 2 processes, and
-exports back to a folder the package reads and forecasts the same from. Bad inputs: tests/bad_inputs.py."""
+"""Chronos-2 against chronos-forecasting: a folder the package wrote (test_foundation.write_chronos2: its
+Chronos2Model at a reduced size, random weights, save_pretrained) forecasts what Chronos2Pipeline.predict_quantiles
+forecasts on the same windows, and an export of ours is what the package reads and forecasts from alike. What
+every release shares (zero-shot and fine-tuning on several processes, the export's layout, the bad inputs) is
+tests/test_foundation.py's contract."""
 import argparse
 import json
 
 import pytest
 import torch
 
-from helpers import (ETTH1_ARGS, assert_ok, records, run_cli, run_command, trained_on_1_and_2_processes,
-                     write_etth1_shaped)
-
 chronos = pytest.importorskip("chronos.chronos2", reason="the chronos extra (chronos-forecasting) is not installed")
 
-from models.Chronos2 import Model  # noqa: E402
-from utils import chronos2  # noqa: E402
-from utils.checkpoint import load_weights  # noqa: E402
+from models.foundation.chronos2.Chronos2 import Model  # noqa: E402
+from models.foundation.chronos2 import adapter as chronos2  # noqa: E402
+from exp.export import load_weights  # noqa: E402
+from test_foundation import checkpoints, write_chronos2  # noqa: E402
 
 LEVELS = list(chronos2.RELEASED_QUANTILES)
-# the released architecture at a reduced size; one pass forecasts 2 patches (32 steps), more is rolled out
-SMALL = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.1, reg_token_id=1)
-SHORT = ["--seq_len", 32, "--label_len", 16, "--pred_len", 24, "--val_windows", 24, "--test_windows", 24,
-         "--num_threads", 1]
-
-
-def release_folder(folder, seed=0, **forecasting):
-    """The package's Chronos2Model, its weights random and away from their small initial scale, saved as
-    amazon/chronos-2 is (Chronos2Model.save_pretrained)."""
-    torch.manual_seed(seed)
-    config = chronos.Chronos2CoreConfig(**SMALL, chronos_config=dict(chronos2.RELEASED_FORECASTING,
-                                                                     max_output_patches=2, **forecasting))
-    model = chronos.Chronos2Model(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    model.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    return release_folder(tmp_path_factory.mktemp("chronos-2"))
-
-
-@pytest.fixture(scope="module")
-def etth1(tmp_path_factory):
-    folder = write_etth1_shaped(tmp_path_factory.mktemp("data"))
-    return [*ETTH1_ARGS[:2], "--root_path", folder, "--data_path", "ETTh1.csv"]
+    return write_chronos2(tmp_path_factory.mktemp("chronos-2") / "chronos-2")
 
 
 def ours(path, pred_len, seq_len=64, is_training=0):
@@ -96,50 +70,21 @@ def test_each_channel_is_its_own_series(release):
     assert torch.allclose(alone[0, :, 0], whole[2, :, 1], rtol=1e-5, atol=1e-6)
 
 
-def test_zero_shot_is_identical_on_1_2_3_processes_and_two_batch_sizes(tmp_path, release, etth1):
-    argv = ["--model", "Chronos2", "--is_training", 0, "--pretrain_model_path", release, *etth1, *SHORT]
-    runs = [(None, []), (2, ["--ddp"]), (3, ["--ddp"]), (None, ["--eval_batch_size", 5])]
-    for nproc, extra in runs:
-        proc = run_cli(tmp_path, *argv, *extra, nproc=nproc)
-        assert_ok(proc)
-    first, *others = records(tmp_path)
-    assert [r["world_size"] for r in (first, *others)] == [1, 2, 3, 1]
-    assert first["args"]["loss"] == "quantile" and first["args"]["quantiles"].count(",") == 20
-    for record in others:
-        for key in ("vali_loss", "mse", "mae", "wql", "mase", "coverage_80"):
-            assert record[key] == pytest.approx(first[key], rel=1e-6, abs=0), key
-    # the released weights are what was scored: another seed's folder scores otherwise
-    assert_ok(run_cli(tmp_path, *argv[:5], release_folder(tmp_path / "other", seed=5), *argv[6:]))
-    assert records(tmp_path)[-1]["mse"] != pytest.approx(first["mse"], rel=1e-3)
-
-
-def test_fine_tuning_with_dropout_is_exact_on_2_processes_and_exports_for_the_package(tmp_path, release, etth1):
-    argv = ["--model", "Chronos2", "--adaptation", "--pretrain_model_path", release, *etth1, *SHORT,
-            "--train_steps", 3, "--global_batch_size", 8, "--dropout", 0.1, "--learning_rate", 1e-3]
-    runs = trained_on_1_and_2_processes(tmp_path, *argv)
-    for record, _, _ in runs:
-        keyed = record["dropout_keyed"]  # the folder's dropout 0.1, the attention weights' and group residual's too
-        assert len([name for name in keyed if name.endswith("self_attention.weights_dropout")]) == 4, keyed
-        assert all(keyed.values()), keyed
-    (_, path, one), (_, _, two) = runs
-    released = chronos2.CHRONOS2.to_ours(*read_release(release))
-    assert set(one) == set(two) == set(released)
-    moved = max(float((one[k].double() - released[k].double()).abs().max()) for k in one if k.startswith("chronos."))
-    assert moved > 1e-4  # fine-tuning changed the weights
-    for key in one:
-        assert torch.allclose(one[key].double(), two[key].double(), rtol=0, atol=1e-6), key
-
+def test_an_export_is_read_by_the_package_and_forecasts_as_ours(tmp_path, release):
+    """Changed weights exported to the released layout (export --to chronos2): the
+    package's pipeline forecasts from them what ours does, and ours reads them back alike."""
+    model = ours(release, 24, seq_len=32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.01)
+    torch.save(model.state_dict(), tmp_path / "checkpoint.pth")
     exported = tmp_path / "exported"
-    proc = run_command(["python", "-m", "utils.checkpoint", "export", "--to", "chronos2", str(path), str(exported)])
-    assert proc.returncode == 0, proc.stderr
+    checkpoints().export(str(tmp_path / "checkpoint.pth"), str(exported), "chronos2")
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["Chronos2Model"] and config["d_model"] == 32 and config["num_heads"] == 4
     x = windows(length=32)
-    fine_tuned = Model(argparse.Namespace(pretrain_model_path=str(release), seq_len=32, pred_len=24, dropout=0.1,
-                                          is_training=1))
-    fine_tuned.load_state_dict(one)
     with torch.no_grad():
-        assert relative(fine_tuned.eval()(x), packages_quantiles(exported, x, 24)) <= 1e-5
+        assert relative(model(x), packages_quantiles(exported, x, 24)) <= 1e-5
         assert relative(ours(exported, 24, seq_len=32)(x), packages_quantiles(exported, x, 24)) <= 1e-5
 
 
@@ -180,7 +125,7 @@ def test_a_missing_package_is_one_line(monkeypatch):
     from utils.errors import UserError
 
     monkeypatch.setitem(sys.modules, "chronos.chronos2", None)
-    monkeypatch.delitem(sys.modules, "models.Chronos2")
+    monkeypatch.delitem(sys.modules, "models.foundation.chronos2.Chronos2")
     with pytest.raises(UserError, match=r"model Chronos2 needs the chronos-forecasting package .*pip install -e "
                                         r"'\.\[chronos\]'"):
-        importlib.import_module("models.Chronos2")
+        importlib.import_module("models.foundation.chronos2.Chronos2")

@@ -1,10 +1,10 @@
-"""Moirai 2.0 (models/Moirai2.py, native) against uni2ts 2.0.0 through a committed fixture: tests/golden/foundation/
-moirai2 is a tiny configuration in the released layout (config.json + model.safetensors) written by uni2ts's own
+"""Moirai 2.0 against uni2ts 2.0.0 through a committed fixture: tests/golden/foundation/moirai2 is a tiny
+configuration in the released layout (config.json + model.safetensors) written by uni2ts's own
 Moirai2Module.save_pretrained, and expected.safetensors holds uni2ts's Moirai2Forecast.predict quantiles on fixed
-windows (benchmarks/foundation/moirai2.py --write-fixture, run where uni2ts is installed). Here: the folder loads
-through our adapter and forecasts those quantiles; zero-shot scores the same on 1, 2 and 3 processes and at two
---eval_batch_size; fine-tuning (the decoder-only quantile loss, computes_loss) gives the same weights on 1 and 2
-processes and exports to the release's layout. The bad inputs are probes of tests/bad_inputs.py."""
+windows (models/foundation/moirai2/crosscheck.py --write-fixture, run where uni2ts is installed). Here: the folder loads
+through our adapter and forecasts those quantiles; the decoder-only quantile loss is a loop over tokens and heads;
+an export of ours writes the release's config.json. What every release shares (zero-shot and fine-tuning on several
+processes, the export's layout, the bad inputs) is tests/test_foundation.py's contract."""
 import json
 import math
 from argparse import Namespace
@@ -14,13 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
-from models import Moirai2
-from utils.checkpoint import export, load_weights
+from models.foundation.moirai2 import Moirai2
+from exp.export import export, load_weights
 from utils.errors import UserError
 
 FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
-SEQ_LEN, HORIZONS = 30, (8, 21)  # benchmarks/foundation/moirai2.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
+SEQ_LEN, HORIZONS = 30, (8, 21)  # models/foundation/moirai2/crosscheck.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
 
 
 def configs(folder, seq_len, pred_len, **sizes):
@@ -141,73 +140,33 @@ def test_the_any_variate_bias_is_a_constant_softmax_ignores(expected):
     assert attention.heads == 1 and (after - before).abs().max() <= 1e-5 * before.abs().max()
 
 
-EVAL = [*ETTH1_ARGS, "--model", "Moirai2", "--seq_len", 96, "--label_len", 48, "--pred_len", 48,
-        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
-SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
-
-
-@pytest.fixture(scope="module")
-def etth1(tmp_path_factory):
-    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
-
-
-def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(etth1, tmp_path):
-    """48 steps are 12 tokens of the fixture's patch 4: 2 from the first forward, 10 rolled out."""
-    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", FIXTURE]
-    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None), (("--eval_batch_size", 7), 2)]
-    outcomes = []
-    for extra, nproc in runs:
-        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
-        assert_ok(proc)
-        outcomes.append(records(tmp_path)[-1])
-    first = outcomes[0]
-    assert first["test_windows"] == 40 and first["wql_levels"] == [round(0.1 * k, 1) for k in range(1, 10)]
-    for outcome in outcomes[1:]:
-        for key in SCORES:
-            if key in first:
-                assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
-    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
-
-
-TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
-        "--test_every_epoch", "false"]
-
-
-def with_dropout(folder, rate=0.1):
-    """A copy of the fixture whose config.json sets attn_dropout_p and dropout_p (the release's are 0, and a
-    folder's config.json, not --dropout, gives the rates)."""
-    folder.mkdir()
-    (folder / "model.safetensors").write_bytes((FIXTURE / "model.safetensors").read_bytes())
-    config = json.loads((FIXTURE / "config.json").read_text()) | {"attn_dropout_p": rate, "dropout_p": rate}
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
-def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_release(etth1, tmp_path):
-    """Dropout 0.1 on (a config.json that sets it): every mask keyed by window, attention weights' included."""
-    release = with_dropout(tmp_path / "release")
-    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", release, *TUNE]
-    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
-    initial = ours(FIXTURE, 96, 48).state_dict()
-    assert set(one) == set(initial)
-    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
-    for key in one:
-        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
-    assert all(torch.equal(one[k], initial[k]) for k in one if "variate_bias" in k)  # frozen: gradient 0
-    # the fine-tuned weights in the release's layout: the fixture's keys, shapes and config.json
+def test_an_export_writes_the_releases_layout_and_config(tmp_path):
+    """Changed weights exported to the release's layout: the fixture's tensor names and shapes, its config.json with
+    the fields no weight shows written as released (max_seq_len 512, dropout 0), read back alike."""
+    model = ours(FIXTURE, 96, 48)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.01)
+    torch.save(model.state_dict(), tmp_path / "checkpoint.pth")
     exported = tmp_path / "exported"
-    export(str(path), str(exported), "moirai2")
-    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
-    released = load_file(FIXTURE / "model.safetensors")
-    written = load_file(exported / "model.safetensors")
+    export(str(tmp_path / "checkpoint.pth"), str(exported), "moirai2")
+    released, written = (load_file(folder / "model.safetensors") for folder in (FIXTURE, exported))
     assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
     assert json.loads((exported / "config.json").read_text()) == json.loads((FIXTURE / "config.json").read_text()) | {
-        "max_seq_len": 512}  # the fields no weight shows (max_seq_len, dropout 0) written as released
-    tuned = Moirai2.Model(configs(FIXTURE, 96, 48))
-    tuned.load_state_dict(one)
+        "max_seq_len": 512}
     windows = torch.randn(2, 96, 3, generator=torch.Generator().manual_seed(3)).cumsum(1)
     with torch.no_grad():
-        assert torch.equal(ours(exported, 96, 48)(windows), tuned.eval()(windows))
+        assert torch.equal(ours(exported, 96, 48)(windows), model(windows))
+
+
+def test_the_any_variate_bias_gets_no_gradient():
+    """Fine-tuning leaves the release's var_attn_bias as it was: a constant softmax ignores (above), frozen."""
+    model = ours(FIXTURE, SEQ_LEN, 10).train()
+    generator = torch.Generator().manual_seed(7)
+    x, future = torch.randn(2, SEQ_LEN, 2, generator=generator).cumsum(1), torch.randn(2, 10, 2, generator=generator)
+    model(x, target=future).mean().backward()
+    biases = [p for name, p in model.named_parameters() if "variate_bias" in name]
+    assert biases and all(p.grad is None or not p.grad.any() for p in biases)
 
 
 def test_an_export_of_a_model_the_release_cannot_describe_is_one_line(tmp_path):

@@ -1,71 +1,31 @@
-"""TimesFM 2.5 (models/TimesFM25.py) against the timesfm package (issue 39): a released folder built here with the
-package's own module at a reduced size (random weights, saved by the package's save_pretrained) forecasts what
-the package's compile(ForecastConfig)/forecast does on the same windows, zero-shot scores the same on 1, 2 and 3
-processes and at two --eval_batch_size, fine-tuning gives the same weights on 1 and 2 processes, and the
-fine-tuned checkpoint exports to the released folder, which the package reads back and forecasts from alike.
-The bad inputs (a missing or partial folder, another model's config, a horizon or context it cannot take) are
-probes of tests/bad_inputs.py."""
-import dataclasses
+"""TimesFM 2.5 against the timesfm package: a folder the package wrote (test_foundation.write_timesfm25: its module at
+a reduced size, random weights, save_pretrained) forecasts what the package's compile(ForecastConfig)/forecast does
+on the same windows, and an export of ours is what the package reads and forecasts from alike. What every release
+shares (zero-shot and fine-tuning on several processes, the export's layout, the bad inputs) is
+tests/test_foundation.py's contract."""
 import math
-import os
 
 import pytest
 import torch
 
-from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
-
 package = pytest.importorskip("timesfm.timesfm_2p5.timesfm_2p5_torch", reason="the timesfm package is not installed")
 import timesfm  # noqa: E402
 
-from models import TimesFM25  # noqa: E402
-from utils.checkpoint import export, load_weights  # noqa: E402
-
-RELEASED = package.timesfm_2p5_base.TimesFM_2p5_200M_Definition()
-
-
-def reduced_definition():
-    """The released definition at a small size, every width its own so that no two are mixed up."""
-    block = RELEASED.stacked_transformers
-    return dataclasses.replace(
-        RELEASED,
-        tokenizer=dataclasses.replace(RELEASED.tokenizer, hidden_dims=40, output_dims=32),
-        stacked_transformers=dataclasses.replace(block, num_layers=2, transformer=dataclasses.replace(
-            block.transformer, model_dims=32, hidden_dims=48, num_heads=4)),
-        output_projection_point=dataclasses.replace(RELEASED.output_projection_point, input_dims=32, hidden_dims=24),
-        output_projection_quantiles=dataclasses.replace(RELEASED.output_projection_quantiles, input_dims=32,
-                                                        hidden_dims=20))
-
+from models.foundation.timesfm25 import TimesFM25  # noqa: E402
+from test_foundation import timesfm25_reduced_definition, write_timesfm25  # noqa: E402
+from exp.export import export, load_weights  # noqa: E402
 
 @pytest.fixture
 def reduced_package(monkeypatch):
     """The package's classes building the reduced module (its module reads the class attribute `config`)."""
-    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
+    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return package.TimesFM_2p5_200M_torch
 
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
-    return write_release(tmp_path_factory.mktemp("timesfm25_release"))
-
-
-def write_release(folder):
-    """A folder as google/timesfm-2.5-200m-pytorch is laid out, written by the package: random weights (the
-    package starts its norm scales at zero, which would silence every layer)."""
-    # the package draws its matrices from the global generator: seeded here, so the folder does not depend on
-    # which tests ran before (its fine-tuning's 1 vs 2 process rounding did: 1.5e-8 to 2.8e-6 by test order)
-    with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng():
-        torch.manual_seed(0)
-        patch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
-        model = package.TimesFM_2p5_200M_torch(torch_compile=False)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, value in model.model.named_parameters():
-                if value.dim() == 1:
-                    value.copy_(torch.randn(value.shape, generator=generator) * 0.5 + (0 if "bias" in name else 1))
-        model.save_pretrained(folder)
-    assert sorted(os.listdir(folder)) == ["README.md", "config.json", "model.safetensors"]
-    return folder
+    return write_timesfm25(tmp_path_factory.mktemp("timesfm25") / "timesfm-2.5-200m-pytorch")
 
 
 def ours(folder, seq_len, pred_len):
@@ -127,57 +87,21 @@ def test_the_reference_check_sees_a_changed_weight(released, reduced_package, tm
     assert (got - want).abs().max() > 1e-4 * want.abs().max()
 
 
-EVAL = [*ETTH1_ARGS, "--model", "TimesFM25", "--seq_len", 64, "--label_len", 32, "--pred_len", 24,
-        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
-SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
-
-
-@pytest.fixture(scope="module")
-def etth1(tmp_path_factory):
-    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
-
-
-def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(released, etth1, tmp_path):
-    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", released]
-    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None)]
-    outcomes = []
-    for extra, nproc in runs:
-        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
-        assert_ok(proc)
-        outcomes.append(records(tmp_path)[-1])
-    first = outcomes[0]
-    assert first["test_windows"] == 40 and first["wql_levels"] == [round(0.1 * k, 1) for k in range(1, 10)]
-    for outcome in outcomes[1:]:  # float64 sums of float32 forecasts: a batch of another size may round a
-        for key in SCORES:          # forecast's last bit otherwise (GEMM kernels by shape): 2e-10 seen in wql
-            assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
-    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
-
-
-TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-4,
-        "--test_every_epoch", "false"]
-
-
-def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_package(
-        released, reduced_package, etth1, tmp_path):
-    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", released, *TUNE]
-    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
-    initial = ours(released, 64, 24).state_dict()
-    assert set(one) == set(initial)
-    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
-    for key in one:
-        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
-    # the fine-tuned weights in the released layout: the package reads them and forecasts as we do
+def test_an_export_is_read_by_the_package_and_forecasts_as_ours(released, reduced_package, tmp_path):
+    """Changed weights exported to the released layout (--to timesfm): the package reads them and forecasts what
+    ours does, and ours reads them back alike."""
+    model = ours(released, 64, 24)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.01)
+    torch.save(model.state_dict(), tmp_path / "checkpoint.pth")
     exported = tmp_path / "exported"
-    export(str(path), str(exported), "timesfm")
-    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors"]
-    tuned = TimesFM25.Model(_configs(released, 64, 24))
-    tuned.load_state_dict(one)
+    export(str(tmp_path / "checkpoint.pth"), str(exported), "timesfm")
     windows = windows_to_forecast(64)
     with torch.no_grad():
-        got = tuned.eval()(windows)
+        got = model(windows)
     want = packages_forecast(reduced_package, exported, windows, 24)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-    # and the exported folder loads back into ours as the released one does
     assert torch.equal(ours(exported, 64, 24)(windows), got)
 
 

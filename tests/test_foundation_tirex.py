@@ -1,56 +1,27 @@
-"""TiRex (models/foundation/tirex/TiRex.py) against the tirex-ts package (issue 39): a release folder built here with the package's
-own TiRexZero at a reduced size (random weights, saved as NX-AI/TiRex ships it: model.ckpt, a Lightning
-checkpoint with hyper_parameters and state_dict) forecasts what the package's load_model(...).forecast(...) does
-on the same windows, zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size, fine-tuning
-gives the same weights on 1 and 2 processes, and the fine-tuned checkpoint exports to the release's layout, which
-the package loads and forecasts from alike. The bad inputs (a missing or partial folder, another model's
-checkpoint, a context or horizon it cannot take) are probes of tests/bad_inputs.py."""
+"""TiRex against the tirex-ts package: a release folder written with the package's own TiRexZero at a reduced size
+(test_foundation.write_tirex: random weights, saved as NX-AI/TiRex ships it, model.ckpt) forecasts what the
+package's load_model(...).forecast(...) does on the same windows, and an export of ours is what the package loads and
+forecasts from alike. What every release shares (zero-shot and fine-tuning on several processes, the export's
+layout, the bad inputs) is tests/test_foundation.py's contract."""
 import os
 from argparse import Namespace
 
 import pytest
 import torch
 
-from helpers import ETTH1_ARGS, assert_ok, records, run_cli, trained_on_1_and_2_processes, write_etth1_shaped
-
 tirex = pytest.importorskip("tirex", reason="the tirex-ts package is not installed")
 from tirex.models.tirex import TiRexZero  # noqa: E402
 
 from models.foundation.tirex import TiRex  # noqa: E402
+from test_foundation import write_tirex  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from models.foundation.tirex.adapter import RELEASED  # noqa: E402
 
-# The released hyper_parameters at a small size, every width its own: 2 blocks of 2 heads, a 512-step context.
-REDUCED = {"model_config": {"input_patch_size": 32, "output_patch_size": 32, "quantiles": list(RELEASED["quantiles"]),
-                            "block_kwargs": {"embedding_dim": 24, "num_heads": 2, "num_blocks": 2, "all_slstm": True,
-                                             "vocab_size": 0},
-                            "input_ff_dim": 40},
-           "train_ctx_len": 512}
-
-
-def write_release(folder, hyper=REDUCED, seed=0, edit=None):
-    """`folder`/model.ckpt as NX-AI/TiRex is laid out: the package's TiRexZero, random weights (it leaves the
-    sLSTM's as torch.empty), its blocks under `block_stack.` as the package's loader expects to strip."""
-    model = TiRexZero("torch", hyper["model_config"], train_ctx_len=hyper["train_ctx_len"])
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, value in model.named_parameters():
-            scale = 0.3 if value.dim() > 1 else 0.2
-            value.copy_(torch.randn(value.shape, generator=generator) * scale + (1 if name.endswith("norm.weight")
-                                                                                 or "norm_" in name else 0))
-    state = {("block_stack." + k if k.startswith(("blocks.", "out_norm.")) else k): v
-             for k, v in model.state_dict().items()}
-    if edit:
-        edit(state)
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "hyper_parameters": hyper, "epoch": 0}, folder / "model.ckpt")
-    return folder
-
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
-    return write_release(tmp_path_factory.mktemp("tirex") / "NX-AI" / "TiRex")
+    return write_tirex(tmp_path_factory.mktemp("tirex") / "NX-AI" / "TiRex")
 
 
 def configs(folder, seq_len, pred_len, **sizes):
@@ -115,7 +86,7 @@ def test_the_reference_check_sees_a_changed_weight(released, tmp_path, monkeypat
         key = "block_stack.blocks.1.slstm_layer.slstm_cell._recurrent_kernel_"
         state[key] = state[key] * 1.05
 
-    changed = write_release(tmp_path / "NX-AI" / "TiRex", edit=edit)
+    changed = write_tirex(tmp_path / "NX-AI" / "TiRex", edit=edit)
     windows = windows_to_forecast(96)
     with torch.no_grad():
         got = ours(released, 96, 24)(windows)
@@ -123,58 +94,22 @@ def test_the_reference_check_sees_a_changed_weight(released, tmp_path, monkeypat
     assert (got - want).abs().max() > 1e-4 * want.abs().max()
 
 
-EVAL = [*ETTH1_ARGS, "--model", "TiRex", "--seq_len", 96, "--label_len", 48, "--pred_len", 48,
-        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
-SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
-
-
-@pytest.fixture(scope="module")
-def etth1(tmp_path_factory):
-    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
-
-
-def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(released, etth1, tmp_path):
-    argv = [*EVAL, "--root_path", etth1, "--is_training", 0, "--pretrain_model_path", released]
-    runs = [((), None), ((), 2), ((), 3), (("--eval_batch_size", 5), None), (("--eval_batch_size", 7), 2)]
-    outcomes = []
-    for extra, nproc in runs:
-        proc = run_cli(tmp_path, *argv, *extra, *(["--ddp"] if nproc else []), nproc=nproc)
-        assert_ok(proc)
-        outcomes.append(records(tmp_path)[-1])
-    first = outcomes[0]
-    assert first["test_windows"] == 40 and first["wql_levels"] == [round(0.1 * k, 1) for k in range(1, 10)]
-    for outcome in outcomes[1:]:
-        for key in SCORES:
-            if key in first:
-                assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), key
-    assert not any((tmp_path / "checkpoints").rglob("*.pth"))
-
-
-TUNE = ["--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
-        "--test_every_epoch", "false"]
-
-
-def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes_and_exports_to_the_package(
-        released, etth1, tmp_path, monkeypatch):
-    argv = [*EVAL, "--root_path", etth1, "--pretrain_model_path", released, *TUNE]
-    (_, path, one), (_, _, two) = trained_on_1_and_2_processes(tmp_path, *argv)
-    initial = ours(released, 96, 48).state_dict()
-    assert set(one) == set(initial)
-    assert any(not torch.equal(one[k], initial[k]) for k in one), "fine-tuning changed nothing"
-    for key in one:
-        assert torch.allclose(one[key], two[key], rtol=0, atol=1e-6), key
-    # the fine-tuned weights in the release's layout: the package loads them and forecasts as we do
+def test_an_export_is_read_by_the_package_and_forecasts_as_ours(released, tmp_path, monkeypatch):
+    """Changed weights exported to the release's layout (DIR/model.ckpt): tirex.load_model reads them and forecasts
+    what ours does, and ours reads them back alike."""
+    model = ours(released, 96, 48)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.01)
+    torch.save(model.state_dict(), tmp_path / "checkpoint.pth")
     exported = tmp_path / "exported" / "NX-AI" / "TiRex"
-    export(str(path), str(exported), "tirex")
-    assert os.listdir(exported) == ["model.ckpt"]
-    tuned = TiRex.Model(configs(released, 96, 48))
-    tuned.load_state_dict(one)
+    export(str(tmp_path / "checkpoint.pth"), str(exported), "tirex")
     windows = windows_to_forecast(96)
     with torch.no_grad():
-        got = tuned.eval()(windows)
+        got = model(windows)
     want = packages_forecast(exported, windows, 48, monkeypatch)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-    assert torch.equal(ours(exported, 96, 48)(windows), got)  # and it loads back into ours as the release does
+    assert torch.equal(ours(exported, 96, 48)(windows), got)
 
 
 def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs(released):

@@ -1,0 +1,471 @@
+"""The released foundation models' contract: every release (models/foundation/<release>/) is a row of RELEASES,
+and each check below is written once and holds every row to it, as tests/test_model_contract.py holds every
+model. A release's own comparison with its reference code is tests/test_foundation_<release>.py.
+
+- zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size (3 runs: 1 process at the
+  default batch, 2 at 5, 3 at 7), and writes no checkpoint;
+- fine-tuning gives the same weights on 1 and 2 processes for one global batch, and changes them;
+- the fine-tuned checkpoint exports to the release's layout (its files, keys and shapes) and reads back as the
+  weights it was exported from;
+- bad inputs are one line: no folder, a partial one, another release's folder (named, with the --model that reads
+  it), a context or horizon the release cannot take.
+
+A row's `write` builds the release's folder (a reduced release its package writes, or a copy of the committed
+fixture its reference code wrote) with the damage a bad input needs; tests/bad_inputs.py's probes build theirs
+with it. Adding a release: its folder under models/foundation/, a row here, its tests/test_foundation_<release>.py.
+"""
+import importlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from helpers import ETTH1_ARGS, assert_ok, make_args, records, run_cli, write_etth1_shaped
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "foundation"
+LEVELS_9 = [round(0.1 * k, 1) for k in range(1, 10)]
+
+
+LEGACY = {"chronos_bolt": "utils.chronos_bolt", "chronos2": "utils.chronos2", "timesfm25": "utils.timesfm",
+          "tirex": "utils.tirex", "timer_base": "utils.timer_hf", "sundial": "utils.sundial", "time_moe": "utils.time_moe",
+          "moirai2": "utils.moirai2"}
+
+
+def adapter(folder):
+    """A release's checkpoint adapter module (models/foundation/<folder>/adapter.py)."""
+    if (Path(__file__).resolve().parents[1] / "models" / "foundation" / folder / "adapter.py").is_file():
+        return importlib.import_module(f"models.foundation.{folder}.adapter")
+    return importlib.import_module(LEGACY[folder])
+
+
+def checkpoints():
+    """The module exporting and loading checkpoints with every release's adapter."""
+    try:
+        return importlib.import_module("exp.export")
+    except ModuleNotFoundError:
+        return importlib.import_module("utils.checkpoint")
+
+
+def model_module(name):
+    """The module of `--model name`, wherever the registry finds it."""
+    from models import get_model_class
+
+    return importlib.import_module(get_model_class(name).__module__)
+
+
+# ------------------------------------------------------------------ each release's folder, as the hub lays it out
+def _damage(release, lacking=None, config=None, drop=None):
+    """A written safetensors release without the file `lacking`, with `config` over config.json, without the tensor
+    `drop`."""
+    if lacking:
+        (release / lacking).unlink()
+    if config is not None:
+        (release / "config.json").write_text(json.dumps(config))
+    if drop:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(release / "model.safetensors"))
+        del tensors[drop]
+        save_file(tensors, str(release / "model.safetensors"), metadata={"format": "pt"})
+    return release
+
+
+def _copy_fixture(name):
+    """A release's committed tiny fixture, written by its reference code, copied to `release` and damaged."""
+    def write(release, lacking=None, config=None, drop=None, edit_config=None):
+        release.mkdir(parents=True)
+        for file in ("config.json", "model.safetensors"):
+            shutil.copy(GOLDEN / name / file, release / file)
+        if edit_config:
+            fields = json.loads((release / "config.json").read_text())
+            (release / "config.json").write_text(json.dumps({**fields, **edit_config}))
+        return _damage(release, lacking, config, drop)
+    return write
+
+
+CHRONOS_BOLT_BLOCK = 16  # the reduced release's prediction_length: --pred_len 24 rolls out one block
+
+
+def write_chronos_bolt(release, seed=0, lacking=None, config=None, drop=None, **chronos_config):
+    """The package's ChronosBoltModelForForecasting at a reduced size (d_model 16, one layer each way, blocks of 16
+    steps), random weights, saved by the package (config.json + model.safetensors)."""
+    import torch
+    from chronos.chronos_bolt import ChronosBoltModelForForecasting
+    from transformers import T5Config
+
+    chronos_config = {"prediction_length": CHRONOS_BOLT_BLOCK, **chronos_config}
+    reduced = adapter("chronos_bolt").released_config("tiny", d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1,
+                                                      num_heads=2, d_kv=8, chronos_config=chronos_config)
+    torch.manual_seed(seed)
+    ChronosBoltModelForForecasting(T5Config.from_dict(reduced)).save_pretrained(release)
+    return _damage(release, lacking, config, drop)
+
+
+CHRONOS2_SIZES = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.1, reg_token_id=1)
+
+
+def write_chronos2(release, seed=0, lacking=None, config=None, drop=None, **forecasting):
+    """The package's Chronos2Model at a reduced size (one pass forecasts 2 patches, 32 steps), its weights random
+    and away from their small initial scale, saved as amazon/chronos-2 is; `forecasting`: chronos_config fields."""
+    import torch
+    from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
+
+    torch.manual_seed(seed)
+    forecasting = {**adapter("chronos2").RELEASED_FORECASTING, "max_output_patches": 2, **forecasting}
+    model = Chronos2Model(Chronos2CoreConfig(**CHRONOS2_SIZES, chronos_config=forecasting))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    model.save_pretrained(release)
+    return _damage(release, lacking, config, drop)
+
+
+def timesfm25_reduced_definition():
+    """The released TimesFM 2.5 definition at a small size, every width its own so that no two are mixed up."""
+    import dataclasses
+
+    from timesfm.timesfm_2p5 import timesfm_2p5_base
+
+    released = timesfm_2p5_base.TimesFM_2p5_200M_Definition()
+    block = released.stacked_transformers
+    return dataclasses.replace(
+        released,
+        tokenizer=dataclasses.replace(released.tokenizer, hidden_dims=40, output_dims=32),
+        stacked_transformers=dataclasses.replace(block, num_layers=2, transformer=dataclasses.replace(
+            block.transformer, model_dims=32, hidden_dims=48, num_heads=4)),
+        output_projection_point=dataclasses.replace(released.output_projection_point, input_dims=32, hidden_dims=24),
+        output_projection_quantiles=dataclasses.replace(released.output_projection_quantiles, input_dims=32,
+                                                        hidden_dims=20))
+
+
+def write_timesfm25(release, lacking=None, config=None, tensors=None):
+    """A folder as google/timesfm-2.5-200m-pytorch is laid out, written by the package at the reduced definition
+    (random weights: the package starts its norm scales at zero, which would silence every layer); or, given
+    `config` (config.json) and `tensors` ({name: shape} of zeros in model.safetensors), a folder of just those."""
+    import torch
+
+    if config is not None or tensors is not None:
+        release.mkdir(parents=True)
+        if config is not None:
+            (release / "config.json").write_text(json.dumps(config))
+        if tensors is not None:
+            from safetensors.torch import save_file
+
+            save_file({key: torch.zeros(shape) for key, shape in tensors.items()}, str(release / "model.safetensors"))
+        return release
+    from timesfm.timesfm_2p5 import timesfm_2p5_torch as package
+
+    # the package draws its matrices from the global generator: seeded, so the folder does not depend on test order
+    with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng():
+        torch.manual_seed(0)
+        patch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
+        model = package.TimesFM_2p5_200M_torch(torch_compile=False)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, value in model.model.named_parameters():
+                if value.dim() == 1:
+                    value.copy_(torch.randn(value.shape, generator=generator) * 0.5 + (0 if "bias" in name else 1))
+        model.save_pretrained(release)
+    return _damage(release, lacking)
+
+
+TIREX_REDUCED = {"input_patch_size": 32, "output_patch_size": 32, "quantiles": LEVELS_9,
+                 "block_kwargs": {"embedding_dim": 24, "num_heads": 2, "num_blocks": 2, "all_slstm": True,
+                                  "vocab_size": 0},
+                 "input_ff_dim": 40}
+
+
+def write_tirex(release, seed=0, train_ctx_len=512, lacking=None, hyper=None, drop=None, other=False, edit=None):
+    """`release`/model.ckpt as NX-AI/TiRex is laid out: the package's TiRexZero at a reduced size (2 blocks of 2
+    heads), random weights (it leaves the sLSTM's as torch.empty), its blocks under `block_stack.` as the package's
+    loader expects to strip. Damaged: `lacking` "model.ckpt" (a folder of its README only) or "hyper_parameters";
+    `hyper` another model's hyper_parameters; `drop` a tensor; `other` Chronos-Bolt's files in its place; `edit`
+    a function of the state dict."""
+    import torch
+
+    release.mkdir(parents=True)
+    (release / "README.md").write_text("TiRex\n")
+    if other:
+        from safetensors.torch import save_file
+
+        (release / "config.json").write_text(json.dumps({"architectures": ["ChronosBoltModelForForecasting"],
+                                                         "model_type": "t5"}))
+        save_file({"shared.weight": torch.zeros(2, 2)}, str(release / "model.safetensors"))
+        return release
+    if lacking == "model.ckpt":
+        return release
+    from tirex.models.tirex import TiRexZero
+
+    model = TiRexZero("torch", TIREX_REDUCED, train_ctx_len=train_ctx_len)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            scale = 0.3 if value.dim() > 1 else 0.2
+            value.copy_(torch.randn(value.shape, generator=generator) * scale + (1 if name.endswith("norm.weight")
+                                                                                 or "norm_" in name else 0))
+    state = {("block_stack." + k if k.startswith(("blocks.", "out_norm.")) else k): v
+             for k, v in model.state_dict().items()}
+    state.pop(drop and "block_stack." + drop, None)
+    if edit:
+        edit(state)
+    checkpoint = {"state_dict": state, "epoch": 0,
+                  "hyper_parameters": hyper or {"model_config": TIREX_REDUCED, "train_ctx_len": train_ctx_len}}
+    if lacking == "hyper_parameters":
+        del checkpoint["hyper_parameters"]
+    torch.save(checkpoint, release / "model.ckpt")
+    return release
+
+
+# ------------------------------------------------------------------ the table
+@dataclass(frozen=True)
+class Release:
+    name: str  # --model
+    folder: str  # models/foundation/<folder>
+    dirname: str  # the folder's name as downloaded (the package of some reads it from the path)
+    write: object  # (release path, **damage) -> release path
+    package: str = ""  # the reference package a test needs installed ("": native, its fixture committed)
+    export_to: str = ""  # python -m exp.export export --to NAME
+    files: tuple = ("config.json", "model.safetensors")
+    signature: dict = field(default_factory=dict)  # a config.json that tells the release apart (TiRex: none)
+    run: tuple = ()  # run.py arguments of the zero-shot and fine-tuning runs (beside ETTh1-shaped data)
+    levels: tuple = tuple(LEVELS_9)  # the quantile levels a record scores its wql at (() for a point forecast)
+    rel: float = 1e-9  # how close the zero-shot scores of the runs are
+    tune: tuple = ()  # fine-tuning arguments beside TUNE
+    tune_folder: dict = field(default_factory=dict)  # config.json fields of the folder fine-tuned (dropout on)
+    one_process: tuple = ()  # arguments of the 1-process fine-tuning run (TimeMoE: the same micro-batches)
+    keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
+    too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
+
+
+RUN = ("--label_len", 0, "--val_windows", 30, "--test_windows", 40, "--num_threads", 1)
+RELEASES = {row.name: row for row in [
+    Release("ChronosBolt", "chronos_bolt", "chronos-bolt-small", write_chronos_bolt, package="chronos",
+            export_to="chronos-bolt",
+            signature={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"},
+            run=("--seq_len", 64, "--pred_len", 24, *RUN), rel=1e-12, keyed=("Attention.weights_dropout", 3),
+            too_long=(2049, 24, "longer than the 2048 steps of context Chronos-Bolt reads")),
+    Release("Chronos2", "chronos2", "chronos-2", write_chronos2, package="chronos.chronos2", export_to="chronos2",
+            signature={"architectures": ["Chronos2Model"], "model_type": "t5"},
+            run=("--seq_len", 32, "--pred_len", 24, *RUN), levels=LEVELS_9, rel=1e-6, tune=("--dropout", 0.1),
+            keyed=("self_attention.weights_dropout", 4),
+            too_long=(8193, 24, "longer than Chronos-2's context of 8192 steps")),
+    Release("TimesFM25", "timesfm25", "timesfm-2.5-200m-pytorch", write_timesfm25,
+            package="timesfm.timesfm_2p5.timesfm_2p5_torch", export_to="timesfm", signature={"torch_compile": False},
+            run=("--seq_len", 64, "--pred_len", 24, *RUN), tune=("--learning_rate", 1e-4),
+            too_long=(48, 1100, "quantile head forecasts at most 1024 steps")),
+    Release("TiRex", "tirex", "TiRex", write_tirex, package="tirex", export_to="tirex", files=("model.ckpt",),
+            run=("--seq_len", 96, "--pred_len", 48, *RUN), too_long=(513, 24, "at most 512 steps of context")),
+    Release("TimerBase", "timer_base", "timer-base-84m", _copy_fixture("timer_base"), export_to="timer-base",
+            signature={"architectures": ["TimerForPrediction"], "model_type": "timer"},
+            run=("--seq_len", 44, "--pred_len", 20, *RUN), levels=(), tune_folder={"attention_dropout": 0.1},
+            too_long=(7, 8, "--seq_len 7 is shorter than one")),
+    Release("Sundial", "sundial", "sundial-base-128m", _copy_fixture("sundial"), export_to="sundial",
+            signature={"architectures": ["SundialForPrediction"], "model_type": "sundial"},
+            run=("--seq_len", 96, "--pred_len", 30, *RUN, "--num_samples", 4, "--sampling_steps", 2), rel=1e-7,
+            too_long=(3, 30, "--seq_len 3 is shorter than one")),
+    Release("TimeMoE", "time_moe", "TimeMoE-50M", _copy_fixture("time_moe"), export_to="time-moe",
+            signature={"architectures": ["TimeMoeForPrediction"], "model_type": "time_moe"},
+            run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2),
+            too_long=(4090, 24, "at most 4096 positions")),
+    Release("Moirai2", "moirai2", "moirai-2.0-R-small", _copy_fixture("moirai2"), export_to="moirai2",
+            signature={"d_model": 384, "d_ff": 1024, "num_layers": 6, "patch_size": 16, "max_seq_len": 512,
+                       "num_predict_token": 4, "quantile_levels": LEVELS_9},
+            run=("--seq_len", 96, "--pred_len", 48, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
+            too_long=(200, 60, r"at most 64 tokens of 4 steps")),
+]}
+NAMES = list(RELEASES)
+
+
+def needs(row):
+    """Skip where the release's package is not installed (its folder is written by the package)."""
+    if row.package:
+        pytest.importorskip(row.package, reason=f"{row.name}'s package is not installed")
+    return row
+
+
+def ours(row, folder, seq_len, pred_len):
+    """`--model row.name` built from `folder` as run.py builds it (its sizes from the folder's files), its weights
+    the folder's."""
+    from models import get_model_class
+
+    args = make_args("--model", row.name, "--seq_len", seq_len, "--pred_len", pred_len, "--pretrain_model_path",
+                     folder)
+    return checkpoints().load_weights(get_model_class(row.name)(args), str(folder)).eval()
+
+
+def released_folder(row, root, **damage):
+    return row.write(Path(root) / "NX-AI" / row.dirname, **damage) if row.name == "TiRex" else \
+        row.write(Path(root) / row.dirname, **damage)
+
+
+@pytest.fixture(scope="module")
+def etth1(tmp_path_factory):
+    return write_etth1_shaped(tmp_path_factory.mktemp("etth1"))
+
+
+def run_args(row, etth1, folder):
+    return [*ETTH1_ARGS, "--model", row.name, *row.run, "--root_path", etth1, "--pretrain_model_path", folder]
+
+
+SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_zero_shot_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(name, etth1, tmp_path):
+    row = needs(RELEASES[name])
+    argv = [*run_args(row, etth1, released_folder(row, tmp_path / "release")), "--is_training", 0]
+    outcomes = []
+    for nproc, extra in ((None, ()), (2, ("--ddp", "--eval_batch_size", 5)), (3, ("--ddp", "--eval_batch_size", 7))):
+        assert_ok(run_cli(tmp_path / "runs", *argv, *extra, nproc=nproc))
+        outcomes.append(records(tmp_path / "runs")[-1])
+    first = outcomes[0]
+    assert [o["world_size"] for o in outcomes] == [1, 2, 3]
+    assert first["test_windows"] == 40 and first.get("wql_levels", []) == list(row.levels)
+    for outcome in outcomes[1:]:
+        for key in SCORES:
+            if key in first:
+                assert outcome[key] == pytest.approx(first[key], rel=row.rel, abs=0), (key, outcome["world_size"])
+    assert not any((tmp_path / "runs" / "checkpoints").rglob("*.pth"))
+
+
+TUNE = ("--adaptation", "--train_steps", 2, "--global_batch_size", 8, "--learning_rate", 1e-3,
+        "--test_every_epoch", "false")
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def fine_tuned(request, etth1, tmp_path_factory):
+    """One release fine-tuned on 1 and on 2 processes (the same global batch): row, the folder it started from and
+    each run's (record, checkpoint path, state dict)."""
+    import torch
+
+    row = needs(RELEASES[request.param])
+    tmp_path = tmp_path_factory.mktemp(f"tune_{row.folder}")
+    folder = released_folder(row, tmp_path / "release", **({"edit_config": row.tune_folder} if row.tune_folder
+                                                             else {}))
+    argv = [*run_args(row, etth1, folder), *TUNE, *row.tune]
+    runs = []
+    for nproc, extra in ((None, row.one_process), (2, ("--ddp",))):
+        out = tmp_path / f"nproc{nproc or 1}"
+        assert_ok(run_cli(out, *argv, *extra, nproc=nproc))
+        record = records(out)[-1]
+        path = out / "checkpoints" / record["setting"] / "checkpoint.pth"
+        runs.append((record, path, torch.load(path, map_location="cpu", weights_only=True)))
+    return row, folder, runs
+
+
+def test_fine_tuning_gives_the_same_weights_on_1_and_2_processes(fine_tuned):
+    import torch
+
+    row, folder, ((record, _, one), (_, _, two)) = fine_tuned
+    initial = ours(row, folder, row.run[1], row.run[3]).state_dict()
+    assert set(one) == set(two) == set(initial)
+    assert max(float((one[k].double() - initial[k].double()).abs().max()) for k in one) > 1e-6, \
+        "fine-tuning changed nothing"
+    for key in one:
+        assert torch.allclose(one[key].double(), two[key].double(), rtol=0, atol=1e-6), key
+    if row.keyed:  # the folder's dropout is keyed by window, the attention weights' too
+        ending, count = row.keyed
+        keyed = record["dropout_keyed"]
+        assert len([n for n in keyed if n.endswith(ending)]) == count and all(keyed.values()), keyed
+
+
+def test_the_fine_tuned_checkpoint_exports_to_the_release_layout_and_reads_back(fine_tuned, tmp_path):
+    import torch
+
+    row, folder, ((_, path, one), _) = fine_tuned
+    exported = tmp_path / "exported" / row.dirname
+    checkpoints().export(str(path), str(exported), row.export_to)
+    assert sorted(os.listdir(exported)) == sorted(row.files)
+    if "model.safetensors" in row.files:  # the release's tensors, by name and shape
+        from safetensors.torch import load_file
+
+        written, released = (load_file(str(f / "model.safetensors")) for f in (exported, folder))
+        assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
+        config, theirs = (json.loads((f / "config.json").read_text()) for f in (exported, folder))
+        assert config.get("architectures") == theirs.get("architectures")
+    back = ours(row, exported, row.run[1], row.run[3]).state_dict()
+    assert all(torch.equal(back[k].to(one[k].dtype), one[k]) for k in one), \
+        [k for k in one if not torch.equal(back[k].to(one[k].dtype), one[k])][:5]
+
+
+# ------------------------------------------------------------------ bad inputs, one line each
+def refusal(row, folder, seq_len=None, pred_len=None):
+    """The one line building and loading `--model row.name` from `folder` is refused with."""
+    from utils.errors import UserError
+
+    with pytest.raises((UserError, ValueError)) as refused:
+        ours(row, folder, seq_len or row.run[1], pred_len or row.run[3])
+    message = str(refused.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_or_partial_folder_is_one_line(name, tmp_path):
+    row = needs(RELEASES[name])
+    assert "not found" in refusal(row, tmp_path / row.dirname)
+    weights = "model.ckpt" if "model.ckpt" in row.files else "model.safetensors"
+    partial = released_folder(row, tmp_path / "partial", lacking=weights)
+    message = refusal(row, partial)
+    assert weights in message and ("partial" in message or "lacks" in message or "has no" in message), message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_context_or_horizon_it_cannot_take_is_one_line(name, tmp_path):
+    row = needs(RELEASES[name])
+    seq_len, pred_len, message = row.too_long
+    folder = released_folder(row, tmp_path)
+    assert re.search(message, refusal(row, folder, seq_len, pred_len))
+    ours(row, folder, row.run[1], row.run[3])  # what the runs take is taken
+
+
+def signature_folder(root, release):
+    """Release `release`'s folder reduced to what tells it apart: TiRex's model.ckpt alone, the others' config.json
+    (with a model.safetensors beside it)."""
+    import torch
+
+    folder = root / release.name
+    folder.mkdir()
+    if not release.signature:
+        torch.save({"state_dict": {}, "hyper_parameters": {}}, folder / "model.ckpt")
+    else:
+        from safetensors.torch import save_file
+
+        (folder / "config.json").write_text(json.dumps(release.signature))
+        save_file({"w": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_release_folder_has_a_signature(tmp_path, name):
+    from utils.adapters import release_of
+
+    what, model = release_of(signature_folder(tmp_path, RELEASES[name]))
+    assert model == name, what
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_another_releases_folder_is_named_with_the_model_that_reads_it(tmp_path, name):
+    """Every other release's folder given to `--model name`: one line naming the --model that reads it, never
+    "partial" (8 x 7 pairs; the packaged models need their package to be built)."""
+    row = needs(RELEASES[name])
+    for other in RELEASES.values():
+        if other is row:
+            continue
+        message = refusal(row, signature_folder(tmp_path, other))
+        assert f"--model {other.name}" in message and "partial" not in message, (other.name, message)
+
+
+def test_the_table_is_the_release_folders():
+    """Each models/foundation/<folder> is a row, with its README.md and its comparison test file."""
+    from models.foundation import release_folders
+
+    assert sorted(row.folder for row in RELEASES.values()) == release_folders()
+    here = Path(__file__).resolve().parent
+    for row in RELEASES.values():
+        assert (here.parent / "models" / "foundation" / row.folder / "README.md").is_file(), row.folder
+        assert (here / f"test_foundation_{row.folder}.py").is_file(), row.folder
