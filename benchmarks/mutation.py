@@ -12,6 +12,8 @@ each survivor is triaged: a new test, or a line in EQUIVALENT saying why no test
     python -m benchmarks.mutation report /tmp/mutation.sqlite --out benchmarks/results/mutation.md
     python -m benchmarks.mutation recheck /tmp/mutation.sqlite   # survivors again, after new tests
     python -m benchmarks.mutation report /tmp/mutation.sqlite --recheck --out benchmarks/results/mutation.md
+    python -m benchmarks.mutation replay            # every recorded survivor (results/mutation_seed*.md) again
+    python -m benchmarks.mutation replay --only utils/checkpoint.py --tests tests/test_run_identity.py
 
 Not part of CI's run; the samples so far and their triage: docs/testing.md.
 """
@@ -269,6 +271,76 @@ def recheck(session, only=()):
     return results
 
 
+RECORDS = REPO / "benchmarks" / "results"
+
+
+def recorded_mutants(pattern="mutation_seed*.md"):
+    """[(record file, key, status line, diff)] of every survivor the committed reports hold, in file order."""
+    import re
+
+    found = []
+    for path in sorted(RECORDS.glob(pattern)):
+        for match in re.finditer(r"^### `([^`]+)`\n\n(.*?)\n\n```diff\n(.*?)```", path.read_text(), re.S | re.M):
+            key, status, diff = match.groups()
+            found.append((path.name, key, status.splitlines()[0], diff))
+    return found
+
+
+def apply_by_line(diff):
+    """Plant a one-line mutant whose diff no longer applies (the code around it moved or changed): its removed
+    line, found exactly once (spaces aside) in today's file or, where that file lost it, once among the
+    modules beside it (a module split in two), becomes its added line. False where it is not."""
+    path = next((line[6:] for line in diff.splitlines() if line.startswith("+++ b/")), None)
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    if path is None or len(removed) != 1 or len(added) != 1 or not (REPO / path).parent.is_dir():
+        return False
+    own = REPO / path
+    for candidates in ([own] if own.is_file() else [], sorted(own.parent.glob("*.py"))):
+        found = [(file, i) for file in candidates for i, line in enumerate(file.read_text().split("\n"))
+                 if line.strip() == removed[0].strip()]
+        if len(found) == 1:
+            file, i = found[0]
+            lines = file.read_text().split("\n")
+            lines[i] = lines[i][:len(lines[i]) - len(lines[i].lstrip())] + added[0].strip()
+            file.write_text("\n".join(lines))
+            return True
+        if found:
+            return False
+    return False
+
+
+def replay(only=(), tests=(), pattern="mutation_seed*.md"):
+    """Apply each recorded survivor's diff whose key starts with one of `only` (all if none; the equivalent ones
+    left out) to this clean checkout, run its targeted tests (or `tests`), undo it. A mutant is killed when the
+    tests fail. A diff that no longer applies is planted by its line where that line is still there once
+    (apply_by_line: outcomes "killed, moved" / "survived, moved"), else counted as code that changed since.
+    Returns {outcome: count}."""
+    if mutated_files():
+        raise SystemExit("replay needs a checkout without uncommitted changes to .py files: use a clean clone")
+    counts = {}
+    for record, key, status, diff in recorded_mutants(pattern):
+        if status.startswith("Equivalent") or (only and not key.startswith(tuple(only))):
+            continue
+        moved = not apply_diff(diff) and apply_by_line(diff)
+        if not mutated_files():
+            outcome = "code changed"
+        else:
+            try:
+                files = mutated_files()
+                chosen = list(tests) or targets_for(files[0])
+                command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *chosen]
+                code = subprocess.run(command, cwd=REPO, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+                                      capture_output=True).returncode
+                outcome = ("killed" if code not in (0, 5) else "survived") + (", moved" if moved else "")  # 5: none
+            finally:
+                subprocess.run(["git", "checkout", "--", *mutated_files()], cwd=REPO, check=True)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        print(f"{outcome:>12}  {key}  ({record})", flush=True)
+    print(", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "no recorded mutant chosen")
+    return counts
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -285,7 +357,15 @@ def main(argv=None):
     p_recheck = sub.add_parser("recheck", help="run each survivor again against today's tests")
     p_recheck.add_argument("session")
     p_recheck.add_argument("--only", nargs="*", default=(), help="just these survivors (module:line:operator)")
+    p_replay = sub.add_parser("replay", help="every recorded survivor (benchmarks/results/mutation_seed*.md) "
+                                             "against today's tests: apply, test, undo")
+    p_replay.add_argument("--only", nargs="*", default=(), help="keys starting so (module, module:line, ...)")
+    p_replay.add_argument("--tests", nargs="*", default=(), help="these pytest paths instead of the module's targets")
+    p_replay.add_argument("--records", default="mutation_seed*.md", help="report files under benchmarks/results/")
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        counts = replay(args.only, args.tests, args.records)
+        return 1 if counts.get("survived") or counts.get("survived, moved") else 0
     if args.command == "recheck":
         recheck(args.session, args.only)
         return 0
