@@ -79,7 +79,7 @@ EQUIVALENT = {
     "exp/outputs.py:294:core/NumberReplacer":
         "`[0]` -> `[-1]` on the forecast of predict's batch: the batch is the one window of future_input "
         "(see exp/outputs.py:293 below), so its first and last rows are the same",
-    "utils/metrics.py:102:core/ReplaceComparisonOperator_GtE_NotEq":
+    "utils/metrics.py:253:core/ReplaceComparisonOperator_GtE_NotEq":
         "`pred.dim() >= 2` -> `!= 2` in batch_loss's layout choice: as for the USub mutant of that line, the "
         "layout only decides which contiguous copy the mean runs over; the same elements are averaged",
     "data_provider/permutation.py:89:core/NumberReplacer":
@@ -93,7 +93,7 @@ EQUIVALENT = {
     "data_provider/data_factory.py:51:core/ReplaceFalseWithTrue":
         "the data fingerprint reads only len() of each split's windows; with_marks decides whether batches "
         "carry time features, not how many windows there are",
-    "utils/metrics.py:102:core/ReplaceUnaryOperator_USub_UAdd":
+    "utils/metrics.py:253:core/ReplaceUnaryOperator_USub_UAdd":
         "`pred.transpose(-1, -2)` -> `transpose(-1, +2)` in the layout test of batch_loss: the test only picks "
         "the contiguous layout for speed (a 3-D pred then keeps its strided one; for 4-D the two are the same "
         "swap); the loss is the mean over the same elements in either layout (to float32 rounding of the summation order)",

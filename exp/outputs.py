@@ -201,7 +201,7 @@ def _why_not_finite(name, metrics, args=None):
     if base in ("mape", "mspe") and _finite(mae):
         # finite errors over a finite truth give a non-finite ratio only where the truth is 0
         return f"the true values hold a 0 {scale}, and percentage errors divide by it"
-    if base in ("mase", "msis", "owa") and _finite(mae):
+    if base in ("mase", "msis", "sql", "rmsse", "owa") and _finite(mae):
         return _zero_mase_scale(args)
     if base == "wql" and _finite(mae):
         return f"every true value is 0 {scale}, and WQL divides by the sum of their absolute values"
@@ -259,7 +259,7 @@ def _nulls_for_non_finite(value):
 def save_window_errors(args, setting, errors, numbers, scoring=None):
     """window_errors.csv (rank 0; save_results writes it): each test window's MSE and MAE, in test order, so metrics over
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
-    lab/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
+    benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
     the test split (0, 1, 2, ... unless --test_windows scored a subset). A probabilistic run's `scoring`
     adds each window's sums of its metrics (ProbabilisticSums' window_sums; exp.scoring.subset_metrics reads them back),
     written to every digit."""

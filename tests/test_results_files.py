@@ -316,7 +316,7 @@ def test_a_zero_mase_scale_is_named_as_the_cause(tmp_path):
     proc = run_cli(tmp_path, *argv, "--features", "S", "--scale", "false")
     assert_ok(proc)
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: mase nan: MASE's scale, the seasonal error at season 24, is 0 for every scored "
+    assert warnings == ["warning: mase nan, sql nan, rmsse nan: MASE's scale, the seasonal error at season 24, is 0 for every scored "
                         "series (column OT: a history that repeats itself at the season, e.g. a constant one), so "
                         "MASE and MSIS are undefined: gluonts and GIFT-Eval leave such series out, and none is left "
                         "(written as null in metrics.json and results.jsonl)"], warnings
