@@ -1,9 +1,10 @@
 """What a run's arguments mean once the data and the model are known, decided before any work.
 
 `resolve_args(args, world_size)` fills what the data and the model family decide (shapes,
-the forward inputs, the global batch and its learning rate) and rejects every impossible
-setting, with no process group: run.py calls it before distributed.setup, so a bad
-argument ends every rank alike before any collective.
+the forward inputs, M4's horizons, the global batch and its learning rate, the objective, the
+setting's name) and rejects every impossible setting, with no process group: run.py calls it
+before distributed.setup, so a bad argument ends every rank alike before any collective. It
+returns the settled run (`Run`): read-only from then on; the model gets a copy (`model_configs`).
 """
 import argparse
 import json
@@ -20,13 +21,82 @@ from exp.scoring import check_mase_history
 from models import FORWARD_INPUTS, canonical_name, get_model_class, inputs_used, missing_module_line
 from models.foundation import export_formats
 from utils import distributed
-from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT, parser_defaults
+from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASKS, SEED_LIMIT
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights, weights_being_trained
 from utils.errors import UserError, require
-from utils.probabilistic import LOSSES, POINT_LOSSES, native_levels, objective_for, output_width, parse_levels
+from utils.probabilistic import LOSSES, POINT_LOSSES, native_levels, objective_for, parse_levels
 from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
 
 logger = logging.getLogger("tsl")
+
+
+class SettledError(AttributeError):
+    """A write to a settled run: what a run does is decided once, in resolve_args."""
+
+
+class Run(argparse.Namespace):
+    """A run's arguments once resolve_args has settled them: every command-line argument under its own name
+    (args.seq_len, ...) beside what resolve_args decided (shapes, model family, M4's horizons, the batch plan,
+    the learning rate's start) and the fields of RUN_FIELDS, which are not arguments. Read-only: assigning or
+    deleting raises SettledError; `replace` gives another run."""
+
+    # not arguments: the training objective (utils.probabilistic; None for a point loss), the names the command
+    # line gave, the setting's folder name, where --is_training 0's weights come from (weights_source). Neither
+    # metrics.json's "args" nor a model's configs hold them.
+    RUN_FIELDS = ("objective", "given", "setting", "weights_source")
+
+    def __setattr__(self, name, value):
+        raise SettledError(f"the run is settled: {name} cannot change after exp.settings.resolve_args; decide it "
+                           f"there, or make another run with run.replace({name}=...)")
+
+    def __delattr__(self, name):
+        raise SettledError(f"the run is settled: {name} cannot be removed after exp.settings.resolve_args")
+
+    @property
+    def width(self):
+        """How many times the model's horizon is widened: 1 for a point loss, and for a model that forecasts its
+        quantiles natively (it returns them as a last dimension of their own)."""
+        return 1 if self.objective is None or self.objective.native else self.objective.width
+
+    def replace(self, **changes):
+        """This run with `changes`, settled too (the objective kept: change no field it is built from)."""
+        run = argparse.Namespace(**{**vars(self), **changes})
+        run.__class__ = Run
+        return run
+
+    def for_itr(self, ii):
+        """Run `ii` of --itr: the seed --seed + ii (the model's and the loaders'; the data keeps --synthetic_seed)
+        and that run's setting name."""
+        run = self.replace(seed=self.seed + ii)
+        vars(run)["setting"] = setting_name(run, ii)
+        return run
+
+
+def settle(args):
+    """`args` as a settled Run, in place: the objective is built here, once (None for a point loss)."""
+    if isinstance(args, Run):
+        return args
+    args.objective = objective_for(args)
+    args.setting = setting_name(args, 0)
+    args.__class__ = Run
+    return args
+
+
+def model_configs(run):
+    """The plain argparse.Namespace a model is built from (TSLib's `configs`): the run's arguments, a copy the
+    model may keep and change without changing the run. configs.output_width is how many values it forecasts a
+    step: 1, or with a probabilistic --loss `run.width`, and then its horizon (pred_len; a token model's
+    output_token_len) is that many times the run's, read back as `width` blocks of the true one (exp.forward;
+    models/README.md)."""
+    configs = argparse.Namespace(**{k: v for k, v in vars(run).items() if k not in Run.RUN_FIELDS})
+    configs.output_width = width = run.width
+    if width == 1:
+        return configs
+    if run.autoregressive:
+        configs.output_token_len = run.output_token_len * width
+    else:
+        configs.pred_len = run.pred_len * width
+    return configs
 
 
 def fill_defaults(args):
@@ -47,8 +117,12 @@ def model_class(args):
 
 
 def resolve_args(args, world_size):
-    """Fill args in place (and return them) for a run on `world_size` processes; a UserError
-    for anything impossible. Reads the data (cached per process), never a process group."""
+    """Settle the parsed `args` in place for a run on `world_size` processes and return them as a Run (read-only
+    from then on); a UserError for anything impossible. Reads the data (cached per process), never a process
+    group. A settled run is returned as it is."""
+    if isinstance(args, Run):
+        return args
+    args.ddp = args.ddp or distributed.launched_by_torchrun()  # a worker of torchrun (or of srun, adopted)
     check_task(args)
     check_setting_parts(args)
     fill_defaults(args)
@@ -82,7 +156,7 @@ def resolve_args(args, world_size):
     if args.loss not in POINT_LOSSES:
         check_mase_history(args)  # a series shorter than one season: one line before anything runs
     _check_setting_length(args)
-    return args
+    return settle(args)
 
 
 def _check_probabilistic(args, cls):
@@ -92,12 +166,13 @@ def _check_probabilistic(args, cls):
     own_samples = getattr(cls, "default_num_samples", None)
     if own_samples is not None:
         args.num_samples = args.num_samples or int(own_samples)
-        return objective_for(args)
-    require(args.num_samples is None or args.loss in ("studentt", "normal"),
-            f"--num_samples draws samples from a distribution forecast; --loss {args.loss} forecasts "
-            + ("quantiles directly" if args.loss == "quantile" else "one point") + ": drop --num_samples, or use "
-            "--loss studentt or normal")
-    objective_for(args)  # --quantiles: levels in (0, 1), increasing, once each, with 0.5
+    else:
+        require(args.num_samples is None or args.loss in ("studentt", "normal"),
+                f"--num_samples draws samples from a distribution forecast; --loss {args.loss} forecasts "
+                + ("quantiles directly" if args.loss == "quantile" else "one point") + ": drop --num_samples, or "
+                "use --loss studentt or normal")
+    if args.loss not in POINT_LOSSES:
+        parse_levels(args.quantiles)  # levels in (0, 1), increasing, once each, with 0.5; settle builds the objective
 
 
 def _native_quantiles(args, cls):
@@ -108,7 +183,7 @@ def _native_quantiles(args, cls):
     if levels is None:
         return
     text = ",".join(f"{q:g}" for q in levels)
-    given = args.quantiles != parser_defaults()["quantiles"]
+    given = "quantiles" in args.given
     require(not given or parse_levels(args.quantiles) == levels,
             f"model {args.model} forecasts the quantiles {text} itself; --quantiles {args.quantiles} asks for others: "
             "leave --quantiles out")
@@ -140,7 +215,8 @@ def check_task(args):
     if task == "short_term_forecast" or args.data == M4:
         require(task == "short_term_forecast", f"--data m4 is TSLib's short-term forecasting benchmark: use "
                                                f"--task_name short_term_forecast (not {task})")
-        short_term_settings(args)
+        # TSLib's short-term task: the frequency's horizon, an input twice it, a decoder label of it, MASE's lag
+        args.pred_len, args.seq_len, args.label_len, args.frequency_map = short_term_settings(args)
     else:
         require(args.loss not in M4_LOSSES, f"--loss {args.loss} trains on M4 (--data m4) only; choose MSE or MAE")
 
@@ -160,16 +236,25 @@ def zero_shot(args):
     return not args.is_training and bool(args.pretrain_model_path) and not args.adaptation
 
 
+# Where --is_training 0's weights come from (Run.weights_source; None when the run trains): --pretrain_model_path
+# (zero-shot), --checkpoint, OpenLTM's --test_dir, or the setting's own folder, a fine-tuning run's with --adaptation.
+WEIGHTS_SOURCES = ("pretrain_model_path", "checkpoint", "test_dir", "setting")
+
+
 def _check_weights_sources(args):
     """Training may start from --pretrain_model_path (--adaptation); --is_training 0 evaluates one set of
-    weights, named by one of --pretrain_model_path (zero-shot), --checkpoint and --test_dir, or none."""
+    weights, named by one of --pretrain_model_path (zero-shot), --checkpoint and --test_dir, or none (the
+    setting's). Sets args.weights_source."""
+    args.weights_source = None
     if args.is_training:
         check_adaptation_args(args)
         return
     sources = ("checkpoint", "test_dir") if args.adaptation else ("pretrain_model_path", "checkpoint", "test_dir")
-    named = [f"--{name} {getattr(args, name)}" for name in sources if getattr(args, name)]
-    require(len(named) <= 1, f"--is_training 0 evaluates one set of weights, but {' and '.join(named)} each name "
-                             "one; keep one of them")
+    named = [name for name in sources if getattr(args, name)]
+    require(len(named) <= 1, f"--is_training 0 evaluates one set of weights, but "
+                             f"{' and '.join(f'--{name} {getattr(args, name)}' for name in named)} each name one; "
+                             "keep one of them")
+    args.weights_source = named[0] if named else "setting"
     if not zero_shot(args):
         check_adaptation_args(args)
 
@@ -224,15 +309,16 @@ def _weights_to_evaluate(args, setting):
     checkpoint.pth). OpenLTM's rolling-forecast scripts give a --test_dir in a setting format that no run writes
     (not even OpenLTM's): when it holds no such file but this setting's folder does, those weights are the ones
     these arguments trained, and they are evaluated, with a warning. Only rank 0 reads the file."""
-    if zero_shot(args):
+    source = args.weights_source
+    if source == "pretrain_model_path":
         return args.pretrain_model_path, True
-    if args.checkpoint:
+    if source == "checkpoint":
         return args.checkpoint, False
     own = checkpoint_path(args, setting, args.test_file_name or "checkpoint.pth")
     if args.pretrain_model_path and distributed.is_main():  # --adaptation: a fine-tuning run's weights, said so
         logger.warning(f"--is_training 0 with --adaptation evaluates the fine-tuned weights of setting {setting}, not "
                        f"--pretrain_model_path {args.pretrain_model_path}; drop --adaptation to evaluate those zero-shot")
-    if not args.test_dir:
+    if source == "setting":
         return own, False
     named = os.path.join(args.checkpoints, args.test_dir, args.test_file_name or "checkpoint.pth")
     if os.path.exists(named) or not os.path.exists(own):
@@ -276,13 +362,14 @@ def _check_windows(args, data):
 
 
 def build_model(args):
-    """The Model of --model for resolved `args`, on the CPU. Models refuse impossible arguments in
-    their constructor with ValueError (d_model not divisible by n_heads, PatchTST's patch_len or
-    TimeMixer's scales past seq_len); that becomes the run's one line. Every rank builds the same
-    model from the same arguments, so every rank raises it together."""
-    width = output_width(args)
+    """The Model of --model for a settled run (resolve_args; a plain Namespace is settled as a copy), on the CPU,
+    built from model_configs. Models refuse impossible arguments in their constructor with ValueError (d_model
+    not divisible by n_heads, PatchTST's patch_len or TimeMixer's scales past seq_len); that becomes the run's one
+    line. Every rank builds the same model from the same arguments, so every rank raises it together."""
+    args = args if isinstance(args, Run) else settle(argparse.Namespace(**vars(args)))
+    width = args.width
     try:
-        model = model_class(args)(widened(args, width))
+        model = model_class(args)(model_configs(args))
     except ValueError as exc:
         raise UserError(f"model {args.model} cannot be built with these arguments: {exc}; change those arguments") from None
     except ModuleNotFoundError as missing:  # a layer importing its package when built (TSLib's ReformerLayer)
@@ -292,19 +379,6 @@ def build_model(args):
     if width > 1 or getattr(args, "native_quantiles", None):
         _require_widened_output(model, args, width)
     return model
-
-
-def widened(args, width):
-    """The configs a model is built from: with a probabilistic --loss, its horizon (pred_len; a token model's
-    output_token_len) `width` times longer, read back as `width` blocks of the true one (exp.forward)."""
-    if width == 1:
-        return args
-    configs = argparse.Namespace(**vars(args))
-    if args.autoregressive:
-        configs.output_token_len = args.output_token_len * width
-    else:
-        configs.pred_len = args.pred_len * width
-    return configs
 
 
 @torch.no_grad()
@@ -390,7 +464,7 @@ def _split_global_batch(args, world_size):
             f"{args.accumulation_steps} accumulation steps, so some micro-batch would hold no window; use at least "
             f"{micro_batches}")
     largest = -(-args.global_batch // micro_batches)
-    if args.batch_size not in (largest, parser_defaults()["batch_size"]) and distributed.env_rank() == 0:
+    if "batch_size" in args.given and args.batch_size != largest and distributed.env_rank() == 0:
         logger.warning(f"--batch_size {args.batch_size} is replaced by --global_batch_size {args.global_batch}: "
                        f"micro-batches of up to {largest} windows on each of {world_size} process(es); to hold them "
                        "smaller, add --accumulation_steps")

@@ -164,3 +164,107 @@ def test_the_training_loop_stays_small_enough_to_read_top_to_bottom():
     lines = len((REPO / LOOP).read_text().splitlines())
     assert lines < LOOP_LINES, f"{LOOP} has {lines} lines (under {LOOP_LINES}, please)"
     assert long_functions(REPO / LOOP, FUNCTION_LINES) == []
+
+
+# The run is settled once: exp.settings.resolve_args (through these functions, before it returns the read-only Run)
+# and the parse are the only code that writes a run's arguments; every other module reads them.
+SETTLING = {"utils.arguments": ("parse_args",),
+            "exp.settings": ("fill_defaults", "resolve_args", "check_task", "_native_quantiles", "_check_probabilistic",
+                             "_fill_shapes", "_split_data_parallel_batch", "_split_global_batch",
+                             "_check_weights_sources", "settle", "replace", "for_itr")}
+
+
+def _is_run(node):
+    """`args` or `<anything>.args`: the names the code gives a run."""
+    return (isinstance(node, ast.Name) and node.id == "args") or (isinstance(node, ast.Attribute) and node.attr == "args")
+
+
+def run_writes(root):
+    """'module.function writes args.name' for every write to a run outside SETTLING: an assignment (augmented or
+    not) to an attribute of it, setattr, delattr or an item of its vars() / __dict__."""
+    found = []
+    for module, path in project_modules(root).items():
+        if module.split(".")[0] not in ("run", "exp", "utils", "data_provider", "layers", "models"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+                continue
+            name = getattr(function, "name", "<module>")
+            if name in SETTLING.get(module, ()):
+                continue
+            body = ([s for s in function.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+                    if isinstance(function, ast.Module) else [function])  # a module's functions: walked on their own
+            for node in (n for part in body for n in ast.walk(part)):
+                targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                           [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+                for target in (t for each in targets for t in ast.walk(each)):
+                    if isinstance(target, ast.Attribute) and _is_run(target.value):
+                        found.append(f"{module}.{name} writes args.{target.attr}")
+                    elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Call)
+                          and getattr(target.value.func, "id", None) == "vars" and target.value.args
+                          and _is_run(target.value.args[0])):
+                        found.append(f"{module}.{name} writes vars(args)[...]")
+                    elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)
+                          and target.value.attr == "__dict__" and _is_run(target.value.value)):
+                        found.append(f"{module}.{name} writes args.__dict__[...]")
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr")
+                        and node.args and _is_run(node.args[0])):
+                    found.append(f"{module}.{name} calls {node.func.id}(args, ...)")
+    return sorted(set(found))
+
+
+def test_no_module_writes_the_run_after_it_is_settled():
+    assert run_writes(REPO) == []
+
+
+def test_the_check_finds_a_planted_write_to_the_run(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "run.py").write_text("def main(args):\n    args.seed += 1\nclass A:\n    pass\nargs.ddp = True\n")
+    (tmp_path / "exp" / "exp_basic.py").write_text("class Exp:\n    def __init__(self, args):\n"
+                                                   "        self.args = args\n        self.args.dropout_keyed = {}\n")
+    (tmp_path / "exp" / "settings.py").write_text("def resolve_args(args):\n    args.mark_dim = 4\n"
+                                                  "def later(args):\n    setattr(args, 'gpu', None)\n")
+    (tmp_path / "data_provider" / "m4.py").write_text("def short_term(args):\n    args.pred_len, args.seq_len = 6, 12\n"
+                                                      "    vars(args)['label_len'] = 6\n")
+    (tmp_path / "models" / "Net.py").write_text("class Model:\n    def __init__(self, configs):\n"
+                                                "        configs.pred_len *= 2\n")  # its own copy: allowed
+    assert run_writes(tmp_path) == [
+        "data_provider.m4.short_term writes args.pred_len", "data_provider.m4.short_term writes args.seq_len",
+        "data_provider.m4.short_term writes vars(args)[...]", "exp.exp_basic.__init__ writes args.dropout_keyed",
+        "exp.settings.later calls setattr(args, ...)", "run.<module> writes args.ddp", "run.main writes args.seed"]
+
+
+def test_a_settled_run_refuses_every_write():
+    """resolve_args returns a read-only Run: assignment and deletion raise, naming the field; replace and for_itr
+    give other runs; the model's configs is a plain copy, widened explicitly; what was given comes from the parse."""
+    import argparse
+
+    import pytest
+
+    from exp.settings import Run, SettledError, model_configs, resolve_args
+    from tests.helpers import make_args
+
+    run = resolve_args(make_args("--model", "DLinear", "--data", "synthetic", "--loss", "quantile",
+                                 "--quantiles", "0.1,0.5,0.9", "--seq_len", "48", "--pred_len", "12"), 1)
+    assert isinstance(run, Run)
+    with pytest.raises(SettledError, match="seq_len cannot change"):
+        run.seq_len = 96
+    with pytest.raises(SettledError):
+        setattr(run, "dropout_keyed", {})
+    with pytest.raises(SettledError):
+        del run.loss
+    assert resolve_args(run, 1) is run  # settled once
+    assert run.given >= {"model", "data", "loss", "quantiles", "seq_len", "pred_len"} and "batch_size" not in run.given
+    assert run.objective.levels == (0.1, 0.5, 0.9) and run.width == 3 and run.weights_source is None  # it trains
+    second = run.for_itr(1)
+    assert (second.seed, run.seed) == (run.seed + 1, run.seed) and second.setting.endswith(f"seed{run.seed + 1}_1")
+    with pytest.raises(SettledError):
+        second.seed = 0
+    configs = model_configs(run)
+    assert type(configs) is argparse.Namespace and (configs.pred_len, configs.output_width, run.pred_len) == (36, 3, 12)
+    assert not set(Run.RUN_FIELDS) & set(vars(configs))
+    configs.seq_len = 1  # the model's own copy
+    assert run.seq_len == 48
