@@ -22,7 +22,7 @@ from data_provider.data_factory import data_fingerprint  # noqa: E402 (after the
 from exp.exp_forecast import Exp_Forecast
 from exp.short_term import Exp_Short_Term_Forecast
 from exp.outputs import predict, save_results
-from exp.settings import data_parallel, evaluated_weights, resolve_args, setting_name
+from exp.settings import data_parallel, evaluated_weights, resolve_args
 from utils import distributed, worker
 from utils.arguments import describe_ignored, parse_args
 from utils.checkpoint import setting_lock
@@ -105,10 +105,10 @@ def stop_quietly():
 def main(argv=None):
     args = parse_args(argv)
     # TSLib's --use_multi_gpu, OpenLTM's --dp: DDP, unless --devices names one device (then one process on it)
-    args.ddp = args.ddp or (data_parallel(args) and (args.devices is None or len(args.devices) > 1))
+    ddp = args.ddp or (data_parallel(args) and (args.devices is None or len(args.devices) > 1))
     try:  # srun's tasks, one per GPU, become torchrun's workers (utils.worker.slurm_task_variables decides)
-        slurm_task, slurm_warning = worker.adopt_slurm_task(args.ddp, args.nproc_per_node)
-        if args.ddp and not distributed.launched_by_torchrun():
+        slurm_task, slurm_warning = worker.adopt_slurm_task(ddp, args.nproc_per_node)
+        if ddp and not distributed.launched_by_torchrun():
             if slurm_warning:
                 print(f"warning: {slurm_warning}", file=sys.stderr)
             return launch_local_workers(args)
@@ -118,7 +118,6 @@ def main(argv=None):
     if not slurm_task:  # a task srun started has no launcher of ours: slurmstepd ends it with the step
         worker.die_with_launcher()
     previous = stop_quietly()
-    args.ddp = args.ddp or distributed.launched_by_torchrun()
     configure_logging(args.quiet)
     if args.keep_freed_memory:
         keep_freed_memory()  # before the data and the model allocate
@@ -128,7 +127,7 @@ def main(argv=None):
         # rank 0 only, so a DDP job prints the line once; a warning, so --quiet keeps it (a typo must show)
         logger.warning(f"ignoring arguments run.py does not use: {describe_ignored(args.ignored_args)}")
     try:
-        problem = resolve(args)
+        args, problem = resolve(args)
         device = distributed.setup(args.ddp, args.use_gpu, args.gpu, args.dist_timeout, args.num_threads)
         # every rank stops together, rank 0 saying why: a rank that left alone could get the
         # others killed by torchrun before rank 0 prints
@@ -170,12 +169,12 @@ def main(argv=None):
 
 
 def resolve(args):
-    """exp.settings.resolve_args; its UserError as a message, raised once every rank can raise it."""
+    """(the settled run, None) from exp.settings.resolve_args, or (args, its UserError as a message), raised once
+    every rank can raise it (resolve_args first decides --ddp: a worker of torchrun joins the group)."""
     try:
-        resolve_args(args, distributed.env_world_size())
+        return resolve_args(args, distributed.env_world_size()), None
     except UserError as problem:
-        return str(problem)
-    return None
+        return args, str(problem)
 
 
 def require_same_data(args):
@@ -189,12 +188,11 @@ def require_same_data(args):
                                   f"(--root_path {args.root_path}, --data_path {args.data_path})")
 
 
-def run_experiments(args, device):
-    base_seed = args.seed
-    for ii in range(args.itr):
-        args.seed = base_seed + ii  # the model's and the loaders' seed; the data keeps --synthetic_seed
+def run_experiments(settled, device):
+    for ii in range(settled.itr):
+        args = settled.for_itr(ii)  # the seed --seed + ii: the model's and the loaders'; the data keeps --synthetic_seed
         exp = (Exp_Short_Term_Forecast if args.task_name == "short_term_forecast" else Exp_Forecast)(args, device)
-        setting = setting_name(args, ii)
+        setting = args.setting
         with setting_lock(args, setting):  # training: no other run writes this setting meanwhile
             if args.is_training:
                 training = exp.train(setting)

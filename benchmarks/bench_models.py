@@ -36,7 +36,6 @@ Device-agnostic: on a CUDA machine the same command fills the GPU table (the dev
 before every reading). The markdown table is printed and written to --out.
 """
 import argparse
-import copy
 import importlib
 import json
 import os
@@ -130,8 +129,7 @@ def first_batches(args, device, steps, split="train", full_inputs=False):
     """The first `steps` batches of a split, on the device (with every input TSLib's loop reads if
     `full_inputs`: its models take the decoder input and both time features whatever they use)."""
     if full_inputs:
-        args = copy.copy(args)
-        args.model_inputs = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
+        args = args.replace(model_inputs=("x_enc", "x_mark_enc", "x_dec", "x_mark_dec"))
     _, loader = data_provider(args, split, device)
     batches = []
     for batch in loader:

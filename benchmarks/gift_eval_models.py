@@ -55,7 +55,7 @@ class ModelForecaster:
                     "--is_training", "0"]
             args = resolve_args(parse_args(argv), self.world_size)
             if args.autoregressive:
-                args.test_pred_len = horizon
+                args = args.replace(test_pred_len=horizon)
             model = build_model(args)
             weights = args.checkpoint or args.pretrain_model_path
             require(weights, f"--model {args.model}: give its weights, --pretrain_model_path or --checkpoint")
@@ -99,7 +99,6 @@ def _one_call(model, args, x, wanted):
     """(point [B, steps], quantiles [B, steps, 9] or None, how many of the first `wanted` steps' elements had
     crossing quantiles before the rule) of one forward as exp.forward runs the test."""
     from exp.forward import forward
-    from utils.probabilistic import objective_for
 
     batch = len(x)
     steps = args.test_pred_len if args.autoregressive else args.pred_len
@@ -110,7 +109,7 @@ def _one_call(model, args, x, wanted):
         pred, _ = forward(model, (x, y, None, None), args, "test", torch.device("cpu"))
     if pred.dim() == 3:  # a point forecast
         return pred[..., 0], None, 0
-    objective = objective_for(args)
+    objective = args.objective
     levels = list(objective.levels)
     crossed = int(objective.crossed(pred[:, :wanted, 0]))
     values = objective.quantiles(pred[:, :, 0])  # a release's as forecast, a --loss quantile's sorted

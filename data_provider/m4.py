@@ -224,8 +224,10 @@ def prepare_m4(args):
 
 
 def short_term_settings(args):
-    """TSLib's short-term task on M4 (its Exp_Short_Term_Forecast._build_model): the frequency's horizon, an input
-    of twice it and a decoder label of it, whatever the script says; --loss one of its masked M4 losses."""
+    """TSLib's short-term task on M4 (its Exp_Short_Term_Forecast._build_model): (pred_len, seq_len, label_len,
+    frequency_map) of --seasonal_patterns, the frequency's horizon, an input of twice it, a decoder label of it and
+    MASE's lag (TSLib's name, read by its M4 losses and models), whatever the script says; --loss one of its masked
+    M4 losses. exp.settings.resolve_args sets them."""
     require(args.data == M4, f"--task_name short_term_forecast forecasts M4 as TSLib does: add --data m4 (with "
                              f"--root_path holding M4's files, docs/data.md#m4); --data {args.data} is forecast with "
                              "--task_name long_term_forecast")
@@ -234,9 +236,8 @@ def short_term_settings(args):
                                     f"(or MAPE): choose one of {', '.join(M4_LOSSES)}")
     require(not args.do_predict, "--do_predict forecasts past a data file's end; M4's test writes every series' "
                                  "forecast itself (<results_dir>/m4_results/<model>/<Frequency>_forecast.csv)")
-    args.pred_len = HORIZONS[pattern]
-    args.seq_len, args.label_len = 2 * args.pred_len, args.pred_len
-    args.frequency_map = FREQUENCIES[pattern]  # TSLib's name: MASE's lag, read by its M4 losses and models
+    horizon = HORIZONS[pattern]
+    return horizon, 2 * horizon, horizon, FREQUENCIES[pattern]
 
 
 M4_LOSSES = ("SMAPE", "MAPE")

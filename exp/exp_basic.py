@@ -10,7 +10,6 @@ from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import ddp, distributed
 from utils.metrics import batch_loss
-from utils.probabilistic import objective_for
 from utils.tools import seed_everything, set_precision
 
 logger = logging.getLogger("tsl")
@@ -86,8 +85,8 @@ class Exp_Basic:
         built = []  # a model that cannot be built stops every rank together, rank 0 saying why
         distributed.raise_on_every_rank(lambda: built.append(build_model(args)), on="all")
         # every nn.Dropout keyed by the sample (layers.dropout); metrics.json records which were exact
-        args.dropout_keyed = {}
-        report = DropoutReport(args.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
+        self.dropout_keyed = {}
+        report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
         self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
         forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
@@ -98,7 +97,7 @@ class Exp_Basic:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype == torch.float16)
         self.last_grad_norm = None  # of the last optimizer step, with --clip_grad
-        self.objective = objective_for(args)  # a probabilistic --loss (utils.probabilistic), or None
+        self.objective = args.objective  # a probabilistic --loss (utils.probabilistic), or None
 
     def allow_unused_parameters(self, dataset):
         """Under DDP or --accumulation_steps: one training

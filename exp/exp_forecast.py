@@ -77,7 +77,7 @@ class Exp_Forecast(Exp_Basic):
         return {"history": state.history, "stopped_epoch": state.history[-1]["epoch"] if state.history else 0,
                 "stopped_step": state.step, "best_vali_loss": state.stopper.best_loss,
                 "checkpoint": run.best_path, "train_windows": len(train_loader.dataset),
-                "optimizer_state_bytes": run.state_bytes}
+                "optimizer_state_bytes": run.state_bytes, "dropout_keyed": self.dropout_keyed}
 
     def train_epoch(self, loader, state, run=None):
         """Train through this epoch's global batches (a TrainLoader's steps) from position state.windows of

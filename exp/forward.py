@@ -5,7 +5,7 @@ next output_token_len steps of every input token while training and validating, 
 out test_pred_len steps at test time. Each function returns (prediction, truth) of the
 elements that are scored.
 
-A probabilistic --loss widens the model's horizon `width` times (exp.settings.widened); its output is read
+A probabilistic --loss widens the model's horizon `width` times (exp.settings.model_configs); its output is read
 back as `width` blocks of the horizon, and the prediction holds them last: [..., C, width], the objective's
 parameters of each scored element (utils.probabilistic). A rollout feeds back their median.
 """
@@ -17,7 +17,7 @@ import torch
 from data_provider.data_factory import split_numbering
 from layers import noise
 from utils.distributed import AgreedError
-from utils.probabilistic import objective_for, output_width, window_keys
+from utils.probabilistic import window_keys
 
 
 def forward(model, batch, args, stage, device):
@@ -61,12 +61,12 @@ def widened(args):
     """Whether the model's output is `width` blocks of the horizon, read back as [..., C, width]: under every
     probabilistic --loss, one block (a single quantile level) included; not for a model that forecasts its
     quantiles natively (its forward returns them as a last dimension of their own)."""
-    return objective_for(args) is not None and not getattr(args, "native_quantiles", None)
+    return args.objective is not None and not getattr(args, "native_quantiles", None)
 
 
 def direct_forward(model, batch, args, device):
     x, y, x_mark, y_mark = on_device(batch, device)
-    width = output_width(args)
+    width = args.width
     dec_inp, dec_mark = decoder_inputs(y, y_mark, args, width)
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), dec_inp, dec_mark), args)
     steps = args.pred_len * width
@@ -74,7 +74,7 @@ def direct_forward(model, batch, args, device):
         out = out[:, -steps:]
     if widened(args):
         out = blocks(out, width)
-    levels = objective_for(args) is not None  # [..., C, levels]: widened, or the model's own
+    levels = args.objective is not None  # [..., C, levels]: widened, or the model's own
     return target_channels(out, args, levels), target_channels(y[:, -args.pred_len:], args)
 
 
@@ -101,7 +101,7 @@ def token_forward(model, batch, args, stage, device):
     """Every input token predicts the next output_token_len steps; score them all,
     or only the last token with --last_token (always) / --valid_last (validation)."""
     x, y, x_mark, _ = on_device(batch, device)
-    token, out_len, width = args.input_token_len, args.output_token_len, output_width(args)
+    token, out_len, width = args.input_token_len, args.output_token_len, args.width
     out = forecast_of(model(x, _used("x_mark_enc", x_mark, args), None, None), args)
     batch_size, n_tokens = x.shape[0], x.shape[1] // token
     pred = out.reshape(batch_size, n_tokens, width * out_len, -1)
@@ -116,7 +116,7 @@ def token_forward(model, batch, args, stage, device):
 def rollout(model, batch, args, device):
     """Autoregressive test: feed predictions back until test_pred_len steps exist."""
     x, y, x_mark, y_mark = on_device(batch, device)
-    out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], output_width(args)
+    out_len, horizon, history, width = args.output_token_len, args.test_pred_len, x.shape[1], args.width
     levels = widened(args)
     steps = math.ceil(horizon / out_len)
     # step s reads the marks of its input rows, s * out_len onwards: the last step's input ends at
@@ -128,7 +128,7 @@ def rollout(model, batch, args, device):
         nxt = forecast_of(model(x, window_marks, None, None), args)[:, -out_len * width:]
         nxt = blocks(nxt, width) if levels else nxt
         preds.append(nxt)
-        x = torch.cat([x[:, out_len:], objective_for(args).point(nxt).to(x.dtype) if levels else nxt], dim=1)
+        x = torch.cat([x[:, out_len:], args.objective.point(nxt).to(x.dtype) if levels else nxt], dim=1)
     pred = torch.cat(preds, dim=1)[:, :horizon]
     return target_channels(pred, args, levels), target_channels(y, args)
 

@@ -15,13 +15,14 @@ from data_provider.data_factory import data_provider, prepared_data, split_numbe
 from data_provider.m4 import M4
 from exp.forward import forward, on_device
 from exp.scoring import some, zero_scales
+from exp.settings import Run
 from exp.steps import tensorboard_problem
 from utils import distributed, m4, plots
 from utils.checkpoint import checkpoint_path, loaded_weights, require_writable, writable_dir_problem
 from utils.errors import require
 from utils.files import append_line, atomic_write, remove_stale_temporaries
 from utils.metrics import COVERAGE_INTERVALS, ErrorSums, seasonality
-from utils.probabilistic import objective_for, window_keys
+from utils.probabilistic import window_keys
 from utils.tools import eval_mode
 
 logger = logging.getLogger("tsl")
@@ -173,10 +174,10 @@ def _record(args, setting, metrics, training):
                       history=training["history"],
                       train_windows=training["train_windows"],  # after --subset_rand_ratio
                       optimizer_state_bytes=training["optimizer_state_bytes"])  # per rank
-        record["dropout_keyed"] = getattr(args, "dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
+        record["dropout_keyed"] = training.get("dropout_keyed", {})  # each nn.Dropout: masks keyed by the sample?
     # the weights tested: their file's sha256 and, where known, the epoch and step that saved them
     record["weights"] = loaded_weights()
-    record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v)}
+    record["args"] = {k: v for k, v in vars(args).items() if _jsonable(v) and k not in Run.RUN_FIELDS}
     return _nulls_for_non_finite(record)  # e.g. a diverged epoch's NaN loss in the history
 
 
@@ -351,7 +352,7 @@ def draw_forecasts(exp, setting, n_windows=4):
     quantiles = _quantiles(args, pred, "test", numbers[picks])
     bands = {}
     if quantiles is not None:
-        levels = objective_for(args).levels
+        levels = args.objective.levels
         target = to_original(quantiles[..., -1:, :].movedim(-1, 0))[..., 0].cpu()  # [L, windows, horizon]
         pred = quantiles[..., levels.index(0.5)]
         bands = {name[-2:]: (target[levels.index(lo)].tolist(), target[levels.index(hi)].tolist())
@@ -400,7 +401,7 @@ def _predict_on_main(exp, setting, data, written):
     pred, _ = _forecast(exp, dataset.__getitems__([0]))
     to_original = OriginalScale(data.scaler, exp.device)
     quantiles = _quantiles(args, pred, "future", [0])
-    levels = () if quantiles is None else objective_for(args).levels
+    levels = () if quantiles is None else args.objective.levels
     if quantiles is not None:
         pred = quantiles[..., levels.index(0.5)]  # the median: equal to its q0.5 column
     forecast = to_original(pred)[0].cpu().numpy()  # len(index) rows, float64
@@ -425,7 +426,7 @@ def _predict_on_main(exp, setting, data, written):
 def _quantiles(args, pred, split, numbers):
     """A probabilistic run's [B, P, C, L] quantiles of its parameters `pred` (sampled ones from the windows'
     keys, window_keys(seed, split, numbers): what the scoring draws); None for a point run."""
-    objective = objective_for(args)
+    objective = args.objective
     if objective is None:
         return None
     keys = window_keys(args.seed, split, numbers) if objective.samples else None

@@ -16,7 +16,7 @@ from data_provider.data_factory import prepared_data, split_numbering, window_fo
 from utils import distributed
 from utils.errors import require
 from utils.metrics import ProbabilisticSums, seasonal_error, seasonality, squared_seasonal_error
-from utils.probabilistic import objective_for, window_keys
+from utils.probabilistic import window_keys
 
 logger = logging.getLogger("tsl")
 
@@ -87,7 +87,7 @@ class ProbabilisticScoring:
 
     def __init__(self, args, dataset, device, transform=None):
         self.args, self.device = args, device
-        self.objective = objective_for(args)
+        self.objective = args.objective  # the run's, built once (exp.settings.settle)
         self.median = self.objective.levels.index(0.5)
         self.numbers, _ = split_numbering(dataset)  # keys and scales follow the window's number in the split
         self.scales = _on(series_scales(args), device)

@@ -132,7 +132,7 @@ class MarkReader(torch.nn.Module):
 @pytest.mark.parametrize("horizon", [48, 60, 100])
 def test_rollout_gives_each_step_the_marks_of_its_input_rows(horizon):
     exp = make_experiment(make_args(*TIMERXL, "--test_pred_len", horizon))
-    exp.args.model_inputs = ("x_enc", "x_mark_enc")
+    exp.args = exp.args.replace(model_inputs=("x_enc", "x_mark_enc"))
     dataset, _ = data_provider(exp.args, "test")
     x, y, x_mark, y_mark = batch = dataset.__getitems__([0, 3])
     model = MarkReader()

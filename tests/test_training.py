@@ -161,7 +161,7 @@ def test_a_non_finite_validation_loss_stops_the_run_saying_why(fp16):
     from utils.errors import UserError
 
     exp = make_experiment(make_args("--synthetic_rows", 1500))
-    exp.args.use_amp, exp.args.amp_dtype = fp16, "fp16" if fp16 else "bf16"  # the message reads the arguments
+    exp.args = exp.args.replace(use_amp=fp16, amp_dtype="fp16" if fp16 else "bf16")  # the message reads them
     with torch.no_grad():
         next(exp.raw_model.parameters()).fill_(float("nan"))
     loaders = [data_provider(exp.args, flag)[1] for flag in ("val", "test")]

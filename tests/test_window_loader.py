@@ -91,7 +91,7 @@ def test_loader_skips_time_features_of_a_model_that_reads_none():
     exp = make_experiment(make_args("--model", "DLinear", "--batch_size", 8, "--synthetic_rows", 1200))
     assert exp.args.model_inputs == ("x_enc",)
     lean = next(iter(data_provider(exp.args, "val")[1]))
-    exp.args.model_inputs = ("x_enc", "x_mark_enc", "x_dec", "x_mark_dec")
+    exp.args = exp.args.replace(model_inputs=("x_enc", "x_mark_enc", "x_dec", "x_mark_dec"))
     full = next(iter(data_provider(exp.args, "val")[1]))
     assert lean[2] is None and lean[3] is None and full[2].shape[-1] > 0
     for a, b in zip(lean[:2], full[:2]):

@@ -370,17 +370,40 @@ def parser_defaults():
     return vars(build_parser().parse_args([]))
 
 
+class _Ungiven:
+    """The value every argument holds until the command line gives it one (parse_args)."""
+
+    def __repr__(self):
+        return "<not given>"
+
+
+_UNGIVEN = _Ungiven()
+
+
 def parse_args(argv=None):
-    # OpenLTM's scripts pass arguments of its models that are not here (--gpt_layers, --flash_attention, ...):
-    # keep them aside for one warning instead of failing. Any other unknown argument is an error naming the
-    # closest one: a misspelt --learning_rate must not train the default. Our own arguments keep their type checks.
+    """The command line's arguments, each default filled in, with `given`: the names (dest) of those the command
+    line gave, whatever their value, as the parse itself saw them.
+
+    OpenLTM's scripts pass arguments of its models that are not here (--gpt_layers, --flash_attention, ...):
+    they are kept aside for one warning instead of failing. Any other unknown argument is an error naming the
+    closest one: a misspelt --learning_rate must not train the default. Our own arguments keep their type checks."""
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    defaults = {}
+    for action in parser._actions:
+        if action.dest != argparse.SUPPRESS and action.default is not argparse.SUPPRESS:
+            defaults.setdefault(action.dest, action.default)
+    # argparse fills a default only where the namespace holds nothing: what still holds _UNGIVEN was not given
+    args, unknown = parser.parse_known_args(argv, argparse.Namespace(**dict.fromkeys(defaults, _UNGIVEN)))
+    given = frozenset(name for name, value in vars(args).items() if value is not _UNGIVEN)
+    for name, default in defaults.items():
+        if getattr(args, name) is _UNGIVEN:
+            setattr(args, name, default)
     problem = unknown_argument_problem(unknown, [o for action in parser._actions for o in action.option_strings])
     if problem:
         parser.fail(problem)
     args.ignored_args = unknown + _unused_here(args)
-    return args  # exp.settings.resolve_args fills what other arguments and the data decide, --model's spelling too
+    args.given = given
+    return args  # exp.settings.resolve_args settles the run: what other arguments and the data decide
 
 
 def _unused_here(args):
