@@ -260,7 +260,7 @@ def _nulls_for_non_finite(value):
 def save_window_errors(args, setting, errors, numbers, scoring=None):
     """window_errors.csv (rank 0; save_results writes it): each test window's MSE and MAE, in test order, so metrics over
     any subset of windows (e.g. what a loader with drop_last=True would have scored:
-    benchmarks/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
+    lab/drop_last_effect.py) need no second evaluation. `numbers`: each window's number in
     the test split (0, 1, 2, ... unless --test_windows scored a subset). A probabilistic run's `scoring`
     adds each window's sums of its metrics (ProbabilisticSums' window_sums; exp.scoring.subset_metrics reads them back),
     written to every digit."""
