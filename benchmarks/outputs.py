@@ -7,11 +7,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def add_output_arguments(parser, table, workdir):
-    """--out (default results/<table>), --overwrite and, unless `workdir` is None, --workdir (default `workdir`)."""
+def add_output_arguments(parser, table, workdir, results=RESULTS):
+    """--out (default `results`/<table>: benchmarks/results/, or lab/results/ for a lab script), --overwrite and,
+    unless `workdir` is None, --workdir (default `workdir`)."""
     if workdir is not None:
         parser.add_argument("--workdir", default=workdir, help="scratch folder, emptied first and removed after")
-    parser.add_argument("--out", default=str(RESULTS / table))
+    parser.add_argument("--out", default=str(Path(results) / table))
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
 

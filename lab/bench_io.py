@@ -148,7 +148,7 @@ def main():
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--span", type=int, default=120, help="points per window (seq_len + output tokens)")
     parser.add_argument("--rounds", type=int, default=3)
-    add_output_arguments(parser, "bench_io.md", "/tmp/bench_io")
+    add_output_arguments(parser, "bench_io.md", "/tmp/bench_io", REPO / "lab" / "results")
     options, work = parse_with_outputs(parser)
     try:
         write_sources(work / "sources", options.points)
