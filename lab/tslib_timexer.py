@@ -23,6 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from lab.tslib_layers import tslib_modules  # noqa: E402
 from models.TimeXer import Model  # noqa: E402
+from utils.errors import UserError  # noqa: E402
 
 # (features, channels, time features, e_layers, d_model, heads, seq_len, patch_len)
 CONFIGS = [("M", 7, 4, 2, 32, 4, 96, 16), ("MS", 7, 4, 1, 64, 8, 96, 16), ("MS", 3, 0, 2, 16, 2, 50, 8),
@@ -87,4 +88,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as error:
+        sys.exit(f"error: {error}")
