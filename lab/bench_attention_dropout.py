@@ -9,7 +9,7 @@ a fresh process:
 
 - `keyed`: what the CPU runs in training (layers.dropout.KeyedDropout.attend): layers.keyed_attention, the
   weights formed a query block of a sample at a time, bool masks from layers.dropout's keyed draws, drawn
-  again in backward (before issue 43: [B, H, S, S] formed whole with a float32 mask, 436 MiB here);
+  again in backward (formed whole instead, [B, H, S, S] with a float32 mask, it took 436 MiB here);
 - `per_sample`: what a GPU runs: PyTorch's scaled_dot_product_attention with dropout_p, once per sample
   under the sample's seed (on a GPU the flash or memory-efficient kernel; on the CPU its math path);
 - `fused`: masks from the global generator, one scaled_dot_product_attention call with dropout_p

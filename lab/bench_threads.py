@@ -1,4 +1,4 @@
-"""Torch threads on an idle machine and beside busy processes (issue 43 item 10): seconds per DLinear epoch.
+"""Torch threads on an idle machine and beside busy processes: seconds per DLinear epoch.
 
     python lab/bench_threads.py                  # the table to results/bench_threads_cpu.md
     python lab/bench_threads.py --rounds 1 --max_batches 40
