@@ -35,6 +35,7 @@ METRICS = {"MSE[mean]": metrics_.MSE_MEAN, "MSE[0.5]": metrics_.MSE, "MAE[0.5]":
 COLUMNS = tuple(METRICS)
 EXTRA = {"SQL": metrics_.sql(LEVELS)}  # in each configuration's record, not all_results.csv (GIFT-Eval's columns)
 FIELDS = ("count", *(name for name in metrics_.sum_names([*METRICS.values(), *EXTRA.values()]) if name != "count"))
+SUMS = metrics_.sums_of(FIELDS[1:], LEVELS)  # what each window adds up ("count" is its labels')
 
 
 def seasonal_errors(histories, season):
@@ -73,34 +74,32 @@ def window_sums(label, mean, quantiles, scale):
         mean = median if mean is None else np.asarray(mean, np.float64)
     else:
         median = mean = np.asarray(mean, np.float64)
-
-    def total(values, where=ok):
-        return np.where(where, values, 0.0).sum(1)
-
-    def count(where):
-        return (where & ok).sum(1).astype(np.float64)
-
-    err = np.abs(y0 - median)
     scale = np.asarray(scale, np.float64)[:, None]
-    scaled = (scale != 0) & ok
-    safe = np.where(scale != 0, scale, 1.0)
-    sape_terms, sape_ok = metrics_.sape(y0, median)
-    ape_terms, ape_ok = metrics_.ape(y0, median)
-    parts = {"count": ok.sum(1).astype(np.float64), "sq_mean": total((y0 - mean) ** 2), "sq": total(err ** 2),
-             "abs": total(err), "abs_label": total(np.abs(y0)),
-             "masked_ape": total(ape_terms, ok & ape_ok), "masked_ape_count": count(ape_ok),
-             "sape": total(sape_terms, ok & sape_ok), "sape_count": count(sape_ok),
-             "ase": total(err / safe, scaled), "ase_count": count(scale != 0)}
     if quantiles is None:
-        parts.update({name: np.full(len(y), np.nan) for name in FIELDS if name not in parts})
+        e = metrics_.Elements(y0, median, mean=mean, scale=scale)
     else:
-        lower, upper = tail_quantiles(q)
-        score = metrics_.interval_score(y0, lower, upper, MSIS_ALPHA)
-        parts.update(interval_score=total(score / safe, scaled), interval_score_count=count(scale != 0))
-        losses = [metrics_.quantile_loss(y0, q[:, i], tau) for i, tau in enumerate(LEVELS)]
-        parts.update({f"ql{tau}": total(loss) for tau, loss in zip(LEVELS, losses)})
-        parts["sql"] = total(np.mean(losses, axis=0) / safe, scaled)
+        e = metrics_.Elements(y0, median, np.moveaxis(q, 1, -1), np.array(LEVELS), LEVELS, LEVELS, mean=mean,
+                              scale=scale, low=(ends := tail_quantiles(q))[0], high=ends[1], alpha=MSIS_ALPHA)
+    parts = {"count": ok.sum(1).astype(np.float64)}
+    for definition in SUMS:
+        if not definition.available(e):  # a point forecast's quantile sums
+            parts.update(dict.fromkeys(definition.names, np.full(len(y), np.nan)))
+            continue
+        values = definition.term(e)
+        if definition.family:
+            parts.update((name, _total(values[..., i], ok)) for i, name in enumerate(definition.names))
+        elif isinstance(values, tuple):  # (values, where): counted only where
+            parts[definition.name] = _total(values[0], ok & values[1])
+        elif values.dtype == bool:  # a count
+            parts[definition.name] = (values & ok).sum(1).astype(np.float64)
+        else:
+            parts[definition.name] = _total(values, ok)
     return np.stack([parts[name] for name in FIELDS], axis=1)
+
+
+def _total(values, where):
+    """[B]: each window's sum of the values where `where` (a missing label's step counts in no sum)."""
+    return np.where(where, values, 0.0).sum(1)
 
 
 def metrics(rows):

@@ -1,13 +1,19 @@
 """Forecast metrics, each defined once, and their sums, so they can be added up across ranks exactly.
 
-A metric is a `Metric`: its name, the per-window sums it reads (by name), and its formula from them. A sum is a
-`Sum`: its name and its per-element term (the formulas below, written once for torch tensors and NumPy arrays
-alike). Each window contributes its own float64 sums; sums add across batches, ranks and windows, and one
-all_reduce of them gives the metrics of the whole set, identical to a single-process evaluation. The run's
-`ErrorSums` (point forecasts) and `ProbabilisticSums` (quantile forecasts: WQL, MASE, sMAPE, MSIS, SQL, RMSSE,
-coverage, as gluonts and fev score them), GIFT-Eval's columns (benchmarks/gift_eval_scores.py) and M4's summary
-(utils/m4.py) all read these definitions. Adding a metric: its term and `Sum` (if it needs a new sum) and its
-`Metric` here, then its name in PROBABILISTIC_METRICS (or the caller's list).
+Three kinds of object, each written once, for torch tensors and NumPy arrays alike:
+- an element formula (quantile_loss, sape, ape, interval_score, covered, seasonal_naive_error);
+- a `Sum`: a per-window sum by name (a window_errors.csv column) and its term, each element's value from a
+  batch's `Elements` (truths, median, quantiles, scales);
+- a `Metric`: its name, the sums it reads (by name) and its formula from them.
+Each window contributes its own float64 sums; sums add across batches, ranks and windows, and one all_reduce of
+them gives the metrics of the whole set, identical to a single-process evaluation. The run's `ErrorSums` (point
+forecasts) and `ProbabilisticSums` (quantile forecasts: WQL, sMAPE, MASE, MSIS, coverage, SQL, RMSSE, as gluonts
+and fev score them), GIFT-Eval's columns (benchmarks/gift_eval_scores.py) and M4's summary (utils/m4.py: the
+formulas and the seasonal error; M4's own means) all read these definitions.
+
+Adding a probabilistic metric: its element formula, its `Sum` in SUMS (if it needs a sum not there) and its
+`Metric` in probabilistic_metrics, all here; ProbabilisticSums computes, reduces, keeps per window and reports it,
+and a GIFT-Eval column is one entry of gift_eval_scores.METRICS.
 """
 import math
 import re
@@ -87,6 +93,108 @@ def ratio(total, count):
     return total / count
 
 
+# ---------------------------------------------------------------- the per-window sums, one object each
+
+class Elements:
+    """What one batch of windows gives the sums' terms, as torch tensors (the run: y [B, P, C], quantiles
+    [B, P, C, L]) or NumPy arrays (GIFT-Eval: y [B, P], quantiles [B, P, L]): the truths y, the median, the
+    forecast's mean (the median if none), the quantiles at `levels` with their levels `tau` (an array in the
+    quantiles' dtype), `scale` and `sq_scale` (each window's seasonal errors, broadcasting against y), MSIS's
+    interval ends `low`, `high` at `alpha`, and the levels `wql_levels` WQL and SQL average over. What a batch
+    lacks is None, and the sums that need it are not computed (Sum.needs)."""
+
+    def __init__(self, y, median, quantiles=None, tau=(), levels=(), wql_levels=(), mean=None, scale=None,
+                 sq_scale=None, low=None, high=None, alpha=None):
+        self.y, self.median, self.q, self.tau, self.levels = y, median, quantiles, tau, tuple(levels)
+        self.mean = median if mean is None else mean
+        self.wql_index = [self.levels.index(level) for level in wql_levels]
+        self.scale, self.sq_scale, self.low, self.high, self.alpha = scale, sq_scale, low, high, alpha
+        self._cache = {}
+
+    def has(self, need):
+        return getattr(self, {"quantiles": "q", "interval": "low"}.get(need, need)) is not None
+
+    def once(self, key, make):
+        """make(), computed once per batch (terms that several sums share)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    @property
+    def abs_err(self):
+        """|y - median| of each element."""
+        return self.once("abs_err", lambda: abs(self.y - self.median))
+
+    @property
+    def quantile_losses(self):
+        """[..., L]: each level's quantile loss of each element."""
+        y = self.y.unsqueeze(-1) if torch.is_tensor(self.y) else self.y[..., None]
+        return self.once("ql", lambda: quantile_loss(y, self.q, self.tau))
+
+    @property
+    def scaled(self):
+        """Whether each element's series has a seasonal error other than 0 (gluonts leaves the others out)."""
+        return self.once("scaled", lambda: self.scale != 0)
+
+    @property
+    def scaled_elements(self):
+        """`scaled` broadcast to every element (what a count adds up)."""
+        return self.once("scaled_elements", lambda: self.scaled.expand(self.y.shape) if torch.is_tensor(self.y)
+                          else np.broadcast_to(self.scaled, self.y.shape))
+
+    def per_scale(self, values, scale=None):
+        """values / scale where the series is scaled, 0 elsewhere: (values / the safe scale, where)."""
+        scale = self.scale if scale is None else scale
+        return values / _where(scale != 0, scale, 1), self.scaled_elements
+
+
+class Sum:
+    """One per-window sum: `name` (a window_errors.csv column), `term(e)` (each element's value from the batch's
+    Elements: an array, a boolean array to count, or (values, where) for values counted only where `where`), and
+    `needs` (what of a batch it reads beyond y and the median: quantiles, scale, sq_scale, interval). A family
+    (`names`, a term ending in a dimension of len(names)) is one sum per name, computed at once."""
+
+    def __init__(self, name, term, needs=(), names=None):
+        self.name, self.term, self.needs, self.names = name, term, tuple(needs), names or (name,)
+        self.family = names is not None
+
+    def available(self, e):
+        return all(e.has(need) for need in self.needs)
+
+
+def quantile_loss_sums(levels):
+    """ql<level>: each level's quantile loss, summed (WQL's numerators), one family."""
+    return Sum("quantile losses", lambda e: e.quantile_losses, ("quantiles",), names=_quantile_sums(levels))
+
+
+def coverage_sum(name, low, high):
+    """`name`: how many elements lie between the quantiles at levels `low` and `high`."""
+    return Sum(name, lambda e: covered(e.y, e.q[..., e.levels.index(low)], e.q[..., e.levels.index(high)]),
+               ("quantiles",))
+
+
+SUMS = {s.name: s for s in (
+    Sum("abs_label", lambda e: abs(e.y)),
+    Sum("sq", lambda e: e.abs_err ** 2),
+    Sum("sq_mean", lambda e: (e.y - e.mean) ** 2),
+    Sum("abs", lambda e: e.abs_err),
+    Sum("masked_ape", lambda e: e.once("ape", lambda: ape(e.y, e.median))),
+    Sum("masked_ape_count", lambda e: e.once("ape", lambda: ape(e.y, e.median))[1]),
+    Sum("sape", lambda e: e.once("sape", lambda: sape(e.y, e.median))),
+    Sum("sape_count", lambda e: e.once("sape", lambda: sape(e.y, e.median))[1]),
+    Sum("ase", lambda e: e.per_scale(e.abs_err), ("scale",)),
+    Sum("ase_count", lambda e: e.scaled_elements, ("scale",)),
+    Sum("interval_score", lambda e: e.per_scale(interval_score(e.y, e.low, e.high, e.alpha)), ("scale", "interval")),
+    Sum("interval_score_count", lambda e: e.scaled_elements, ("scale", "interval")),
+    Sum("sql", lambda e: e.per_scale(e.quantile_losses[..., e.wql_index].mean(-1)), ("quantiles", "scale")),
+    Sum("sse", lambda e: e.per_scale((e.y - e.median) ** 2, e.sq_scale), ("scale", "sq_scale")),
+)}
+
+
+def _quantile_sums(levels):
+    return tuple(f"ql{level}" for level in levels)
+
+
 # ---------------------------------------------------------------- the metrics, one object each
 
 class Metric:
@@ -103,10 +211,6 @@ class Metric:
 
     def __repr__(self):
         return f"Metric({self.name!r}, sums={list(self.sums)})"
-
-
-def _quantile_sums(levels):
-    return tuple(f"ql{level}" for level in levels)
 
 
 def wql(levels):
@@ -165,6 +269,14 @@ def probabilistic_metrics(wql_levels, msis_alpha, intervals=()):
 def sum_names(metrics):
     """Every sum the metrics read, each once, in the order they first appear."""
     return list(dict.fromkeys(name for metric in metrics for name in metric.sums))
+
+
+def sums_of(names, levels=(), intervals=None):
+    """The Sum objects that compute `names` (a family once): SUMS', the quantile losses at `levels`, and the
+    coverage counts of `intervals` ({name: (low, high)})."""
+    known = {**{name: quantile_loss_sums(levels) for name in _quantile_sums(levels)},
+             **{name: coverage_sum(name, *ends) for name, ends in (intervals or {}).items()}, **SUMS}
+    return list({id(known[name]): known[name] for name in names}.values())
 
 
 
@@ -382,7 +494,8 @@ class ProbabilisticSums:
         # every level's quantile loss is kept (window_errors.csv holds them), whichever levels WQL and SQL read
         window_fields = sum_names([Metric("quantile losses", ("count", "abs_label", *_quantile_sums(levels)), None),
                                    *self.metric_objects])
-        self._summed = window_fields[1:]  # what update adds up per window, by name
+        self._summed = window_fields[1:]  # what update adds up per window, by name ("count" is the elements')
+        self._sums = sums_of(self._summed, levels, {name: COVERAGE_INTERVALS[name] for name in self._intervals})
         self._fields = (*_COUNTERS, *window_fields)
         self.sums = dict.fromkeys(self._fields, 0.0)
         self._pending = []  # per batch, a float64 tensor of the sums of _summed: no host sync in the loop
@@ -404,32 +517,26 @@ class ProbabilisticSums:
         tau = self._tau.get((q.dtype, q.device))
         if tau is None:  # made once per dtype and device: no host-to-device copy per batch
             tau = self._tau[(q.dtype, q.device)] = torch.tensor(self.levels, dtype=q.dtype, device=q.device)
-        ql = quantile_loss(true.unsqueeze(-1), q, tau)  # [B, P, C, L]
-        abs_err = (true - median).abs()
-        sape_terms, smape_ok = sape(true, median)
-        parts = {"abs_label": _window_sums(true.abs()),
-                 **dict(zip((f"ql{level}" for level in self.levels), _window_sums(ql).unbind(-1))),
-                 "sape": _window_sums(torch.where(smape_ok, sape_terms, 0)), "sape_count": _window_sums(smape_ok)}
-        for name, (lo, hi) in self._intervals.items():
-            parts[name] = _window_sums(covered(true, q[..., lo], q[..., hi]))
         if scale is not None:
             if tuple(scale.shape) != (windows, true.shape[2]):
                 raise ValueError(f"scale {tuple(scale.shape)} is not [B, C] = {(windows, true.shape[2])}")
             scale = scale.to(device=true.device, dtype=torch.float64)[:, None, :]  # [B, 1, C]
-            scaled = (scale != 0).expand(true.shape)
-            safe = torch.where(scale != 0, scale, 1)
-            parts.update(ase=_window_sums(torch.where(scaled, abs_err / safe, 0)), ase_count=_window_sums(scaled),
-                         sql=_window_sums(torch.where(scaled, ql[..., self._wql_index].mean(-1) / safe, 0)))
-            if self._msis_ends is not None:
-                score = interval_score(true, q[..., self._msis_ends[0]], q[..., self._msis_ends[1]], self.msis_alpha)
-                parts.update(interval_score=_window_sums(torch.where(scaled, score / safe, 0)),
-                             interval_score_count=_window_sums(scaled))
             if sq_scale is not None:
                 sq_scale = sq_scale.to(device=true.device, dtype=torch.float64)[:, None, :]
-                parts["sse"] = _window_sums(torch.where(scaled, (true - median).square()
-                                                        / torch.where(sq_scale != 0, sq_scale, 1), 0))
         elif sq_scale is not None:
             raise ValueError("sq_scale needs scale: RMSSE leaves out the elements whose seasonal error is 0")
+        ends = self._msis_ends or (None, None)
+        e = Elements(true, median, q, tau, self.levels, self.wql_levels, scale=scale, sq_scale=sq_scale,
+                     low=None if ends[0] is None else q[..., ends[0]], high=None if ends[1] is None else q[..., ends[1]],
+                     alpha=self.msis_alpha)
+        parts = {}
+        for definition in self._sums:
+            if definition.available(e):
+                values = definition.term(e)
+                if isinstance(values, tuple):  # (values, where): counted only where
+                    values = torch.where(values[1], values[0], 0)
+                sums = _window_sums(values)
+                parts.update(zip(definition.names, sums.unbind(-1) if definition.family else [sums]))
         # each window's sums first, then float64 across windows: a window's part does not depend
         # on which batch or rank it landed in; a sum this batch cannot give (no scale) is 0
         zero = torch.zeros(windows, dtype=torch.float64, device=true.device)
