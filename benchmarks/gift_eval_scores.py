@@ -17,6 +17,11 @@ Each window's sums are float64 sums over its own steps; a configuration's total 
 which is correctly rounded whatever the order, so the result does not depend on how windows were batched or
 shared out across processes (utils.metrics.ProbabilisticSums adds float64 window sums in order instead, and
 has neither the NaN mask nor the extrapolated MSIS interval).
+
+The formulas, the sums and the metrics are utils.metrics' (Sum, Metric): the run's objects, under GIFT-Eval's
+column names (METRICS); what is GIFT-Eval's own here is the NaN mask, the tail quantiles and fsum. Each
+configuration's record also carries SQL (fev's scaled quantile loss over the nine levels, EXTRA), which
+all_results.csv, in GIFT-Eval's columns, does not.
 """
 import math
 

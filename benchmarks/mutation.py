@@ -49,8 +49,8 @@ TARGETS = {
     "utils/ddp.py": ["test_distributed.py", "test_failing_ranks.py", "test_training.py", "test_process_lifecycle.py",
                      "test_scaling.py", "test_zero.py", "test_unused_parameters.py"],
     "utils/worker.py": ["test_failing_ranks.py", "test_process_lifecycle.py", "test_slurm.py"],
-    "utils/metrics.py": ["test_distributed.py", "test_exactness_cli.py", "test_results_files.py",
-                         "test_failing_ranks.py", "test_probabilistic_metrics.py", "test_m4.py"],
+    "utils/metrics.py": ["test_probabilistic_metrics.py", "test_distributed.py", "test_exactness_cli.py",
+                         "test_results_files.py", "test_failing_ranks.py", "test_m4.py", "test_gift_eval.py"],
     "utils/probabilistic.py": ["test_probabilistic.py", "test_world_size_invariance.py"],
     "utils/checkpoint.py": ["test_cli.py", "test_run_identity.py", "test_openltm_checkpoints.py", "test_steps.py",
                             "test_resume_and_restart.py", "test_bad_input.py"],
@@ -79,7 +79,7 @@ EQUIVALENT = {
     "exp/outputs.py:294:core/NumberReplacer":
         "`[0]` -> `[-1]` on the forecast of predict's batch: the batch is the one window of future_input "
         "(see exp/outputs.py:293 below), so its first and last rows are the same",
-    "utils/metrics.py:253:core/ReplaceComparisonOperator_GtE_NotEq":
+    "utils/metrics.py:365:core/ReplaceComparisonOperator_GtE_NotEq":
         "`pred.dim() >= 2` -> `!= 2` in batch_loss's layout choice: as for the USub mutant of that line, the "
         "layout only decides which contiguous copy the mean runs over; the same elements are averaged",
     "data_provider/permutation.py:89:core/NumberReplacer":
@@ -93,7 +93,7 @@ EQUIVALENT = {
     "data_provider/data_factory.py:51:core/ReplaceFalseWithTrue":
         "the data fingerprint reads only len() of each split's windows; with_marks decides whether batches "
         "carry time features, not how many windows there are",
-    "utils/metrics.py:253:core/ReplaceUnaryOperator_USub_UAdd":
+    "utils/metrics.py:365:core/ReplaceUnaryOperator_USub_UAdd":
         "`pred.transpose(-1, -2)` -> `transpose(-1, +2)` in the layout test of batch_loss: the test only picks "
         "the contiguous layout for speed (a 3-D pred then keeps its strided one; for 4-D the two are the same "
         "swap); the loss is the mean over the same elements in either layout (to float32 rounding of the summation order)",
