@@ -1,13 +1,13 @@
 """The released foundation models against their official packages: agreement of the quantile forecasts at the
 released configurations' shapes (random weights in the released layout) and zero-shot speed side by side.
 
-    python benchmarks/foundation_crosscheck.py --models ChronosBolt,Chronos2,TimesFM25,TiRex
-    python benchmarks/foundation_crosscheck.py --models TiRex --skip_speed
+    python benchmarks/foundation_crosscheck.py                       # every release whose package is installed
+    python benchmarks/foundation_crosscheck.py --models NAME[,NAME] --skip_speed   # --model names
 
 Each release's checks live in its folder, models/foundation/<release>/crosscheck.py, as `crosscheck()` and
 `speed()`, each returning markdown lines (the side environment each needs is in its docstring); this driver runs
-them where the package is installed and writes
-benchmarks/results/foundation_<Name>.md (the figures docs/foundation.md quotes).
+them where the package is installed and writes benchmarks/results/foundation_<Name>.md (the figures each
+release's README.md quotes).
 """
 import argparse
 import importlib
@@ -17,11 +17,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODULES = {"ChronosBolt": "chronos_bolt", "Chronos2": "chronos2", "TimesFM25": "timesfm25"}
-MODULES["TimerBase"] = "timer_base"  # issue 40: run in /work/venvs/timer (transformers 4.40.1; recreate: benchmarks/foundation/timer_base.py)
-MODULES["Moirai2"] = "moirai2"  # issue 40: run in /work/venvs/uni2ts (official uni2ts 2.0.0 without its pins; recreate: benchmarks/foundation/moirai2.py)
-MODULES["TimeMoE"] = "time_moe"  # issue 40: run in /work/venvs/timemoe (transformers 4.40.1 + Time-MoE's own code; recreate: benchmarks/foundation/time_moe.py)
-MODULES["Sundial"] = "sundial"  # issue 40: run in /work/venvs/sundial (transformers 4.40.1; recreate: benchmarks/foundation/sundial.py)
 
 
 def crosscheck_modules():
@@ -29,9 +24,8 @@ def crosscheck_modules():
     sys.path.insert(0, str(REPO))
     from models import model_files
 
-    found = {name: ".".join(path.parent.relative_to(REPO).parts) + ".crosscheck"
-             for name, path in model_files().items() if (path.parent / "crosscheck.py").is_file()}
-    return {**{name: f"benchmarks.foundation.{module}" for name, module in MODULES.items()}, **found}
+    return {name: ".".join(path.parent.relative_to(REPO).parts) + ".crosscheck"
+            for name, path in model_files().items() if (path.parent / "crosscheck.py").is_file()}
 
 
 def main(argv=None):

@@ -46,7 +46,7 @@ class ModelForecaster:
     def _built(self, horizon):
         from exp.settings import build_model, resolve_args
         from utils.arguments import parse_args
-        from utils.checkpoint import load_weights
+        from exp.export import load_weights
 
         if horizon not in self.models:
             extra = [] if self.fixed_horizon else ["--pred_len", str(horizon)]

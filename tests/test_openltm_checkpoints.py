@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from exp.export import main as checkpoint_main
+from exp.export import load_weights, main as checkpoint_main
 from helpers import SMALL_TIMERXL, assert_ok, assert_one_error_line, output_args, records, run_cli
 from models.foundation import export_formats
 from models.Timer import Model as Timer
 from models.TimerXL import Model as TimerXL
 from utils import openltm
-from utils.checkpoint import known_layouts, load_weights, save_atomic, weights_for
+from utils.checkpoint import known_layouts, save_atomic, weights_for
 from utils.errors import UserError
 
 OURS = {"TimerXL": TimerXL, "Timer": Timer}
@@ -334,7 +334,7 @@ def test_run_py_refuses_a_model_we_lack_in_one_line(tmp_path):
 
 
 def test_timemoes_release_given_to_timerxl_is_named_with_model_timemoe(tmp_path):
-    """Maple728/TimeMoE-*'s weights are --model TimeMoE's (utils/time_moe.py): given to TimerXL they are named and
+    """Maple728/TimeMoE-*'s weights are --model TimeMoE's (models/foundation/time_moe/adapter.py): given to TimerXL they are named and
     refused in one line that says which model reads them."""
     save_atomic(_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), tmp_path / "c.pth")
     with pytest.raises(UserError) as refused:
@@ -349,7 +349,7 @@ SUNDIAL = {**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),
 
 
 def test_run_py_refuses_sundials_release_for_timerxl_naming_model_sundial(tmp_path):
-    """thuml/sundial-base-128m's weights are --model Sundial's (utils/sundial.py): given to TimerXL they are named
+    """thuml/sundial-base-128m's weights are --model Sundial's (models/foundation/sundial/adapter.py): given to TimerXL they are named
     and refused in one line that says which model reads them."""
     save_atomic(SUNDIAL, tmp_path / "sundial.pth")
     proc = run_cli(tmp_path, *RUN, "--train_epochs", 1, "--adaptation", "--pretrain_model_path",
@@ -362,7 +362,7 @@ def test_run_py_refuses_sundials_release_for_timerxl_naming_model_sundial(tmp_pa
 
 # ------------------------------------------------------------ safetensors and Hugging Face folders
 def test_a_hugging_face_timer_folder_is_refused_by_timer_pointing_to_timerbase(tmp_path):
-    """thuml/timer-base-84m's folder is --model TimerBase's (utils/timer_hf.py); given to our Timer it is named and
+    """thuml/timer-base-84m's folder is --model TimerBase's (models/foundation/timer_base/adapter.py); given to our Timer it is named and
     refused in one line that says which model reads it."""
     safetensors = pytest.importorskip("safetensors.torch")
     folder = tmp_path / "timer-base-84m"

@@ -371,7 +371,7 @@ def test_every_file_a_run_or_a_corpus_build_writes_has_the_umasks_mode(tmp_path,
 
 
 def _export_every_release_folder(out):
-    """`python -m utils.checkpoint export` of each released folder the tests hold, back to its own layout
+    """`python -m exp.export export` of each released folder the tests hold, back to its own layout
     (config.json + model.safetensors, which safetensors' save_file made 0o600) and to ours (one .pth)."""
     from pathlib import Path
 

@@ -23,7 +23,7 @@ from utils.errors import UserError
 
 class CheckpointAdapter:
     """One foreign layout that one of our models reads. Subclasses set the three names and implement
-    recognise and to_ours; from_ours, for `python -m utils.checkpoint export`, is optional."""
+    recognise and to_ours; from_ours, for `python -m exp.export export`, is optional."""
     model = None  # our model (--model NAME) this layout converts into: named in refusals and by export
     what = ""  # the foreign layout, for messages: "OpenLTM's Timer-XL (models/timer_xl.py)"
     export_format = None  # `export --to NAME` writes this layout (needs from_ours)

@@ -13,10 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils import adapters, chronos2, chronos_bolt, ddp, distributed, openltm, timer_hf, timesfm
-from utils import moirai2
-from utils import sundial
-from utils import time_moe
+from utils import adapters, ddp, distributed, openltm
 from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_names, parser_defaults
 from utils.errors import UserError
 from utils.files import (atomic_write, file_version, file_versions, give_open_mode, lock_holder, release_file_lock,
@@ -160,11 +157,7 @@ def written_by_newer_torch(failure):
 # The layouts `export --to NAME` writes that the floor itself serves: OpenLTM's, for our Timer / Timer-XL. The
 # released foundation models' formats are declared in their folders (models/foundation/) and handed in from above
 # as `formats` ({NAME: adapters}, models.foundation.export_formats()): utils/ imports no model.
-EXPORT_FORMATS = {"openltm": openltm.ADAPTERS, "timesfm": timesfm.ADAPTERS, "chronos-bolt": chronos_bolt.ADAPTERS,
-                  "chronos2": chronos2.ADAPTERS, "timer-base": timer_hf.ADAPTERS}
-EXPORT_FORMATS["moirai2"] = moirai2.ADAPTERS  # Moirai 2.0 (Salesforce/moirai-2.0-R-small)
-EXPORT_FORMATS["sundial"] = sundial.ADAPTERS  # Sundial (thuml/sundial-base-128m)
-EXPORT_FORMATS["time-moe"] = time_moe.ADAPTERS  # Time-MoE (Maple728/TimeMoE-50M, -200M)
+EXPORT_FORMATS = {"openltm": openltm.ADAPTERS}
 
 
 def all_formats(formats=None):

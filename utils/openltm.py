@@ -107,10 +107,9 @@ def _translate(key, model, to_openltm):
 
 # ------------------------------------------------------------ recognising a state_dict
 # thuml's models we have none of (OpenLTM's, and the Hugging Face releases): named when a file fits no model.
-# Timer as released on Hugging Face (thuml/timer-base-84m) is --model TimerBase: its adapter (utils/timer_hf.py)
-# names such a file given to Timer or TimerXL and says to load it with --model TimerBase; Sundial's release
-# (thuml/sundial-base-128m) likewise names --model Sundial (utils/sundial.py), and Time-MoE's (Maple728/TimeMoE-*)
-# --model TimeMoE (utils/time_moe.py).
+# thuml's Hugging Face releases are foundation models of their own, each with its folder and adapter
+# (models/foundation/<release>/adapter.py); given to Timer or TimerXL, such a file is named by that adapter, which
+# says which --model loads it.
 LACKING = tuple(Lacking(pattern, what, why_not) for pattern, what, why_not in (
     (r"^encoder\.attn_layers\.\d+\.attention\.inner_attention\.attn_bias\.", "OpenLTM's Moirai (models/moirai.py: "
      "encoder.attn_layers.N; OpenLTM's Timer-XL before 2024-11-04 had this layout too)",
@@ -177,7 +176,7 @@ class OpenLTMAdapter(CheckpointAdapter):
 
 
 TIMER_XL, TIMER = OpenLTMAdapter("TimerXL"), OpenLTMAdapter("Timer")
-ADAPTERS = (TIMER_XL, TIMER)  # `python -m utils.checkpoint export --to openltm` picks the one holding the file
+ADAPTERS = (TIMER_XL, TIMER)  # `python -m exp.export export --to openltm` picks the one holding the file
 
 
 # ------------------------------------------------------------ conversions

@@ -44,7 +44,7 @@ def released_folder(root):
 
 def ours(folder, seq_len, pred_len):
     from models.foundation.tirex import TiRex
-    from utils.checkpoint import load_weights
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
     return load_weights(TiRex.Model(configs), str(folder)).eval()

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from utils import timesfm as release
+from models.foundation.timesfm25 import adapter as release
 from utils.errors import UserError
 from utils.optional import require_package
 
@@ -55,7 +55,7 @@ FORECAST_FLAGS = {"normalize_inputs": True, "use_continuous_quantile_head": True
 
 
 def definition(sizes):
-    """The package's TimesFM_2p5_200M_Definition with `sizes` (utils.timesfm.architecture's names)."""
+    """The package's TimesFM_2p5_200M_Definition with `sizes` (models.foundation.timesfm25.adapter.architecture's names)."""
     block = RELEASED.stacked_transformers
     return dataclasses.replace(
         RELEASED,

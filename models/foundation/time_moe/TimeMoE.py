@@ -1,7 +1,7 @@
 """Time-MoE: a decoder-only transformer over single time points with sparse mixture-of-experts feed-forward layers
 and several output heads, each forecasting the next 1, 8, 32 or 64 steps of every token. Shi et al., "Time-MoE:
 Billion-Scale Time Series Foundation Models with Mixture of Experts", ICLR 2025; weights Maple728/TimeMoE-50M and
-Maple728/TimeMoE-200M (utils/time_moe.py reads and writes them).
+Maple728/TimeMoE-200M (models/foundation/time_moe/adapter.py reads and writes them).
 
 Native: written here in plain torch from the paper, the released config.json files and Time-MoE's own code
 (time_moe/models/modeling_time_moe.py and ts_generation_mixin.py, read as facts), because that code exists only
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from layers.dropout import attention as dropout_attention
-from utils import time_moe as release
+from models.foundation.time_moe import adapter as release
 from utils.errors import UserError
 
 MIN_ROWS = 12  # below this many rows a CPU GEMM may sum a row in another order (measured: 1-3, 5-7, 9-11)

@@ -1,4 +1,4 @@
-"""TimerBase (models/TimerBase.py) against the release's own code, thuml/timer-base-84m's modeling_timer.py as sktime
+"""TimerBase (models/foundation/timer_base/TimerBase.py) against the release's own code, thuml/timer-base-84m's modeling_timer.py as sktime
 1.2 vendors it (sktime.libs.timer: TimerForPrediction, its generate), at the released configuration (hidden 1024,
 8 layers of 8 heads, intermediate 2048, tokens of 96, one head of 96: 84,142,080 parameters), random weights saved
 by the reference's save_pretrained (config.json + model.safetensors, the release's layout).
@@ -12,7 +12,7 @@ torch and our dependencies and the sktime venv's packages:
     echo /work/venvs/sktime/lib/python3.11/site-packages > \\
         /work/venvs/timer/lib/python3.11/site-packages/zz_sktime.pth   # sktime 1.2.0 (sktime.libs.timer)
     cd /work/main && /work/venvs/timer/bin/python benchmarks/foundation_crosscheck.py --models TimerBase
-    cd /work/main && /work/venvs/timer/bin/python -m benchmarks.foundation.timer_base --write-fixture
+    cd /work/main && /work/venvs/timer/bin/python -m models.foundation.timer_base.crosscheck --write-fixture
 
 crosscheck(): our forecasts (the folder loaded through utils.checkpoint.load_weights) against
 TimerForPrediction.from_pretrained(folder).generate(context, max_new_tokens=pred_len) (its default cache) on the
@@ -45,7 +45,7 @@ def reference_model(config, seed=0):
     weights: every Linear N(0, 1/fan_in), LayerNorms 1 + N(0, 0.1) and biases N(0, 0.1), so none is trivial."""
     from sktime.libs.timer import TimerConfig, TimerForPrediction
 
-    from utils.timer_hf import RELEASED
+    from models.foundation.timer_base.adapter import RELEASED
 
     fields = {k: v for k, v in {**RELEASED, **config}.items() if k not in ("architectures", "auto_map")}
     model = TimerForPrediction(TimerConfig(**fields))
@@ -62,7 +62,7 @@ def reference_model(config, seed=0):
 
 def save_release(model, folder):
     """The reference's save_pretrained (model.safetensors + config.json), the release's auto_map added."""
-    from utils.timer_hf import RELEASED
+    from models.foundation.timer_base.adapter import RELEASED
 
     model.save_pretrained(folder, safe_serialization=True)
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -72,8 +72,8 @@ def save_release(model, folder):
 
 
 def ours(folder, seq_len, pred_len):
-    from models import TimerBase
-    from utils.checkpoint import load_weights
+    from models.foundation.timer_base import TimerBase
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
     return load_weights(TimerBase.Model(configs), str(folder)).eval()
@@ -90,7 +90,7 @@ def reference_forecast(model, windows, pred_len):
 
 def reference_losses(model, windows, future):
     """The reference's training loss (forward(input_ids, labels)) of each window's series, normalised by its
-    context's statistics as models/TimerBase.py normalises it: [B * C] (pred_len whole tokens of one head)."""
+    context's statistics as models/foundation/timer_base/TimerBase.py normalises it: [B * C] (pred_len whole tokens of one head)."""
     token = model.config.input_token_len
     batch, seq_len, channels = windows.shape
     context = windows[:, seq_len % token:].transpose(1, 2).reshape(batch * channels, -1)
@@ -132,7 +132,7 @@ def crosscheck():
                          f"({'ok' if relative <= 1e-5 else 'FAILS 1e-5'}) |")
         lines += ["", *_objective_and_export(reference, folder, Path(root)),
                   "", f"Parameters: {sum(p.numel() for p in reference.parameters()):,}. Ours: the folder read by "
-                  "utils.checkpoint.load_weights into models/TimerBase.py, one forward of the 6 series; the reference: "
+                  "utils.checkpoint.load_weights into models/foundation/timer_base/TimerBase.py, one forward of the 6 series; the reference: "
                   "TimerForPrediction.generate(series, max_new_tokens=pred_len) (transformers 4.40.1, its default "
                   f"cache), CPU, float32. Largest forecast difference {worst:.3g}."]
     return lines
@@ -142,7 +142,9 @@ def _objective_and_export(reference, folder, root):
     """The training loss against the reference's; our export read back by the reference's from_pretrained."""
     from sktime.libs.timer import TimerForPrediction
 
-    from utils.checkpoint import export, save_atomic
+    from exp.export import export
+
+    from utils.checkpoint import save_atomic
 
     batch, future = windows(2, 672, 3), windows(2, 192, 3, seed=2)
     model = ours(folder, 672, 192)
@@ -159,7 +161,7 @@ def _objective_and_export(reference, folder, root):
         _, export_relative = _relative(model(batch), reference_forecast(back, batch, 192))
     return [f"Training objective, 672 + 192 steps (9 tokens scored), 2 x 3 series: our per-series next-token MSE "
             f"against the reference's forward(input_ids, labels).loss: max relative difference {loss_relative:.3g}.",
-            f"Export: our weights (perturbed) written by `python -m utils.checkpoint export --to timer-base`, read by "
+            f"Export: our weights (perturbed) written by `python -m exp.export export --to timer-base`, read by "
             f"TimerForPrediction.from_pretrained: forecasts 672 -> 192 max relative difference {export_relative:.3g}."]
 
 

@@ -1,4 +1,4 @@
-"""Sundial (models/Sundial.py) against the reference code (thuml/sundial-base-128m's modeling_sundial.py and
+"""Sundial (models/foundation/sundial/Sundial.py) against the reference code (thuml/sundial-base-128m's modeling_sundial.py and
 flow_loss.py, as sktime 1.2 vendors them: sktime.libs.sundial), at the released configuration (hidden 768, 12
 layers of 12 heads, intermediate 3072, tokens of 16, one output token of 720, TimeFlow depth 3, 50 sampling steps,
 diffusion_batch_mul 4: 128M parameters), random weights saved by the reference's own save_pretrained:
@@ -6,7 +6,7 @@ diffusion_batch_mul 4: 128M parameters), random weights saved by the reference's
 - crosscheck(): the same noise given to both (the reference's torch.randn / randn_like / rand patched to return
   what ours drew through layers.noise, reordered to its (sample, series) rows): decoder states, flow velocities,
   the flow-matching training loss, and generate(revin=True)'s samples (one output token, and rolled out past it,
-  on a context that is not whole tokens), then ours exported (python -m utils.checkpoint export --to sundial) and
+  on a context that is not whole tokens), then ours exported (python -m exp.export export --to sundial) and
   read back by SundialForPrediction.from_pretrained;
 - speed(): zero-shot over 64 windows (one channel) on one CPU process, 20 samples each: ours (one forward, the 9
   quantiles of the samples) against the reference's generate(num_samples=20) (the samples alone), interleaved
@@ -23,7 +23,7 @@ from the system and sktime from /work/venvs/sktime:
     echo /work/venvs/sktime/lib/python3.11/site-packages > \\
         /work/venvs/sundial/lib/python3.11/site-packages/zz_sktime.pth   # sktime 1.2.0 (pandas < 3.1)
     cd /work/main && /work/venvs/sundial/bin/python benchmarks/foundation_crosscheck.py --models Sundial
-    cd /work/main && /work/venvs/sundial/bin/python -m benchmarks.foundation.sundial --write-fixture
+    cd /work/main && /work/venvs/sundial/bin/python -m models.foundation.sundial.crosscheck --write-fixture
 """
 import contextlib
 import json
@@ -159,8 +159,8 @@ def reference_loss(reference, series, future, draws, mul):
 
 # ------------------------------------------------------------ ours
 def ours(folder, seq_len, pred_len, samples=SAMPLES):
-    from models import Sundial
-    from utils.checkpoint import load_weights
+    from models.foundation.sundial import Sundial
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder), num_samples=samples)
     return load_weights(Sundial.Model(configs), str(folder)).eval()
@@ -228,7 +228,7 @@ def crosscheck():
         lines.append(f"| 2880 | 720 | {WINDOWS * CHANNELS} | ours exported, samples of the reference reading it | "
                      f"{exported:.3g} ({'ok' if exported <= TOLERANCE else 'FAILS 1e-5'}) |")
     lines += ["", f"Released configuration, {parameters:,} parameters (random weights, the reference's "
-              "save_pretrained). Ours: the folder read by utils.checkpoint.load_weights into models/Sundial.py; the "
+              "save_pretrained). Ours: the folder read by utils.checkpoint.load_weights into models/foundation/sundial/Sundial.py; the "
               "reference: SundialForPrediction.from_pretrained(folder), its generate(revin=True, num_samples=20) "
               "(transformers 4.40.1), forward(labels, loss_masks, mask_y, revin=True).loss, model(...) and "
               "flow_loss.net(...). Both given the same noise: ours drawn through layers.noise, the reference's "
@@ -239,7 +239,7 @@ def crosscheck():
 
 def export_check(folder, root):
     """Ours exported to the release's layout, read by the reference: its samples against ours (same noise)."""
-    from utils.checkpoint import export
+    from exp.export import export
 
     model = ours(folder, 2880, 720)
     path = root / "ours.pth"
@@ -314,7 +314,7 @@ def write_fixture(out=FIXTURE):
     tensors["loss"] = reference_loss(reference, series[:, :32], series[:, 32:], record, 2).reshape(1)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "reference.safetensors"))
     (out / "README.md").write_text(
-        "Written by `python -m benchmarks.foundation.sundial --write-fixture` (the reference, sktime.libs.sundial, "
+        "Written by `python -m models.foundation.sundial.crosscheck --write-fixture` (the reference, sktime.libs.sundial, "
         "transformers 4.40.1):\nconfig.json + model.safetensors (SundialForPrediction.save_pretrained at "
         f"{json.dumps(TINY)}, random weights) and reference.safetensors (its outputs on fixed inputs, with the "
         "noise it was given in our row order).\n")

@@ -1,12 +1,12 @@
 """Chronos-2 as released (Hugging Face amazon/chronos-2: config.json + model.safetensors, written by
-chronos-forecasting's Chronos2Model.save_pretrained) in and out of models/Chronos2.py.
+chronos-forecasting's Chronos2Model.save_pretrained) in and out of models/foundation/chronos2/Chronos2.py.
 
 Our model holds the package's Chronos2Model under `chronos.`, so the released keys are ours without that
 prefix, one for one (encoder.block.N.layer.{0: time attention, 1: group attention, 2: feed-forward}, ...).
 Two buffers of ours travel with the weights: `config_json`, the folder's config.json (its Chronos2CoreConfig
 fields and chronos_config but max_output_patches) as UTF-8 bytes, and `max_output_patches`. The heads and
 their width are not visible in the weights (q is [heads * d_kv, d_model]), so a checkpoint.pth of ours carries
-its config to `python -m utils.checkpoint export --to chronos2 SRC DST`, which writes the released folder. The
+its config to `python -m exp.export export --to chronos2 SRC DST`, which writes the released folder. The
 package's quantile levels and rotary frequencies are non-persistent buffers: no keys.
 
 The config facts of amazon/chronos-2 (RELEASED) are the package's defaults where the package has one and the
@@ -21,7 +21,7 @@ from utils.errors import UserError
 
 HUB_ID = "amazon/chronos-2"
 ARCHITECTURE = "Chronos2Model"  # config.json "architectures" of amazon/chronos-2 (and of save_pretrained here)
-PREFIX = "chronos."  # where models/Chronos2.py keeps the package's Chronos2Model
+PREFIX = "chronos."  # where models/foundation/chronos2/Chronos2.py keeps the package's Chronos2Model
 
 # amazon/chronos-2 config.json (120 M parameters): the encoder, then chronos_config
 RELEASED_CORE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, dropout_rate=0.1,
@@ -115,7 +115,7 @@ def config_of_buffers(state):
 
 
 class Chronos2Adapter(CheckpointAdapter):
-    """amazon/chronos-2 (model.safetensors + config.json) read into models/Chronos2.py and written back."""
+    """amazon/chronos-2 (model.safetensors + config.json) read into models/foundation/chronos2/Chronos2.py and written back."""
     model = "Chronos2"
     what = f"Chronos-2 as released ({HUB_ID}: chronos-forecasting's Chronos2Model, config.json + {SAFETENSORS_NAME})"
     export_format = "chronos2"

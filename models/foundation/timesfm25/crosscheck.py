@@ -1,10 +1,10 @@
-"""TimesFM 2.5 (models/TimesFM25.py) against the timesfm package, at the released size (231M parameters, random
+"""TimesFM 2.5 (models/foundation/timesfm25/TimesFM25.py) against the timesfm package, at the released size (231M parameters, random
 weights in the released layout written by the package's save_pretrained):
 
 - crosscheck(): our quantile forecasts against the package's TimesFM_2p5_200M_torch.from_pretrained(folder),
   compile(ForecastConfig(max_context=seq_len, max_horizon=pred_len, the flags of TimesFM25.FORECAST_FLAGS)) and
   forecast(horizon, series), on the same windows, at three context / horizon pairs (one padded to a multiple of
-  32, two rolled out past 128 steps); then our weights exported (python -m utils.checkpoint export --to timesfm)
+  32, two rolled out past 128 steps); then our weights exported (python -m exp.export export --to timesfm)
   and read back by the package, which must forecast the same;
 - speed(): zero-shot forecasts of the same 64 windows (one channel, context 512, horizon 96) on one CPU process,
   batch 64: ours (one forward, torch.inference_mode) against the package's forecast (per_core_batch_size 64,
@@ -55,15 +55,15 @@ def released_folder(folder, seed=0):
 
 
 def ours(folder, seq_len, pred_len):
-    from models import TimesFM25
-    from utils.checkpoint import load_weights
+    from models.foundation.timesfm25 import TimesFM25
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
     return load_weights(TimesFM25.Model(configs), str(folder)).eval()
 
 
 def package_model(folder, seq_len, pred_len, series_count):
-    from models import TimesFM25
+    from models.foundation.timesfm25 import TimesFM25
 
     timesfm, package_class = _package()
     model = package_class.from_pretrained(str(folder), torch_compile=False)
@@ -99,10 +99,10 @@ def relative(got, want):
 
 
 def crosscheck():
-    from utils.checkpoint import export
+    from exp.export import export
 
     lines = ["Random weights at the released size (231,289,280 parameters), saved by the package's save_pretrained; "
-             f"{WINDOWS} windows x {CHANNELS} channels of ETTh1 each. Ours: models/TimesFM25.py loaded through its "
+             f"{WINDOWS} windows x {CHANNELS} channels of ETTh1 each. Ours: models/foundation/timesfm25/TimesFM25.py loaded through its "
              "adapter; the package: TimesFM_2p5_200M_torch.from_pretrained(folder), compile(ForecastConfig(max_context="
              "seq_len, max_horizon=pred_len, normalize_inputs=True, use_continuous_quantile_head=True, "
              "force_flip_invariance=True, infer_is_positive=True, fix_quantile_crossing=True)), forecast. "
@@ -168,7 +168,7 @@ def speed():
             "interleaved rounds after a warm-up. The package: forecast() with per_core_batch_size 64, "
             "torch_compile=False (eager, as ours).", "",
             "| path | seconds per batch of 64 | windows/s |", "|---|---|---|",
-            f"| ours (models/TimesFM25.py) | {median['ours']:.2f} | {rate['ours']:.2f} |",
+            f"| ours (models/foundation/timesfm25/TimesFM25.py) | {median['ours']:.2f} | {rate['ours']:.2f} |",
             f"| timesfm package forecast | {median['package']:.2f} | {rate['package']:.2f} |", "",
             f"Ours / package: {rate['ours'] / rate['package']:.2f}x the windows per second "
             f"(rounds: ours {', '.join(f'{t:.2f}' for t in times['ours'])} s; package "

@@ -6,8 +6,8 @@ Foundation Models", ICML 2025.
 
 A native implementation, plain torch, written from the reference code's facts (the release's modeling_sundial.py
 and flow_loss.py, which run only through transformers' trust_remote_code and, for generate, transformers 4.40):
-the same weights (utils/sundial.py maps the released keys), the same arithmetic, the same sampler and rollout.
-benchmarks/foundation/sundial.py holds it to the reference: equal velocities, losses and samples for the same
+the same weights (models/foundation/sundial/adapter.py maps the released keys), the same arithmetic, the same sampler and rollout.
+models/foundation/sundial/crosscheck.py holds it to the reference: equal velocities, losses and samples for the same
 noise.
 
 What a forecast is (the reference's generate(revin=True, num_samples=S)): each series is normalised by its
@@ -45,7 +45,7 @@ from torch import nn
 
 from layers import noise
 from layers.dropout import attention
-from utils import sundial as release
+from models.foundation.sundial import adapter as release
 from utils.errors import UserError
 
 QUANTILE_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

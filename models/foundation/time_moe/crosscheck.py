@@ -1,10 +1,10 @@
-"""Time-MoE (models/TimeMoE.py) against Time-MoE's own code at the released configurations' shapes (TimeMoE-50M:
+"""Time-MoE (models/foundation/time_moe/TimeMoE.py) against Time-MoE's own code at the released configurations' shapes (TimeMoE-50M:
 hidden 384, intermediate 1536; TimeMoE-200M: hidden 768, intermediate 3072; both 12 layers of 12 heads, 8 experts,
 top-2, heads [1, 8, 32, 64]), random weights saved by the reference (save_pretrained: config.json +
 model.safetensors, the released layout). Run in the reference's environment:
 
     /work/venvs/timemoe/bin/python benchmarks/foundation_crosscheck.py --models TimeMoE
-    /work/venvs/timemoe/bin/python -m benchmarks.foundation.time_moe --write-fixture  # tests/golden/foundation/...
+    /work/venvs/timemoe/bin/python -m models.foundation.time_moe.crosscheck --write-fixture  # tests/golden/foundation/...
 
 The reference is Time-MoE/Time-MoE at d3524fd (time_moe/models/modeling_time_moe.py, ts_generation_mixin.py,
 configuration_time_moe.py; Apache-2.0), which needs transformers 4.40.1 (its requirements.txt; under transformers
@@ -52,7 +52,7 @@ def reference():
 
     if not transformers.__version__.startswith("4.40"):
         raise SystemExit(f"Time-MoE's code needs transformers 4.40.1 (this is {transformers.__version__}): run with "
-                         "/work/venvs/timemoe/bin/python (benchmarks/foundation/time_moe.py says how to make it)")
+                         "/work/venvs/timemoe/bin/python (models/foundation/time_moe/crosscheck.py says how to make it)")
     if SOURCE not in sys.path:
         sys.path.insert(0, SOURCE)
     from time_moe.models.configuration_time_moe import TimeMoeConfig
@@ -65,7 +65,7 @@ def released_folder(root, size="50M", seed=0, **overrides):
     """root/TimeMoE-<size>: the reference model at that configuration (or `overrides` of it), random weights of
     unit-scale activations (weights N(0, 1/fan_in), biases N(0, 0.1^2), norms 1 + N(0, 0.1^2)), saved by
     save_pretrained: config.json + model.safetensors."""
-    from utils.time_moe import released_config
+    from models.foundation.time_moe.adapter import released_config
 
     model_class, config_class = reference()
     config = {k: v for k, v in released_config(size, **overrides).items() if k not in ("architectures", "model_type")}
@@ -81,8 +81,8 @@ def released_folder(root, size="50M", seed=0, **overrides):
 
 
 def ours(folder, seq_len, pred_len, use_norm=1):
-    from models import TimeMoE
-    from utils.checkpoint import load_weights
+    from models.foundation.time_moe import TimeMoE
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder), use_norm=use_norm)
     return load_weights(TimeMoE.Model(configs), str(folder)).eval()
@@ -184,7 +184,7 @@ def heads_used(model):
 def loss_and_export_lines(folder, reference_model, model_class, size):
     """The training loss of 4 sequences of 512 + 96 steps, ours (mean of the per-window losses) against the
     reference's forward with labels; then ours with every weight moved, exported and read back by the reference."""
-    from utils.checkpoint import export
+    from exp.export import export
 
     sequence = windows(4, 608, seed=3)
     sequence = (sequence - sequence.mean(1, keepdim=True)) / sequence.std(1, keepdim=True)

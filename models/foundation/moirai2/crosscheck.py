@@ -1,10 +1,10 @@
-"""Moirai 2.0 (models/Moirai2.py) against the official uni2ts 2.0.0 at the released configuration's shapes
+"""Moirai 2.0 (models/foundation/moirai2/Moirai2.py) against the official uni2ts 2.0.0 at the released configuration's shapes
 (Salesforce/moirai-2.0-R-small: d_model 384, 6 layers of 6 heads, d_ff 1024, patch 16, 4 tokens a step, 9
 quantile levels: 11,387,208 parameters), random weights written as the release is (Moirai2Module.save_pretrained:
 config.json + model.safetensors).
 
     cd /work/main && /work/venvs/uni2ts/bin/python benchmarks/foundation_crosscheck.py --models Moirai2
-    /work/venvs/uni2ts/bin/python -m benchmarks.foundation.moirai2 --write-fixture   # tests/golden/foundation/moirai2
+    /work/venvs/uni2ts/bin/python -m models.foundation.moirai2.crosscheck --write-fixture   # tests/golden/foundation/moirai2
 
 The reference environment: the OFFICIAL package, installed without its pins beside torch 2.13 (uni2ts 2.0.0
 declares torch < 2.5, numpy ~= 1.26, gluonts ~= 0.14.3; its Moirai 2.0 model code runs unchanged under torch
@@ -64,7 +64,7 @@ def reference_module(config, seed=0):
 
 def released_folder(root, config=None, seed=0):
     """root/moirai-2.0-R-small: the reference's save_pretrained at `config` (default: the release's)."""
-    from utils.moirai2 import RELEASED
+    from models.foundation.moirai2.adapter import RELEASED
 
     folder = Path(root) / "moirai-2.0-R-small"
     reference_module(dict(config or RELEASED), seed).save_pretrained(str(folder))
@@ -72,8 +72,8 @@ def released_folder(root, config=None, seed=0):
 
 
 def ours(folder, seq_len, pred_len):
-    from models import Moirai2
-    from utils.checkpoint import load_weights
+    from models.foundation.moirai2 import Moirai2
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
     return load_weights(Moirai2.Model(configs), str(folder)).eval()
@@ -109,7 +109,7 @@ def _row(seq_len, pred_len, got, want, what):
 
 
 def crosscheck():
-    from utils.checkpoint import export
+    from exp.export import export
 
     lines = ["| check | seq_len | pred_len | max abs difference | max relative difference (of the largest |quantile|) |",
              "|---|---|---|---|---|"]
@@ -135,7 +135,7 @@ def crosscheck():
             got = model(batch)
         lines.append(_row(512, 96, got, reference_forecast(exported, batch, 96),
                           "our export read by Moirai2Module.from_pretrained"))
-    lines += ["", "Ours: the folder read by utils.checkpoint.load_weights into models/Moirai2.py, one call for the 6 "
+    lines += ["", "Ours: the folder read by utils.checkpoint.load_weights into models/foundation/moirai2/Moirai2.py, one call for the 6 "
               "series (B*C rows); the reference: uni2ts 2.0.0's Moirai2Forecast(...).predict(list of series), its own "
               "prediction path (CPU, float32). 96 and 720 steps are 6 and 45 tokens: the 4 of the first forward, the "
               "rest by recursive multi-quantile decoding (9 paths, 81 values a step collapsed to 9 quantiles)."]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from layers.dropout import attention as keyed_sdpa
-from utils import chronos_bolt
+from models.foundation.chronos_bolt import adapter as chronos_bolt
 from utils.errors import UserError
 from utils.optional import require_package
 

@@ -1,4 +1,4 @@
-"""ChronosBolt (models/ChronosBolt.py) against chronos-forecasting's ChronosBoltPipeline, at the four released
+"""ChronosBolt (models/foundation/chronos_bolt/ChronosBolt.py) against chronos-forecasting's ChronosBoltPipeline, at the four released
 sizes (amazon/chronos-bolt-tiny, -mini, -small, -base: 9M, 21M, 48M, 205M parameters), random weights in the
 released layout written by the package's save_pretrained:
 
@@ -39,7 +39,7 @@ def released_folder(folder, size, seed=0):
     from chronos.chronos_bolt import ChronosBoltModelForForecasting
     from transformers import T5Config
 
-    from utils.chronos_bolt import released_config
+    from models.foundation.chronos_bolt.adapter import released_config
 
     torch.manual_seed(seed)
     ChronosBoltModelForForecasting(T5Config.from_dict(released_config(size))).save_pretrained(folder)
@@ -47,8 +47,8 @@ def released_folder(folder, size, seed=0):
 
 
 def ours(folder, seq_len, pred_len, weights=None):
-    from models.ChronosBolt import Model
-    from utils.checkpoint import load_weights
+    from models.foundation.chronos_bolt.ChronosBolt import Model
+    from exp.export import load_weights
 
     model = Model(Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder)))
     return load_weights(model, str(weights or folder)).eval()
@@ -82,7 +82,7 @@ def relative(a, b):
 
 
 def crosscheck():
-    from utils.checkpoint import export
+    from exp.export import export
 
     lines = ["Quantile forecasts (9 levels) of random walks, ours against `ChronosBoltPipeline.from_pretrained(folder)"
              ".predict` on the same windows, random weights at each released size (float32, CPU); 160 steps roll out "
@@ -118,7 +118,7 @@ def crosscheck():
             mine = model(x)
         back = relative(mine, predicted(pipeline(Path(tmp) / "exported"), x, 160))
     lines += ["", f"Largest difference: {worst:.2e} (tolerance {TOLERANCE:g}).", "",
-              "Exported: our small model with every weight moved, `python -m utils.checkpoint export --to "
+              "Exported: our small model with every weight moved, `python -m exp.export export --to "
               f"chronos-bolt`, "
               f"read by `ChronosBoltPipeline.from_pretrained`: its forecasts (context 512, horizon 160) differ from "
               f"ours by at most {back:.2e} relative ({'within' if back <= TOLERANCE else 'NOT within'} {TOLERANCE:g})."]

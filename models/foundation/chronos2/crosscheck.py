@@ -1,11 +1,11 @@
-"""Chronos-2 (models/Chronos2.py) against chronos-forecasting's Chronos2Pipeline, at the released size of
+"""Chronos-2 (models/foundation/chronos2/Chronos2.py) against chronos-forecasting's Chronos2Pipeline, at the released size of
 amazon/chronos-2 (d_model 768, 12 layers, 12 heads, d_ff 3072, 21 quantiles, patches of 16, context 8192, 64
 output patches: 119,477,664 parameters), random weights saved by the package's own Chronos2Model.save_pretrained:
 
 - crosscheck(): our quantile forecasts against Chronos2Pipeline.from_pretrained(folder).predict_quantiles(...)
   at the 21 released levels, each channel a univariate series, on the same windows, at three context / horizon
   pairs (one context not a whole number of patches, one horizon rolled out past the 64 patches of one pass);
-  then our weights exported (python -m utils.checkpoint export --to chronos2) and read back by the package,
+  then our weights exported (python -m exp.export export --to chronos2) and read back by the package,
   which must forecast the same;
 - speed(): zero-shot forecasts of the same 64 windows (one channel, context 512, horizon 96) on one CPU process,
   batch 64: ours (one forward, torch.inference_mode) against the package's predict_quantiles (batch_size 64),
@@ -43,7 +43,7 @@ def _package():
 def released_folder(folder, seed=0):
     """The package's Chronos2Model at the released size, its own random initialisation, saved as amazon/chronos-2
     is (save_pretrained: config.json + model.safetensors)."""
-    from utils.chronos2 import RELEASED_CORE, RELEASED_FORECASTING
+    from models.foundation.chronos2.adapter import RELEASED_CORE, RELEASED_FORECASTING
 
     package = _package()
     torch.manual_seed(seed)
@@ -54,8 +54,8 @@ def released_folder(folder, seed=0):
 
 
 def ours(folder, seq_len, pred_len):
-    from models.Chronos2 import Model
-    from utils.checkpoint import load_weights
+    from models.foundation.chronos2.Chronos2 import Model
+    from exp.export import load_weights
 
     configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder), dropout=0.1,
                         is_training=0)
@@ -64,7 +64,7 @@ def ours(folder, seq_len, pred_len):
 
 def package_forecast(pipeline, windows, pred_len):
     """[B, L, C] windows, each channel a univariate series -> the package's 21 quantiles, [B, pred_len, C, 21]."""
-    from utils.chronos2 import RELEASED_QUANTILES
+    from models.foundation.chronos2.adapter import RELEASED_QUANTILES
 
     batch, length, channels = windows.shape
     quantiles, _ = pipeline.predict_quantiles(windows.transpose(1, 2).reshape(batch * channels, 1, length),
@@ -94,7 +94,7 @@ def differences(got, want):
 
 
 def crosscheck():
-    from utils.checkpoint import export
+    from exp.export import export
 
     package = _package()
     rows, worst = [], 0.0
@@ -132,7 +132,7 @@ def crosscheck():
                     f"{scaled:.2e} | {elementwise:.2e} | {'yes' if scaled <= TOLERANCE else 'NO'} |")
     return [f"Random weights at the released size ({parameters:,} parameters; the package's own initialisation), "
             f"saved by the package's save_pretrained; {WINDOWS} windows x {CHANNELS} channels of ETTh1 each, every "
-            "channel a univariate series. Ours: models/Chronos2.py loaded through its adapter; the package: "
+            "channel a univariate series. Ours: models/foundation/chronos2/Chronos2.py loaded through its adapter; the package: "
             "Chronos2Pipeline.from_pretrained(folder).predict_quantiles(series [N, 1, L], prediction_length, the 21 "
             "levels). Max |difference| over the 21 quantiles, relative to the largest |forecast| (and element by "
             "element).", "",
@@ -169,7 +169,7 @@ def speed():
             "after a warm-up. The package: Chronos2Pipeline.predict_quantiles(batch_size=64) (its dataset, left "
             "padding and batching, then the same Chronos2Model forward, SDPA attention, as ours).", "",
             "| path | seconds per batch of 64 | windows/s |", "|---|---|---|",
-            f"| ours (models/Chronos2.py) | {median['ours']:.2f} | {rate['ours']:.2f} |",
+            f"| ours (models/foundation/chronos2/Chronos2.py) | {median['ours']:.2f} | {rate['ours']:.2f} |",
             f"| chronos-forecasting Chronos2Pipeline.predict_quantiles | {median['package']:.2f} | "
             f"{rate['package']:.2f} |", "",
             f"Ours / package: {rate['ours'] / rate['package']:.2f}x the windows per second "
