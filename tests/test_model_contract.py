@@ -135,14 +135,9 @@ def build_experiment(spec, *extra, seed=SEED):
 def first_windows(exp, split, batch_size, model_inputs=None):
     """The first `batch_size` windows of a split, in the layout its loader gives (with the
     time features of `model_inputs`, default the model's own declaration)."""
-    import copy
-
     from data_provider.data_factory import data_provider
 
-    args = exp.args
-    if model_inputs is not None:
-        args = copy.copy(args)
-        args.model_inputs = model_inputs
+    args = exp.args if model_inputs is None else exp.args.replace(model_inputs=model_inputs)
     dataset, _ = data_provider(args, split)
     return dataset.__getitems__(torch.arange(batch_size))
 
