@@ -388,7 +388,7 @@ def m4_loss(pred, true, loss):
 LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: M4 (data_provider.m4)
 
 
-# ---------------------------------------------------------------- quantile forecasts, as gluonts and GIFT-Eval score them
+# ---------------------------------------------------------------- quantile forecasts (gluonts' and GIFT-Eval's rules)
 
 # gluonts' get_seasonality table (gluonts.time_feature.seasonality): a day of seconds, minutes or
 # hours, a year of months or quarters, a week of business days; every other unit 1
@@ -525,10 +525,9 @@ class ProbabilisticSums:
                 sq_scale = sq_scale.to(device=true.device, dtype=torch.float64)[:, None, :]
         elif sq_scale is not None:
             raise ValueError("sq_scale needs scale: RMSSE leaves out the elements whose seasonal error is 0")
-        ends = self._msis_ends or (None, None)
-        e = Elements(true, median, q, tau, self.levels, self.wql_levels, scale=scale, sq_scale=sq_scale,
-                     low=None if ends[0] is None else q[..., ends[0]], high=None if ends[1] is None else q[..., ends[1]],
-                     alpha=self.msis_alpha)
+        low, high = (None, None) if self._msis_ends is None else (q[..., i] for i in self._msis_ends)
+        e = Elements(true, median, q, tau, self.levels, self.wql_levels, scale=scale, sq_scale=sq_scale, low=low,
+                     high=high, alpha=self.msis_alpha)
         parts = {}
         for definition in self._sums:
             if definition.available(e):
