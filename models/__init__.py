@@ -46,7 +46,7 @@ def available_models():
 
 
 def _module_of(name):
-    """The dotted module of model `name` (`models.DLinear`, `models.foundation.tirex.TiRex`)."""
+    """The dotted module of model `name` (`models.DLinear`, `models.foundation.<release>.<Name>`)."""
     path = model_files()[name].relative_to(_HERE.parent).with_suffix("")
     return ".".join(path.parts)
 

@@ -30,24 +30,14 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "foundation"
 LEVELS_9 = [round(0.1 * k, 1) for k in range(1, 10)]
 
 
-LEGACY = {"chronos_bolt": "utils.chronos_bolt", "chronos2": "utils.chronos2", "timesfm25": "utils.timesfm",
-          "tirex": "utils.tirex", "timer_base": "utils.timer_hf", "sundial": "utils.sundial", "time_moe": "utils.time_moe",
-          "moirai2": "utils.moirai2"}
-
-
 def adapter(folder):
     """A release's checkpoint adapter module (models/foundation/<folder>/adapter.py)."""
-    if (Path(__file__).resolve().parents[1] / "models" / "foundation" / folder / "adapter.py").is_file():
-        return importlib.import_module(f"models.foundation.{folder}.adapter")
-    return importlib.import_module(LEGACY[folder])
+    return importlib.import_module(f"models.foundation.{folder}.adapter")
 
 
 def checkpoints():
     """The module exporting and loading checkpoints with every release's adapter."""
-    try:
-        return importlib.import_module("exp.export")
-    except ModuleNotFoundError:
-        return importlib.import_module("utils.checkpoint")
+    return importlib.import_module("exp.export")
 
 
 def model_module(name):
@@ -442,7 +432,7 @@ def signature_folder(root, release):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_release_folder_has_a_signature(tmp_path, name):
-    from utils.adapters import release_of
+    from models.foundation.release import release_of
 
     what, model = release_of(signature_folder(tmp_path, RELEASES[name]))
     assert model == name, what

@@ -108,7 +108,7 @@ def read_weights(path, map_location="cpu"):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
     _last_read.clear()
     lightning_file = adapters.lightning_path(path)
-    if lightning_file is not None:  # a release as a Lightning checkpoint (TiRex's model.ckpt)
+    if lightning_file is not None:  # a release as a Lightning checkpoint (model.ckpt)
         state, config = adapters.read_lightning(lightning_file, map_location)
         _last_read.update(path=path, file=lightning_file, sha256=file_sha256(lightning_file))
         return strip_wrapper_prefixes(state), config

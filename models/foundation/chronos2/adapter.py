@@ -16,7 +16,8 @@ import os
 
 import torch
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, another_release, any_key, named_in, read_config_json
+from models.foundation.release import another_release, named, named_in, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "amazon/chronos-2"
@@ -172,3 +173,6 @@ class Chronos2Adapter(CheckpointAdapter):
 
 CHRONOS2 = Chronos2Adapter()
 ADAPTERS = (CHRONOS2,)  # export --to chronos2
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("Chronos-2's release (amazon/chronos-2)", "Chronos2",
+               lambda files, config: named(config, "Chronos2Model")),)

@@ -22,7 +22,8 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
+from models.foundation.release import named, named_in, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 ARCHITECTURE = "ChronosBoltModelForForecasting"  # config.json "architectures" of every released folder
@@ -222,3 +223,8 @@ def release_config(state):
 
 CHRONOS_BOLT = ChronosBoltAdapter()
 ADAPTERS = (CHRONOS_BOLT,)
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("a Chronos-Bolt release (amazon/chronos-bolt-*)", "ChronosBolt",
+               lambda files, config: named(config, "ChronosBoltModelForForecasting")),
+              ("the original, tokenized Chronos (amazon/chronos-t5-*), which this codebase has no model for", None,
+               lambda files, config: named(config, "T5ForConditionalGeneration")))

@@ -35,7 +35,8 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
+from models.foundation.release import named_in, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "Salesforce/moirai-2.0-R-small"
@@ -185,3 +186,9 @@ def release_config(state):
 
 MOIRAI2 = Moirai2Adapter()
 ADAPTERS = (MOIRAI2,)  # `python -m exp.export export --to moirai2`
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("a Moirai 2.0 release (Salesforce/moirai-2.0-R-*)", "Moirai2",
+               lambda files, config: "num_predict_token" in config and "patch_size" in config
+               and not config.get("model_type")),
+              ("a Moirai 1.x or Moirai-MoE release (uni2ts), which this codebase has no model for", None,
+               lambda files, config: "patch_sizes" in config or "distr_output" in config))

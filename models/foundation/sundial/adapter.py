@@ -21,7 +21,8 @@ for `export --to sundial` and for naming a Sundial folder given to another model
 import json
 import os
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
+from models.foundation.release import named, named_in, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "thuml/sundial-base-128m"
@@ -205,3 +206,6 @@ def release_config(state):
 
 SUNDIAL = SundialAdapter()
 ADAPTERS = (SUNDIAL,)  # `python -m exp.export export --to sundial`
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("Sundial's release (thuml/sundial-base-128m)", "Sundial",
+               lambda files, config: named(config, "sundial", "SundialForPrediction")),)

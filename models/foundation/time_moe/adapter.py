@@ -38,7 +38,8 @@ import re
 
 import torch
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
+from models.foundation.release import named, named_in, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_IDS = ("Maple728/TimeMoE-50M", "Maple728/TimeMoE-200M")
@@ -251,3 +252,6 @@ class TimeMoeAdapter(CheckpointAdapter):
 
 TIME_MOE = TimeMoeAdapter()
 ADAPTERS = (TIME_MOE,)
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("a Time-MoE release (Maple728/TimeMoE-50M / -200M)", "TimeMoE",
+               lambda files, config: named(config, "time_moe", "TimeMoeForPrediction")),)

@@ -21,7 +21,8 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key, named_in, read_config_json, release_config_path
+from models.foundation.release import named, named_in, read_config_json, release_config_path
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "thuml/timer-base-84m"
@@ -206,3 +207,6 @@ class TimerBaseAdapter(CheckpointAdapter):
 
 TIMER_BASE = TimerBaseAdapter()
 ADAPTERS = (TIMER_BASE,)  # `python -m exp.export export --to timer-base`
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("Timer's release (thuml/timer-base-84m)", "TimerBase",
+               lambda files, config: named(config, "timer", "TimerForPrediction")),)

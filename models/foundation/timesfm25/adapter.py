@@ -14,7 +14,8 @@ import json
 import os
 import re
 
-from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, another_release, any_key, named_in, read_config_json
+from models.foundation.release import another_release, named, named_in, read_config_json
+from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "google/timesfm-2.5-200m-pytorch"
@@ -160,3 +161,10 @@ class TimesFMAdapter(CheckpointAdapter):
 
 TIMESFM25 = TimesFMAdapter()
 ADAPTERS = (TIMESFM25,)
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("transformers' TimesFM 2.5 (google/timesfm-2.5-200m-transformers), another layout than the "
+               "timesfm package's, which --model TimesFM25 reads", None,
+               lambda files, config: named(config, "timesfm2_5", "TimesFm2_5ModelForPrediction")),
+              ("TimesFM 2.5's release (google/timesfm-2.5-200m-pytorch)", "TimesFM25",
+               lambda files, config: "torch_compile" in config and not config.get("architectures")
+               and not config.get("model_type")))

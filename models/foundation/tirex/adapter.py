@@ -15,7 +15,8 @@ import os
 
 import torch
 
-from utils.adapters import CheckpointAdapter, any_key, release_of
+from models.foundation.release import release_of
+from utils.adapters import LIGHTNING_NAME, SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
 HUB_ID = "NX-AI/TiRex"
@@ -169,3 +170,6 @@ class TiRexAdapter(CheckpointAdapter):
 
 TIREX = TiRexAdapter()
 ADAPTERS = (TIREX,)  # `python -m exp.export export --to tirex`
+# what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
+SIGNATURES = (("TiRex's release (NX-AI/TiRex: model.ckpt, a Lightning checkpoint)", "TiRex",
+               lambda files, config: LIGHTNING_NAME in files and SAFETENSORS_NAME not in files),)
