@@ -3,6 +3,7 @@ modules, nothing imported upward (a model file knows neither the experiment, nor
 checkpoints; utils/ is the floor, importing none of the other packages; the product imports neither
 benchmarks/ nor lab/), and a training loop small enough to read top to bottom."""
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -268,3 +269,116 @@ def test_a_settled_run_refuses_every_write():
     assert not set(Run.RUN_FIELDS) & set(vars(configs))
     configs.seq_len = 1  # the model's own copy
     assert run.seq_len == 48
+
+
+# ------------------------------------------------------------ a release is one folder
+# A released foundation model is models/foundation/<release>/: its model (<Name>.py, --model <Name>), adapter,
+# cross-check and README. No other file of code or configuration names it, by its --model name or its folder's
+# path, so that adding a release is one new folder and one row of the foundation contract's table: that row is the
+# one line of tests/test_foundation.py that may name it. pyproject.toml's optional dependencies name packages (their
+# comments say which --model each installs for), so that section may too.
+ROW_FILE = "tests/test_foundation.py"
+RULE_FILE = "tests/test_architecture.py"  # this file: PENDING below names the folders
+OPTIONAL_DEPENDENCIES = "[project.optional-dependencies]"
+# The files that name releases today, each with the release folders it names: the list may only shrink (a file that
+# stops naming one must leave it here too), and no other file may join it. Left: the per-release test files and
+# the bad-input catalogue (to become the table's rows or move into their folders), tests that name releases in
+# refusals, adapters whose refusals name a relative's --model by hand, and three product lines (one release's
+# argument's help, two comments).
+PENDING = {
+    "exp/adaptation.py": ["time_moe"],
+    "models/foundation/chronos2/adapter.py": ["tirex"],
+    "models/foundation/chronos_bolt/adapter.py": ["chronos2"],
+    "models/foundation/sundial/adapter.py": ["chronos2", "chronos_bolt", "time_moe", "timer_base"],
+    "models/foundation/timer_base/adapter.py": ["sundial", "time_moe"],
+    "tests/bad_inputs.py": ["chronos2", "chronos_bolt", "moirai2", "sundial", "time_moe", "timer_base",
+                            "timesfm25", "tirex"],
+    "tests/test_foundation.py": ["time_moe", "tirex"],
+    "tests/test_foundation_chronos2.py": ["chronos2"],
+    "tests/test_foundation_chronos_bolt.py": ["chronos_bolt"],
+    "tests/test_foundation_moirai2.py": ["moirai2"],
+    "tests/test_foundation_sundial.py": ["sundial"],
+    "tests/test_foundation_time_moe.py": ["time_moe"],
+    "tests/test_foundation_timer_base.py": ["timer_base"],
+    "tests/test_foundation_timesfm25.py": ["timesfm25"],
+    "tests/test_foundation_tirex.py": ["tirex"],
+    "tests/test_gift_eval.py": ["chronos_bolt"],
+    "tests/test_openltm_checkpoints.py": ["sundial", "time_moe", "timer_base"],
+    "tests/test_zero_shot.py": ["chronos2", "chronos_bolt", "timer_base", "timesfm25", "tirex"],
+    "utils/arguments.py": ["sundial"],
+    "utils/probabilistic.py": ["tirex"],
+}
+
+
+def releases(root):
+    """{folder: --model name} of root/models/foundation/<folder>/<Name>.py defining a Model class."""
+    found = {}
+    for folder in sorted(path for path in (root / "models" / "foundation").glob("*") if path.is_dir()):
+        for path in sorted(folder.glob("*.py")):
+            if "class Model(" in path.read_text():
+                found[folder.name] = path.stem
+    return found
+
+
+def _checked_lines(rel, text):
+    """The lines of a file the rule reads: pyproject.toml without its optional-dependencies section."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if rel == "pyproject.toml" and line.startswith("["):
+            inside = line.strip() == OPTIONAL_DEPENDENCIES
+        if not inside:
+            lines.append(line)
+    return lines
+
+
+def files_naming_releases(root):
+    """{file: the release folders whose release it names (by --model name or folder path) outside them, beyond the
+    table's one row}, for every .py and .toml file."""
+    found = releases(root)
+    patterns = {name: re.compile(rf"\b{re.escape(name)}\b|foundation[./]{re.escape(folder)}\b")
+                for folder, name in found.items()}
+    named = {}
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.toml")]):
+        parts = path.relative_to(root).parts
+        if any(part.startswith(".") or part.endswith(".egg-info") for part in parts):
+            continue
+        rel = "/".join(parts)
+        if rel == RULE_FILE:
+            continue
+        lines = _checked_lines(rel, path.read_text(errors="replace"))
+        for folder, name in found.items():
+            if rel.startswith(f"models/foundation/{folder}/"):
+                continue
+            hits = sum(1 for line in lines if patterns[name].search(line))
+            if hits > (1 if rel == ROW_FILE else 0):
+                named.setdefault(rel, []).append(folder)
+    return named
+
+
+def test_a_release_is_named_only_in_its_folder():
+    named = files_naming_releases(REPO)
+    new = {rel: names for rel, names in named.items() if not set(names) <= set(PENDING.get(rel, ()))}
+    assert not new, f"files naming a release outside its folder (models/foundation/<release>/): {new}"
+    gone = {rel: sorted(set(names) - set(named.get(rel, ()))) for rel, names in PENDING.items()
+            if set(names) - set(named.get(rel, ()))}
+    assert not gone, f"no longer named, drop them from PENDING: {gone}"
+
+
+def test_the_release_rule_finds_a_planted_name(tmp_path):
+    """A tiny tree: a release folder, its name in the product, in a second line of the table, and in pyproject's
+    optional dependencies (allowed) and elsewhere in pyproject (not)."""
+    (tmp_path / "models" / "foundation" / "net").mkdir(parents=True)
+    (tmp_path / "models" / "foundation" / "net" / "NetX.py").write_text("class Model(object):\n    pass\n")
+    (tmp_path / "models" / "foundation" / "net" / "adapter.py").write_text("MODEL = 'NetX'\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_foundation.py").write_text("ROWS = [Row('NetX', folder='net')]\n")
+    (tmp_path / "pyproject.toml").write_text("[project.optional-dependencies]\nnet = ['netx']  # --model NetX\n")
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "tools.py").write_text("import os\n")
+    assert files_naming_releases(tmp_path) == {}
+    (tmp_path / "utils" / "tools.py").write_text("from models.foundation.net import adapter  # for NetX\n")
+    (tmp_path / "tests" / "test_foundation.py").write_text("ROWS = [Row('NetX', folder='net')]\nSPECIAL = 'NetX'\n")
+    (tmp_path / "pyproject.toml").write_text("[project.optional-dependencies]\nnet = ['netx']  # --model NetX\n"
+                                             "[tool.x]\nname = 'NetX'\n")
+    assert files_naming_releases(tmp_path) == {"pyproject.toml": ["net"], "tests/test_foundation.py": ["net"],
+                                               "utils/tools.py": ["net"]}
