@@ -14,7 +14,8 @@ from test_model_contract import undated_data  # noqa: F401 (a fixture the output
 
 TEMPLATE_DOC = REPO / "models" / "README.md"
 TEMPLATE_HEADING = "## The template"
-DOCS = [REPO / "README.md", TEMPLATE_DOC, *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", TEMPLATE_DOC, *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "models" / "foundation").glob("*/README.md"))]  # each release's page
 
 FENCED_PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 # [text](target) and ![alt](target); a target ends at whitespace or the closing parenthesis
