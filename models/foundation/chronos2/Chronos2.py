@@ -7,7 +7,7 @@ Univariate to Universal Forecasting", arXiv 2510.15821, 2025; weights: Hugging F
 Design: built on the official package's model module, chronos-forecasting's chronos.chronos2.Chronos2Model (the
 optional extra `chronos`), not a native copy: it installs beside torch 2.13 and pandas 3 without pinning them, it
 loads a folder offline (we read its config.json and the weights ourselves, never from_pretrained), and its model
-is a plain torch module that trains under DDP. Its code is imported, never copied (models/foundation/chronos2/adapter.py converts the
+is a plain torch module that trains under DDP. Its code is imported, never copied (adapter.py converts the
 released folder in and out).
 
 Here each channel of a window is its own univariate series, its own group: [B, L, C] -> [B * C, L] in one
@@ -142,7 +142,7 @@ class Model(nn.Module):
             forecasting["max_output_patches"] = max(forecasting["max_output_patches"], self.num_output_patches)
         self.one_pass = forecasting["max_output_patches"]  # output patches of one forward; more: rolled out
         for name, value in chronos2.config_buffers(config).items():
-            self.register_buffer(name, value)  # the config.json that export writes (models/foundation/chronos2/adapter.py)
+            self.register_buffer(name, value)  # the config.json that export writes (adapter.py)
         self._register_load_state_dict_pre_hook(self._keep_more_output_patches)
         self.chronos = Chronos2Model(Chronos2CoreConfig(**config))
         _key_attention_dropout(self.chronos, config["dropout_rate"])

@@ -1,5 +1,5 @@
 """Chronos-2 as released (Hugging Face amazon/chronos-2: config.json + model.safetensors, written by
-chronos-forecasting's Chronos2Model.save_pretrained) in and out of models/foundation/chronos2/Chronos2.py.
+chronos-forecasting's Chronos2Model.save_pretrained) in and out of Chronos2.py.
 
 Our model holds the package's Chronos2Model under `chronos.`, so the released keys are ours without that
 prefix, one for one (encoder.block.N.layer.{0: time attention, 1: group attention, 2: feed-forward}, ...).
@@ -116,7 +116,7 @@ def config_of_buffers(state):
 
 
 class Chronos2Adapter(CheckpointAdapter):
-    """amazon/chronos-2 (model.safetensors + config.json) read into models/foundation/chronos2/Chronos2.py and written back."""
+    """amazon/chronos-2 (model.safetensors + config.json) read into Chronos2.py and written back."""
     model = "Chronos2"
     what = f"Chronos-2 as released ({HUB_ID}: chronos-forecasting's Chronos2Model, config.json + {SAFETENSORS_NAME})"
     export_format = "chronos2"

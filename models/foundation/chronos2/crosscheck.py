@@ -1,4 +1,4 @@
-"""Chronos-2 (models/foundation/chronos2/Chronos2.py) against chronos-forecasting's Chronos2Pipeline, at the released size of
+"""Chronos-2 (Chronos2.py) against chronos-forecasting's Chronos2Pipeline, at the released size of
 amazon/chronos-2 (d_model 768, 12 layers, 12 heads, d_ff 3072, 21 quantiles, patches of 16, context 8192, 64
 output patches: 119,477,664 parameters), random weights saved by the package's own Chronos2Model.save_pretrained:
 

@@ -1,6 +1,6 @@
 """Chronos-Bolt's released checkpoints in and out: the folder a user downloads from the Hugging Face hub
 (amazon/chronos-bolt-tiny, -mini, -small, -base: config.json + model.safetensors), read into our
-models/foundation/chronos_bolt/ChronosBolt.py and written back so chronos-forecasting's ChronosBoltPipeline reads it.
+ChronosBolt.py and written back so chronos-forecasting's ChronosBoltPipeline reads it.
 
 Our model holds the package's own module (chronos.chronos_bolt.ChronosBoltModelForForecasting) as `bolt`, so the
 key table is one prefix:
@@ -11,7 +11,7 @@ key table is one prefix:
 | `bolt.{encoder,decoder}.embed_tokens.weight` | (tied to `shared.weight`) | a file has one or more of the 3 |
 | (none) | `lm_head.weight` | T5's language-model head, which the package ignores on load: dropped |
 
-The shapes come from config.json (models/foundation/chronos_bolt/ChronosBolt.py reads it when --pretrain_model_path names the folder).
+The shapes come from config.json (ChronosBolt.py reads it when --pretrain_model_path names the folder).
 Export writes config.json from the weights' shapes, plus the fields no weight shows (context_length,
 relative_attention_max_distance, layer_norm_epsilon, the activation) at the released values.
 
@@ -133,7 +133,7 @@ OURS_SIGNATURE = r"^bolt\.input_patch_embedding\.hidden_layer\.weight$"
 
 
 class ChronosBoltAdapter(CheckpointAdapter):
-    """Chronos-Bolt's released model.safetensors <-> our models/foundation/chronos_bolt/ChronosBolt.py."""
+    """Chronos-Bolt's released model.safetensors <-> our ChronosBolt.py."""
     model = "ChronosBolt"
     what = "Chronos-Bolt's released checkpoint (amazon/chronos-bolt-*: config.json + model.safetensors)"
     export_format = "chronos-bolt"

@@ -1,4 +1,4 @@
-"""ChronosBolt (models/foundation/chronos_bolt/ChronosBolt.py) against chronos-forecasting's ChronosBoltPipeline, at the four released
+"""ChronosBolt (ChronosBolt.py) against chronos-forecasting's ChronosBoltPipeline, at the four released
 sizes (amazon/chronos-bolt-tiny, -mini, -small, -base: 9M, 21M, 48M, 205M parameters), random weights in the
 released layout written by the package's save_pretrained:
 

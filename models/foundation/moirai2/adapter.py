@@ -1,6 +1,6 @@
 """Moirai 2.0's released checkpoint in and out: the folder a user downloads from the Hugging Face hub
 (Salesforce/moirai-2.0-R-small: config.json + model.safetensors, written by uni2ts's Moirai2Module through
-huggingface_hub's PyTorchModelHubMixin), read into our models/foundation/moirai2/Moirai2.py and written back so that uni2ts 2.0's
+huggingface_hub's PyTorchModelHubMixin), read into our Moirai2.py and written back so that uni2ts 2.0's
 `Moirai2Module.from_pretrained(DST)` reads it.
 
 What the release is (uni2ts 2.0.0, uni2ts/model/moirai2/module.py): config.json holds Moirai2Module's constructor
@@ -12,7 +12,7 @@ arguments, nothing else (no model_type, no architectures):
 The number of heads is not a field: uni2ts's TransformerEncoder takes d_model // 64 (6 heads of 64). The
 weights (11,387,208 parameters) are named as Moirai2Module names them; our model keeps the same module tree
 under `moirai.`, so the key table is one prefix, and one move (the any-variate biases, which ours keeps frozen
-apart from the layers: models/foundation/moirai2/Moirai2.py):
+apart from the layers: Moirai2.py):
 
 | ours | released model.safetensors | shape (released) |
 |---|---|---|
@@ -107,7 +107,7 @@ def check_config(config, where):
 
 # ------------------------------------------------------------ the adapter
 class Moirai2Adapter(CheckpointAdapter):
-    """Moirai 2.0's released model.safetensors (uni2ts Moirai2Module) <-> our models/foundation/moirai2/Moirai2.py."""
+    """Moirai 2.0's released model.safetensors (uni2ts Moirai2Module) <-> our Moirai2.py."""
     model = "Moirai2"
     what = f"Moirai 2.0's released checkpoint ({HUB_ID}: config.json + model.safetensors)"
     export_format = "moirai2"

@@ -1,4 +1,4 @@
-"""Moirai 2.0 (models/foundation/moirai2/Moirai2.py) against the official uni2ts 2.0.0 at the released configuration's shapes
+"""Moirai 2.0 (Moirai2.py) against the official uni2ts 2.0.0 at the released configuration's shapes
 (Salesforce/moirai-2.0-R-small: d_model 384, 6 layers of 6 heads, d_ff 1024, patch 16, 4 tokens a step, 9
 quantile levels: 11,387,208 parameters), random weights written as the release is (Moirai2Module.save_pretrained:
 config.json + model.safetensors).

@@ -6,8 +6,8 @@ Foundation Models", ICML 2025.
 
 A native implementation, plain torch, written from the reference code's facts (the release's modeling_sundial.py
 and flow_loss.py, which run only through transformers' trust_remote_code and, for generate, transformers 4.40):
-the same weights (models/foundation/sundial/adapter.py maps the released keys), the same arithmetic, the same sampler and rollout.
-models/foundation/sundial/crosscheck.py holds it to the reference: equal velocities, losses and samples for the same
+the same weights (adapter.py maps the released keys), the same arithmetic, the same sampler and rollout.
+crosscheck.py holds it to the reference: equal velocities, losses and samples for the same
 noise.
 
 What a forecast is (the reference's generate(revin=True, num_samples=S)): each series is normalised by its

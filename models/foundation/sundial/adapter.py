@@ -1,6 +1,6 @@
 """Sundial's release in and out: the folder a user downloads from the Hugging Face hub (thuml/sundial-base-128m:
 config.json + model.safetensors, its model code on the hub, run with trust_remote_code), read into our native
-models/foundation/sundial/Sundial.py and written back by `python -m exp.export export --to sundial`.
+Sundial.py and written back by `python -m exp.export export --to sundial`.
 
 The key table (the release's SundialForPrediction: a decoder `model.*` and a flow-matching head `flow_loss.net.*`):
 
@@ -11,7 +11,7 @@ The key table (the release's SundialForPrediction: a decoder `model.*` and a flo
 | `norm.*` | `model.norm.*` |
 | `flow.*` (time_embed, cond_embed, input_proj, res_blocks.N, final_layer) | `flow_loss.net.*` |
 
-The architecture comes from config.json (models/foundation/sundial/Sundial.py reads it when --pretrain_model_path names the
+The architecture comes from config.json (Sundial.py reads it when --pretrain_model_path names the
 folder); fields the file leaves out take SundialConfig's defaults, as the reference's from_pretrained does.
 An export writes config.json from the weights' shapes, plus the fields no weight shows (num_sampling_steps,
 diffusion_batch_mul, dropout_rate, max_position_embeddings) at the released values.
@@ -52,7 +52,7 @@ RELEASED_HEADER = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
                    "auto_map": {"AutoConfig": "configuration_sundial.SundialConfig",
                                 "AutoModelForCausalLM": "modeling_sundial.SundialForPrediction"},
                    "torch_dtype": "float32"}
-ACTIVATIONS = ("silu", "swish", "gelu", "relu")  # transformers' ACT2FN names models/foundation/sundial/Sundial.py computes
+ACTIVATIONS = ("silu", "swish", "gelu", "relu")  # transformers' ACT2FN names Sundial.py computes
 
 
 def generic_config(configs):
@@ -87,8 +87,8 @@ def check_config(config, where):
                                  where, "Sundial"))
     config = {**RELEASED, **config}
     if str(config["hidden_act"]) not in ACTIVATIONS:
-        raise UserError(f"{where}: hidden_act {config['hidden_act']} is not one models/foundation/sundial/Sundial.py computes "
-                        f"({', '.join(ACTIVATIONS)})")
+        raise UserError(f"{where}: hidden_act {config['hidden_act']} is not one models/foundation/sundial/Sundial.py "
+                        f"computes ({', '.join(ACTIVATIONS)})")
     lens = config["output_token_lens"]
     if not isinstance(lens, list) or not lens or not all(isinstance(n, int) and n > 0 for n in lens):
         raise UserError(f"{where}: output_token_lens {lens!r} is not a list of positive step counts")
@@ -123,7 +123,7 @@ def fields_of(tensor):
 
 
 class SundialAdapter(CheckpointAdapter):
-    """thuml's released Sundial (config.json + model.safetensors) <-> our models/foundation/sundial/Sundial.py."""
+    """thuml's released Sundial (config.json + model.safetensors) <-> our Sundial.py."""
     model = "Sundial"
     what = f"Sundial's released checkpoint ({HUB_ID}: config.json + model.safetensors)"
     export_format = "sundial"

@@ -1,4 +1,4 @@
-"""Sundial (models/foundation/sundial/Sundial.py) against the reference code (thuml/sundial-base-128m's modeling_sundial.py and
+"""Sundial (Sundial.py) against the reference code (thuml/sundial-base-128m's modeling_sundial.py and
 flow_loss.py, as sktime 1.2 vendors them: sktime.libs.sundial), at the released configuration (hidden 768, 12
 layers of 12 heads, intermediate 3072, tokens of 16, one output token of 720, TimeFlow depth 3, 50 sampling steps,
 diffusion_batch_mul 4: 128M parameters), random weights saved by the reference's own save_pretrained:

@@ -1,7 +1,7 @@
 """Time-MoE: a decoder-only transformer over single time points with sparse mixture-of-experts feed-forward layers
 and several output heads, each forecasting the next 1, 8, 32 or 64 steps of every token. Shi et al., "Time-MoE:
 Billion-Scale Time Series Foundation Models with Mixture of Experts", ICLR 2025; weights Maple728/TimeMoE-50M and
-Maple728/TimeMoE-200M (models/foundation/time_moe/adapter.py reads and writes them).
+Maple728/TimeMoE-200M (adapter.py reads and writes them).
 
 Native: written here in plain torch from the paper, the released config.json files and Time-MoE's own code
 (time_moe/models/modeling_time_moe.py and ts_generation_mixin.py, read as facts), because that code exists only

@@ -1,5 +1,5 @@
 """Time-MoE's released checkpoints in and out: the folder a user downloads from the Hugging Face hub
-(Maple728/TimeMoE-50M, Maple728/TimeMoE-200M: config.json + model.safetensors), read into our models/foundation/time_moe/TimeMoE.py,
+(Maple728/TimeMoE-50M, Maple728/TimeMoE-200M: config.json + model.safetensors), read into our TimeMoE.py,
 and written back by `python -m exp.export export --to time-moe` so that Time-MoE's own code
 (time_moe/models/modeling_time_moe.py, TimeMoeForPrediction.from_pretrained) reads it.
 
@@ -24,7 +24,7 @@ or down):
 
 `release_fields` is our one buffer: the config.json fields no weight's shape shows (the number of attention heads,
 top-k, the rotary base, ...), kept with the weights so that a fine-tuned checkpoint exports its own values and
-is refused by a model built with others (models/foundation/time_moe/TimeMoE.py). It holds their float64 bits in an int64 tensor,
+is refused by a model built with others (TimeMoE.py). It holds their float64 bits in an int64 tensor,
 which a cast of the model to another float type leaves exact.
 
 The released configurations (config.json of both folders, transformers 4.40.1, bfloat16 weights): hidden_size
@@ -192,7 +192,7 @@ OURS_SIGNATURE = r"^layers\.\d+\.(moe\.router|mlp\.gate)\.weight$"
 
 
 class TimeMoeAdapter(CheckpointAdapter):
-    """Time-MoE's released model.safetensors + config.json <-> our models/foundation/time_moe/TimeMoE.py."""
+    """Time-MoE's released model.safetensors + config.json <-> our TimeMoE.py."""
     model = "TimeMoE"
     what = "Time-MoE's released checkpoint (Maple728/TimeMoE-*: config.json + model.safetensors)"
     export_format = "time-moe"

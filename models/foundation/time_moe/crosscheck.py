@@ -1,4 +1,4 @@
-"""Time-MoE (models/foundation/time_moe/TimeMoE.py) against Time-MoE's own code at the released configurations' shapes (TimeMoE-50M:
+"""Time-MoE (TimeMoE.py) against Time-MoE's own code at the released configurations' shapes (TimeMoE-50M:
 hidden 384, intermediate 1536; TimeMoE-200M: hidden 768, intermediate 3072; both 12 layers of 12 heads, 8 experts,
 top-2, heads [1, 8, 32, 64]), random weights saved by the reference (save_pretrained: config.json +
 model.safetensors, the released layout). Run in the reference's environment:

@@ -27,7 +27,7 @@ calc_ar_loss: token i predicts the next output_token_len steps after it, squared
 over tokens and heads), on the series normalised by the context's mean and standard deviation as zero-shot
 forecasting normalises it; a last token whose label runs past the future is scored on the steps it has.
 
-Shapes: with --pretrain_model_path a release folder every size comes from its config.json (models/foundation/timer_base/adapter.py);
+Shapes: with --pretrain_model_path a release folder every size comes from its config.json (adapter.py);
 without one, the release's architecture at --d_model, --n_heads, --e_layers, --d_ff, --input_token_len and one
 head of --output_token_len, --dropout as the attention weights' dropout (the release's attention_dropout, 0.0).
 

@@ -1,5 +1,5 @@
 """Timer as released on the Hugging Face hub (thuml/timer-base-84m: config.json + model.safetensors), read into our
-models/foundation/timer_base/TimerBase.py and written back by `python -m exp.export export --to timer-base`, a folder the release's
+TimerBase.py and written back by `python -m exp.export export --to timer-base`, a folder the release's
 own code (`TimerForPrediction.from_pretrained`, trust_remote_code; sktime.libs.timer) reads.
 
 The key table (`{n}` a layer, `{i}` an output head, `{p}` weight or bias):
@@ -54,7 +54,7 @@ NEEDED = ("input_token_len", "output_token_lens", "hidden_size", "intermediate_s
 
 
 def shape_from_config(config, where):
-    """The sizes models/foundation/timer_base/TimerBase.py is built with, from a release's config.json (dict); one line naming what is
+    """The sizes TimerBase.py is built with, from a release's config.json (dict); one line naming what is
     not Timer's or what is missing."""
     if config.get("model_type") != MODEL_TYPE:
         names = [str(config[k]) for k in ("model_type", "architectures") if k in config]
@@ -147,7 +147,7 @@ def release_config(state):
 
 
 class TimerBaseAdapter(CheckpointAdapter):
-    """thuml/timer-base-84m's model.safetensors + config.json <-> our models/foundation/timer_base/TimerBase.py."""
+    """thuml/timer-base-84m's model.safetensors + config.json <-> our TimerBase.py."""
     model = "TimerBase"
     what = f"Timer as released on Hugging Face ({HUB_ID}: model.layers.N.self_attn.q_proj, lm_heads.N)"
     export_format = "timer-base"

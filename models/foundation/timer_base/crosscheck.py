@@ -1,4 +1,4 @@
-"""TimerBase (models/foundation/timer_base/TimerBase.py) against the release's own code, thuml/timer-base-84m's modeling_timer.py as sktime
+"""TimerBase (TimerBase.py) against the release's own code, thuml/timer-base-84m's modeling_timer.py as sktime
 1.2 vendors it (sktime.libs.timer: TimerForPrediction, its generate), at the released configuration (hidden 1024,
 8 layers of 8 heads, intermediate 2048, tokens of 96, one head of 96: 84,142,080 parameters), random weights saved
 by the reference's save_pretrained (config.json + model.safetensors, the release's layout).
@@ -90,7 +90,7 @@ def reference_forecast(model, windows, pred_len):
 
 def reference_losses(model, windows, future):
     """The reference's training loss (forward(input_ids, labels)) of each window's series, normalised by its
-    context's statistics as models/foundation/timer_base/TimerBase.py normalises it: [B * C] (pred_len whole tokens of one head)."""
+    context's statistics as TimerBase.py normalises it: [B * C] (pred_len whole tokens of one head)."""
     token = model.config.input_token_len
     batch, seq_len, channels = windows.shape
     context = windows[:, seq_len % token:].transpose(1, 2).reshape(batch * channels, -1)

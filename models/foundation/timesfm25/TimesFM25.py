@@ -55,7 +55,7 @@ FORECAST_FLAGS = {"normalize_inputs": True, "use_continuous_quantile_head": True
 
 
 def definition(sizes):
-    """The package's TimesFM_2p5_200M_Definition with `sizes` (models.foundation.timesfm25.adapter.architecture's names)."""
+    """The package's TimesFM_2p5_200M_Definition with `sizes` (adapter.architecture's names)."""
     block = RELEASED.stacked_transformers
     return dataclasses.replace(
         RELEASED,

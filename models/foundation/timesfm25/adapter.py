@@ -1,6 +1,6 @@
 """TimesFM 2.5's released checkpoint in and out: the folder google/timesfm-2.5-200m-pytorch (the timesfm
 package's layout: model.safetensors holding the state_dict of its TimesFM_2p5_200M_torch_module, and the
-config.json its PyTorchModelHubMixin writes, which holds no shapes), read into models/foundation/timesfm25/TimesFM25.py and
+config.json its PyTorchModelHubMixin writes, which holds no shapes), read into TimesFM25.py and
 written back so that the package's TimesFM_2p5_200M_torch.from_pretrained(folder) reads it.
 
 The key table is one prefix: our Model keeps the package's module as `timesfm`, so `timesfm.<key>` is the

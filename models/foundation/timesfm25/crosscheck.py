@@ -1,4 +1,4 @@
-"""TimesFM 2.5 (models/foundation/timesfm25/TimesFM25.py) against the timesfm package, at the released size (231M parameters, random
+"""TimesFM 2.5 (TimesFM25.py) against the timesfm package, at the released size (231M parameters, random
 weights in the released layout written by the package's save_pretrained):
 
 - crosscheck(): our quantile forecasts against the package's TimesFM_2p5_200M_torch.from_pretrained(folder),
