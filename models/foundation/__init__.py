@@ -18,7 +18,7 @@ _HERE = Path(__file__).parent
 
 
 def release_folders():
-    """The release folders' names (tirex, chronos_bolt, ...), sorted."""
+    """The release folders' names, sorted."""
     return sorted(info.name for info in pkgutil.iter_modules([str(_HERE)]) if info.ispkg)
 
 
