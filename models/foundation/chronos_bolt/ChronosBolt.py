@@ -3,7 +3,7 @@ of its own: instance-normalised, cut into patches of 16 steps (with a mask of th
 residual MLP and encoded with a [REG] token; one decoder step reads the encoding and a residual MLP maps it to 9
 quantiles (0.1, ..., 0.9) of the next 64 steps, scaled back. Ansari et al., "Chronos: Learning the Language of
 Time Series", TMLR 2024; Chronos-Bolt: chronos-forecasting 1.5 and the AWS blog of 2024-11-25. Released weights:
-amazon/chronos-bolt-{tiny,mini,small,base} (docs/foundation.md).
+amazon/chronos-bolt-{tiny,mini,small,base} (README.md here).
 
 Built on the official package's model module, chronos.chronos_bolt.ChronosBoltModelForForecasting (the optional
 extra `pip install -e '.[chronos]'`), not a native copy: chronos-forecasting installs beside torch 2.13 and

@@ -18,7 +18,7 @@ clean sample, so v - noise is the straight path's velocity). A horizon past one 
 the samples' (lower) median is appended to the normalised context and the decoder reads the longer series again
 (the reference keeps a key-value cache; the same tokens, the same attention). The samples are scaled back, and
 the model returns their quantiles at `quantile_levels`: [B, pred_len, C, 9]. The experiment scores the 0.5 level
-as the point forecast; the paper scores the samples' mean (docs/foundation.md).
+as the point forecast; the paper scores the samples' mean (README.md here).
 
 Randomness follows the window: every draw (the sampler's noise, the flow-matching noise and times) goes through
 layers.noise, rows window-major ((window, channel, sample) order), so samples and metrics are the same on any

@@ -5,7 +5,7 @@ modeling_timer.py / configuration_timer.py / ts_generation_mixin.py (its own cod
 vendors it as sktime.libs.timer), read for the facts below. A native implementation (plain torch): the release's
 code needs trust_remote_code and transformers 4.40 (its generate does not run under transformers 5).
 
-What it computes (docs/foundation.md ## TimerBase):
+What it computes (README.md here):
 - each channel a series of its own, all of a batch in one forward ([B, L, C] -> B*C series -> [B, pred_len, C]);
 - the context is the window's last floor(L / 96) * 96 steps (the release's generate cuts a context that is not a
   whole number of tokens from the front), normalised by its mean and (unbiased) standard deviation;

@@ -2,7 +2,7 @@
 of its own; 32-step input patches (instance-normalised by their running statistics) go through 20 causal layers,
 and the last patch's token forecasts the next 128 steps (mean and quantiles 0.1..0.9) and, from a separate head,
 1024 steps of quantile spreads. Das et al., "A decoder-only foundation model for time-series forecasting", ICML
-2024; weights google/timesfm-2.5-200m-pytorch (docs/foundation.md#timesfm25).
+2024; weights google/timesfm-2.5-200m-pytorch (README.md here).
 
 Built on the official timesfm package (its TimesFM_2p5_200M_torch_module, layers, running statistics and RevIN;
 pip install -e '.[timesfm]'), not on transformers' TimesFm2_5ModelForPrediction: the package is the reference
