@@ -399,8 +399,8 @@ def test_a_missing_or_partial_folder_is_one_line(name, tmp_path):
     row = needs(RELEASES[name])
     assert "not found" in refusal(row, tmp_path / row.dirname)
     weights = "model.ckpt" if "model.ckpt" in row.files else "model.safetensors"
-    partial = released_folder(row, tmp_path / "partial", lacking=weights)
-    message = refusal(row, partial)
+    partial = released_folder(row, tmp_path, lacking=weights)
+    message = refusal(row, partial).replace(str(tmp_path), "DIR")  # the test's own folder is named "...partial..."
     assert weights in message and ("partial" in message or "lacks" in message or "has no" in message), message
 
 
