@@ -12,6 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HIDDEN_GPUS = "TSL_TESTS_HIDE_GPUS"
 
+# Under pytest-xdist (-n 2) two workers share the cores, and OpenMP's threads that spin at every barrier then wait
+# a scheduler slice for each descheduled neighbour (utils/threads.py): each worker's in-process runs wait passively.
+# Set before torch loads, which reads it once; it changes only the speed, never a number.
+if os.environ.get("PYTEST_XDIST_WORKER") and "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_configure(config):
     """The CPU suite is the same on every machine: its multi-process runs are gloo runs on the CPU (on a

@@ -280,6 +280,7 @@ def a_silent_listener():
 def srun_tasks_alone(argv, environments, timeout):
     """run.py as srun's tasks without --kill-on-bad-exit (srun's default): no task is stopped when another
     fails. [(exit code or None if still running at `timeout`, seconds it ran, its stderr)] in task order."""
+    warm_context()  # the fork server started (its imports take seconds) before the clock does
     with tempfile.TemporaryDirectory() as folder:
         started = time.monotonic()
         processes, streams = start_tasks(argv, environments, folder)
