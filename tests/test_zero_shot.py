@@ -151,18 +151,10 @@ def demand(folder, rows=400):
 
 
 def write_release(model, folder):
-    if model == "ChronosBolt":
-        from test_foundation_chronos_bolt import write_fixture
-        return write_fixture(folder / "chronos-bolt")
-    if model == "Chronos2":
-        from test_foundation_chronos2 import release_folder
-        return release_folder(folder / "chronos-2")
-    if model == "TiRex":
-        from test_foundation_tirex import write_release as tirex_release
-        return tirex_release(folder / "NX-AI" / "TiRex")
-    from test_foundation_timesfm25 import write_release as timesfm_release
-    (folder / "timesfm").mkdir()
-    return timesfm_release(folder / "timesfm")
+    """`model`'s release folder as the foundation contract writes it (tests/test_foundation.py's table)."""
+    from test_foundation import RELEASES, released_folder
+
+    return released_folder(RELEASES[model], folder)
 
 
 def packages_quantiles(model, release, windows, pred_len, monkeypatch):
@@ -181,10 +173,11 @@ def packages_quantiles(model, release, windows, pred_len, monkeypatch):
     if model == "TiRex":
         from test_foundation_tirex import packages_forecast
         return packages_forecast(release, windows, pred_len, monkeypatch)
-    from test_foundation_timesfm25 import packages_forecast, reduced_definition
+    from test_foundation import timesfm25_reduced_definition
+    from test_foundation_timesfm25 import packages_forecast
     from timesfm.timesfm_2p5 import timesfm_2p5_torch as package
 
-    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
+    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return packages_forecast(package.TimesFM_2p5_200M_torch, release, windows, pred_len)
 
