@@ -49,7 +49,7 @@ def load_pretrained(model, path, device):
 # ------------------------------------------------------------ released models see the series as given
 def series_as_given(model, args):
     """Whether `model` (a class or an instance) forecasts the series as the data file holds it: its
-    `series_as_given`, True or a function of the run's arguments (TimeMoE: --use_norm), default False."""
+    `series_as_given`, True or a function of the run's arguments (one release's reads --use_norm), default False."""
     declared = getattr(model, "series_as_given", False)
     return bool(declared(args) if callable(declared) else declared)
 

@@ -283,11 +283,9 @@ OPTIONAL_DEPENDENCIES = "[project.optional-dependencies]"
 # The files that name releases today, each with the release folders it names: the list may only shrink (a file that
 # stops naming one must leave it here too), and no other file may join it. Left: the per-release test files and
 # the bad-input catalogue (to become the table's rows or move into their folders), tests that name releases in
-# refusals, adapters whose refusals name a relative's --model by hand, and three product lines (one release's
-# argument's help, two comments).
+# refusals, adapters whose refusals name a relative's --model by hand, and one product line (one release's
+# argument's help).
 PENDING = {
-    "exp/adaptation.py": ["time_moe"],
-    "models/foundation/chronos2/adapter.py": ["tirex"],
     "models/foundation/chronos_bolt/adapter.py": ["chronos2"],
     "models/foundation/sundial/adapter.py": ["chronos2", "chronos_bolt", "time_moe", "timer_base"],
     "models/foundation/timer_base/adapter.py": ["sundial", "time_moe"],
@@ -306,7 +304,6 @@ PENDING = {
     "tests/test_openltm_checkpoints.py": ["sundial", "time_moe", "timer_base"],
     "tests/test_zero_shot.py": ["chronos2", "chronos_bolt", "timer_base", "timesfm25", "tirex"],
     "utils/arguments.py": ["sundial"],
-    "utils/probabilistic.py": ["tirex"],
 }
 
 

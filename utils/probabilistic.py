@@ -102,8 +102,8 @@ class QuantileObjective:
     """One block of the horizon per quantile level; pinball loss averaged over levels and elements.
 
     `native`: the quantiles are a released model's own (its quantile_levels), read as it forecasts them. Its
-    package's pipeline returns them unsorted (Chronos-Bolt, Chronos-2, TiRex, Moirai 2.0; TimesFM 2.5 fixes
-    crossings inside its forecast, a documented flag of it) and GIFT-Eval scores them so: re-sorting here would
+    package's pipeline returns them unsorted (most released packages do; one fixes crossings inside its
+    forecast, a documented flag of it) and GIFT-Eval scores them so: re-sorting here would
     score another forecast than the package's. Quantiles trained here are sorted: a crossing is this codebase's
     training's, and sorting never raises the pinball loss."""
 

@@ -58,7 +58,7 @@ def read_release_config(path):
     config_file = os.path.join(folder, "config.json")
     missing = not (os.path.isfile(config_file) and os.path.isfile(os.path.join(folder, SAFETENSORS_NAME)))
     other = another_release(folder, "Chronos2", "Chronos-2") if missing else None
-    if other:  # another release's whole folder (TiRex's model.ckpt), not a partial one of Chronos-2
+    if other:  # another release's whole folder (a model.ckpt alone), not a partial one of Chronos-2
         raise UserError(other)
     if not os.path.isfile(config_file):
         raise UserError(f"{require_path} has no config.json: the folder of {HUB_ID} holds config.json and "
