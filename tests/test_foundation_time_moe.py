@@ -202,7 +202,7 @@ def test_export_writes_the_released_layout_and_reads_back(tmp_path):
 
 # ------------------------------------------------------------ through run.py
 EVAL = [*ETTH1_ARGS, "--model", "TimeMoE", "--seq_len", 96, "--label_len", 48, "--pred_len", 20,
-        "--val_windows", 30, "--test_windows", 40, "--num_threads", 1]
+        "--val_windows", 8, "--test_windows", 8, "--num_threads", 1]
 
 
 @pytest.fixture(scope="module")
