@@ -40,13 +40,6 @@ def checkpoints():
     return importlib.import_module("exp.export")
 
 
-def model_module(name):
-    """The module of `--model name`, wherever the registry finds it."""
-    from models import get_model_class
-
-    return importlib.import_module(get_model_class(name).__module__)
-
-
 # ------------------------------------------------------------------ each release's folder, as the hub lays it out
 def _damage(release, lacking=None, config=None, drop=None):
     """A written safetensors release without the file `lacking`, with `config` over config.json, without the tensor

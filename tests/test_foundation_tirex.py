@@ -10,13 +10,11 @@ import pytest
 import torch
 
 tirex = pytest.importorskip("tirex", reason="the tirex-ts package is not installed")
-from tirex.models.tirex import TiRexZero  # noqa: E402
 
+from exp.export import export, load_weights  # noqa: E402
 from models.foundation.tirex import TiRex  # noqa: E402
 from test_foundation import write_tirex  # noqa: E402
-from exp.export import export, load_weights  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from models.foundation.tirex.adapter import RELEASED  # noqa: E402
 
 
 @pytest.fixture(scope="module")
