@@ -13,6 +13,7 @@ import torch
 from data_provider.data_factory import prepared_data
 from data_provider.few_shot import check_subset_ratio
 from models.foundation import export_formats
+from models.foundation.release import open_release
 from utils import distributed
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require
@@ -38,7 +39,7 @@ def load_pretrained(model, path, device):
         require(os.path.exists(path), f"--pretrain_model_path {path} not found; pass the checkpoint.pth that a "
                                       "pre-training run wrote under its --checkpoints folder")
         try:
-            load_weights(module, path, map_location=device, formats=export_formats())
+            load_weights(module, path, map_location=device, formats=export_formats(), opener=open_release)
         except UserError as exc:
             raise UserError(f"cannot fine-tune from --pretrain_model_path: {exc}") from None
 

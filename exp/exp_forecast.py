@@ -30,6 +30,7 @@ from exp.outputs import (draw_forecasts, draw_training, original_scale_sums, out
 from exp.steps import (RunningLoss, StepLog, StepPlan, TrainingRun, evaluation_line, log_optimizer_state_bytes,
                        training_summary, with_last)
 from layers.dropout import mask_key, masks_follow_samples
+from models.foundation.release import open_release
 from utils import ddp, distributed
 from utils.checkpoint import TrainingState, checkpoint_path, load_weights, resume, save_best, save_training_state
 from utils.errors import require
@@ -295,4 +296,4 @@ def _load_evaluated(model, path, pretrained, device):
     require(not pretrained or os.path.exists(path),
             f"--pretrain_model_path {path} not found; pass the checkpoint of a pre-training run (its "
             "<checkpoints>/<setting>/checkpoint.pth, or OpenLTM's)")
-    load_weights(model, path, map_location=device)
+    load_weights(model, path, map_location=device, opener=open_release)  # a release folder: opened there

@@ -573,8 +573,8 @@ PROBES = [
     Probe("Chronos-Bolt folder of another model",
           _release("ChronosBolt", config={"architectures": ["Chronos2Model"], "model_type": "t5",
                                        "chronos_config": {"context_length": 8192}}),
-          "config.json is the config of another model (Chronos2Model, model_type t5; a Chronos-2 model: --model "
-          "Chronos2), not Chronos-Bolt's (ChronosBoltModelForForecasting)",
+          "config.json is the config of another model (Chronos2Model, model_type t5; Chronos-2's release "
+          "(amazon/chronos-2): --model Chronos2), not Chronos-Bolt's (ChronosBoltModelForForecasting)",
           shows="`--model ChronosBolt --pretrain_model_path` a folder whose config.json is Chronos-2's"),
     Probe("context longer than Chronos-Bolt reads", _release("ChronosBolt", context_length=32),
           "--seq_len 48 is longer than the 32 steps of context Chronos-Bolt reads (chronos_config.context_length of",
@@ -621,8 +621,8 @@ PROBES = [
           shows="a Timer folder whose model.safetensors lacks lm_heads.0.weight"),
     Probe("TimerBase folder of another model",
           _release("TimerBase", config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
-          "config.json is the config of another model (sundial / ['SundialForPrediction']; --model Sundial reads it), "
-          "not Timer's (model_type timer, thuml/timer-base-84m)",
+          "config.json is the config of another model (sundial / ['SundialForPrediction']; Sundial's release "
+          "(thuml/sundial-base-128m): --model Sundial), not Timer's (model_type timer, thuml/timer-base-84m)",
           shows="`--model TimerBase --pretrain_model_path` a folder whose config.json is Sundial's"),
     Probe("context shorter than one Timer token", lambda f: [*_release("TimerBase")(f), "--seq_len", 4, "--label_len", 2],
           "Timer reads whole tokens of 8 steps", shows="`--seq_len 4` from a Timer folder whose tokens are 8 steps "
@@ -642,8 +642,8 @@ PROBES = [
           shows="a Sundial folder whose model.safetensors lacks flow_loss.net.final_layer.linear.weight"),
     Probe("Sundial folder of another model",
           _release("Sundial", extra=SUNDIAL_SAMPLING, config={"model_type": "time_moe", "architectures": ["TimeMoeForPrediction"]}),
-          "config.json is the config of another model (TimeMoeForPrediction, model_type time_moe; Time-MoE: --model "
-          "TimeMoE), not Sundial's (SundialForPrediction, model_type sundial)",
+          "config.json is the config of another model (TimeMoeForPrediction, model_type time_moe; a Time-MoE release "
+          "(Maple728/TimeMoE-50M / -200M): --model TimeMoE), not Sundial's (SundialForPrediction, model_type sundial)",
           shows="`--model Sundial --pretrain_model_path` a folder whose config.json is Time-MoE's"),
     Probe("context shorter than one Sundial token", lambda f: [*_release("Sundial", extra=SUNDIAL_SAMPLING)(f), "--seq_len", 3, "--label_len", 2],
           "Sundial reads tokens of 4 steps and --seq_len 3 is shorter than one",

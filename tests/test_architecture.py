@@ -282,13 +282,9 @@ RULE_FILE = "tests/test_architecture.py"  # this file: PENDING below names the f
 OPTIONAL_DEPENDENCIES = "[project.optional-dependencies]"
 # The files that name releases today, each with the release folders it names: the list may only shrink (a file that
 # stops naming one must leave it here too), and no other file may join it. Left: the per-release test files and
-# the bad-input catalogue (to become the table's rows or move into their folders), tests that name releases in
-# refusals, adapters whose refusals name a relative's --model by hand, and one product line (one release's
-# argument's help).
+# the bad-input catalogue (to become the table's rows or move into their folders) and tests that name releases in
+# refusals; no product file.
 PENDING = {
-    "models/foundation/chronos_bolt/adapter.py": ["chronos2"],
-    "models/foundation/sundial/adapter.py": ["chronos2", "chronos_bolt", "time_moe", "timer_base"],
-    "models/foundation/timer_base/adapter.py": ["sundial", "time_moe"],
     "tests/bad_inputs.py": ["chronos2", "chronos_bolt", "moirai2", "sundial", "time_moe", "timer_base",
                             "timesfm25", "tirex"],
     "tests/test_foundation.py": ["time_moe", "tirex"],
@@ -303,7 +299,6 @@ PENDING = {
     "tests/test_gift_eval.py": ["chronos_bolt"],
     "tests/test_openltm_checkpoints.py": ["sundial", "time_moe", "timer_base"],
     "tests/test_zero_shot.py": ["chronos2", "chronos_bolt", "timer_base", "timesfm25", "tirex"],
-    "utils/arguments.py": ["sundial"],
 }
 
 

@@ -127,12 +127,19 @@ def read_lightning(path, map_location="cpu"):
     except Exception as exc:  # torch raises many types for truncated / foreign files
         raise UserError(f"cannot read {path}: truncated, corrupt or not a PyTorch Lightning checkpoint "
                         f"({type(exc).__name__})") from None
+    state, hyper = lightning_parts(checkpoint, path)
+    return state, {"hyper_parameters": hyper}
+
+
+def lightning_parts(checkpoint, path):
+    """(state_dict, hyper_parameters) of a loaded Lightning checkpoint (read from `path`); one line if it lacks
+    either."""
     missing = [k for k in ("state_dict", "hyper_parameters")
                if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get(k), dict)]
     if missing:
         raise UserError(f"{path} lacks {' and '.join(missing)}: not a whole Lightning checkpoint (a released "
                         "model's model.ckpt holds both)")
-    return checkpoint["state_dict"], {"hyper_parameters": checkpoint["hyper_parameters"]}
+    return checkpoint["state_dict"], checkpoint["hyper_parameters"]
 
 
 def read_safetensors(path, map_location="cpu"):

@@ -275,8 +275,8 @@ def build_parser():
                    help="--loss studentt / normal: score quantiles of N samples a window (keyed by the window, "
                         "identical on any number of processes) instead of the exact inverse CDF")
     g.add_argument("--sampling_steps", type=positive_int, default=None,
-                   help="Sundial: Euler steps of its flow-matching sampler (default: the release's "
-                        "num_sampling_steps, 50)")
+                   help="a flow-matching release's sampler: Euler steps a sample (default: its config.json's "
+                        "num_sampling_steps; docs/foundation.md)")
     g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
     g.add_argument("--data_on_device", default="auto", choices=("auto", "always", "never"),
                    help="GPU: keep the splits in GPU memory (auto: without --num_workers, when they take at most "

@@ -100,13 +100,20 @@ def strip_wrapper_prefixes(state_dict):
     return clean
 
 
-def read_weights(path, map_location="cpu"):
+def read_weights(path, map_location="cpu", opener=None):
     """(the state_dict a file holds, as saved, wrapper prefixes stripped; the config.json beside it, or {}),
     whatever wrote it: ours (.pth, a training state's weights) or another codebase's (.pth, .safetensors, a
-    Hugging Face folder of model.safetensors + config.json). load_weights converts it for a model."""
+    Hugging Face folder of model.safetensors + config.json). load_weights converts it for a model. `opener`,
+    handed in from above (models.foundation.release.open_release), opens a released model's folder: where it
+    names one, its weights come from there (an object with .file and .state(map_location) -> (state, config))."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (train first, or pass --checkpoint PATH to an existing .pth file)")
     _last_read.clear()
+    opened = opener(path) if opener is not None else None
+    if opened is not None:  # a release folder: read where it is opened
+        state, config = opened.state(map_location)
+        _last_read.update(path=path, file=opened.file, sha256=file_sha256(opened.file))
+        return strip_wrapper_prefixes(state), config
     lightning_file = adapters.lightning_path(path)
     if lightning_file is not None:  # a release as a Lightning checkpoint (model.ckpt)
         state, config = adapters.read_lightning(lightning_file, map_location)
@@ -177,14 +184,14 @@ def _tells_apart(layout, state, config, expected):
     return layout.recognise(state, config) and not layout.recognise(expected, {})
 
 
-def weights_for(model, path, map_location="cpu", formats=None):
+def weights_for(model, path, map_location="cpu", formats=None, opener=None):
     """(the state_dict of `path` in `model`'s layout, the adapter that converted it or None). The model's own
     layout comes first: a file with the model's keys is never converted. Else the first adapter the model
     declares (checkpoint_adapters) that recognises the file converts it. A file that fits neither is left as
     it is for the strict load to name key by key, unless some other known layout (another model's adapter, a
     model we lack; `formats`, the released models' adapters handed in from above) names what it is: then it is
-    refused in one line that says so."""
-    state, config = read_weights(path, map_location)
+    refused in one line that says so. `opener`: read_weights'."""
+    state, config = read_weights(path, map_location, opener)
     expected = model.state_dict()
     if set(state) == set(expected):
         return state, None
@@ -250,11 +257,11 @@ def _best_weights_position(path, digest):
     return {"epoch": best.get("epoch"), "step": best.get("step")}
 
 
-def load_weights(model, path, map_location="cpu", formats=None):
+def load_weights(model, path, map_location="cpu", formats=None, opener=None):
     """Strictly load `path` into `model` (its own layout, or one the model declares, converted: weights_for,
-    `formats` as there); on a mismatch name every offending key (and the shape arguments that differ, where the
-    model's adapter can tell them)."""
-    state, adapter = weights_for(model, path, map_location, formats)
+    `formats` and `opener` as there); on a mismatch name every offending key (and the shape arguments that
+    differ, where the model's adapter can tell them)."""
+    state, adapter = weights_for(model, path, map_location, formats, opener)
     name = model_name(model)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -724,7 +731,7 @@ def setting_lock(args, setting):
 
 
 # ------------------------------------------------------------ python -m exp.export
-def export(src, dst, to="openltm", formats=None):
+def export(src, dst, to="openltm", formats=None, opener=None):
     """Write `src` (any file read_weights reads) to `dst` in a foreign layout (`to`: a key of all_formats(formats),
     "openltm" for OpenLTM's models/timer_xl.py or models/timer.py) or in ours (`to="ours"`), through the
     adapter of the model the file holds. Returns (that adapter, the adapter `src` was converted from or None)."""
@@ -732,7 +739,7 @@ def export(src, dst, to="openltm", formats=None):
     folder_format = to != "ours" and any(getattr(a, "writes_folder", False) for a in formats.get(to, ()))
     if os.path.isdir(dst) and not folder_format:
         raise UserError(f"{dst} is a folder: name the file to write, e.g. {os.path.join(dst, 'checkpoint.pth')}")
-    state, config = read_weights(src)
+    state, config = read_weights(src, opener=opener)
     candidates = formats.get(to, [a for adapters_ in formats.values() for a in adapters_])
     source = None
     if not any(a.holds_ours(state) for a in candidates):  # not ours: one of the foreign files we read?
@@ -763,7 +770,7 @@ def export(src, dst, to="openltm", formats=None):
     return holder, source
 
 
-def main(argv=None, formats=None):
+def main(argv=None, formats=None, opener=None):
     """`python -m exp.export`: the command line of export, `formats` the released models' (handed in from above)."""
     import argparse
 
@@ -778,7 +785,7 @@ def main(argv=None, formats=None):
                                      ".safetensors, a model.safetensors folder)")
     convert.add_argument("dst", help="the file to write (not a folder)")
     args = parser.parse_args(argv)
-    holder, source = export(args.src, args.dst, args.to, formats)
+    holder, source = export(args.src, args.dst, args.to, formats, opener)
     origin = source.what if source is not None else f"our {holder.model}"
     target = holder.what if args.to != "ours" else f"our models/{holder.model}.py"
     print(f"wrote {args.dst}: {origin} weights in the layout of {target}")

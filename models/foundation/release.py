@@ -1,11 +1,14 @@
-"""Opening a downloaded release folder: its config.json read in one line or refused in one, and what a folder is
-(which release, read by which --model) from the signatures the release folders declare (their adapter.py's
-SIGNATURES, collected by models.foundation.release_signatures), so a folder of another release given to a model
-is named for what it is."""
+"""Opening a downloaded release folder, the one place that reads one: open_release(path) is the folder (or its
+weights file) opened once, with which release it is (by the signatures the release folders declare: their
+adapter.py's SIGNATURES, collected by models.foundation.release_signatures), its config, its weights file, the
+shapes in that file and its state dict, read once and handed over. A model's constructor takes its sizes from it
+and the checkpoint layer (utils.checkpoint, handed open_release from exp/) its weights; config.json is read in
+one line or refused in one, and a folder of another release given to a model is named for what it is."""
 import json
 import os
 
 from models.foundation import release_signatures
+from utils import adapters
 from utils.adapters import SAFETENSORS_NAME
 from utils.errors import UserError
 
@@ -35,6 +38,17 @@ def named(config, *names):
     return bool(said & set(names))
 
 
+def config_in(folder):
+    """The config.json in `folder` as a dict, {} where there is none or it is unreadable or no object: what a
+    folder says it is, for naming it (a model's sizes come from read_config_json, which refuses such a file)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def release_of(folder):
     """(what the folder `folder` is, the --model that reads it or None) by its release's signature (its files,
     its config.json), or None where it matches none (a partial folder, someone else's files)."""
@@ -42,17 +56,19 @@ def release_of(folder):
         files = set(os.listdir(folder))
     except OSError:
         return None
-    config = {}
-    if "config.json" in files:
-        try:
-            with open(os.path.join(folder, "config.json")) as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            config = {}
-        config = config if isinstance(config, dict) else {}
+    config = config_in(folder) if "config.json" in files else {}
     for what, model, matches in release_signatures():
         if matches(files, config):
             return what, model
+    return None
+
+
+def config_of_release(config):
+    """What the config.json `config` (a dict) is by the release signatures, for a refusal of it as another
+    model's: "<what>: --model <Name>", "<what>" for a relative this codebase has no model for, or None."""
+    for what, model, matches in release_signatures():
+        if matches({"config.json", SAFETENSORS_NAME}, config):
+            return f"{what}: --model {model}" if model else what
     return None
 
 
@@ -107,3 +123,113 @@ def release_config_path(path, model, hub, model_name=None):
     else:
         return None
     return os.path.join(folder, "config.json")
+
+
+# ------------------------------------------------------------ a release folder, opened
+class Release:
+    """A release folder (or its weights file) opened: `path` as given, `file` its weights file (model.safetensors,
+    or model.ckpt for a Lightning release), `folder` the folder holding it. What is read is read once: the weights
+    (loaded() as the file holds them; state() the model state, handed over and then forgotten), the config
+    (config.json beside model.safetensors, or a Lightning file's hyper_parameters) and the shapes in the file."""
+
+    def __init__(self, path, file, lightning):
+        self.path, self.file, self.lightning = path, file, lightning
+        self.folder = os.path.dirname(os.path.abspath(file))
+        self._loaded = None
+
+    @property
+    def signature(self):
+        """(what the folder is, the --model reading it or None) by its release's signature, or None."""
+        return release_of(self.folder)
+
+    def loaded(self):
+        """The file's contents as its reader returns them (a Lightning file: its whole dict, unchecked; a
+        safetensors file: its tensors), read on the first call; a reader's own exception is raised as it is,
+        for the release's adapter to name in its own words."""
+        if self._loaded is None:
+            if self.lightning:
+                import torch
+
+                try:  # memory-mapped: a model that read its sizes here (and a rank that never loads) holds no weights
+                    self._loaded = torch.load(self.file, map_location="cpu", weights_only=True, mmap=True)
+                except Exception:  # a file torch cannot map (its legacy format) is read whole, or refused so
+                    self._loaded = torch.load(self.file, map_location="cpu", weights_only=True)
+            else:
+                self._loaded = adapters.read_safetensors(self.file)
+        return self._loaded
+
+    @property
+    def config(self):
+        """config.json beside model.safetensors ({} where none or unreadable), or {"hyper_parameters": ...} of a
+        Lightning release (one line where the file is no Lightning checkpoint)."""
+        if not self.lightning:
+            return adapters.hf_config(self.file)
+        return {"hyper_parameters": self._lightning_parts()[1]}
+
+    def _lightning_parts(self):
+        try:
+            checkpoint = self.loaded()
+        except Exception as exc:  # torch raises many types for truncated / foreign files
+            raise UserError(f"cannot read {self.file}: truncated, corrupt or not a PyTorch Lightning checkpoint "
+                            f"({type(exc).__name__})") from None
+        return adapters.lightning_parts(checkpoint, self.file)
+
+    def shapes(self):
+        """{key: shape} of the weights file, from a safetensors file's header alone (no tensor read)."""
+        if self.lightning:
+            return {key: tuple(value.shape) for key, value in self._lightning_parts()[0].items()}
+        try:
+            from safetensors import safe_open
+
+            with safe_open(self.file, framework="pt") as f:
+                return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+        except Exception as exc:  # the library raises its own types for a bad header
+            raise UserError(f"cannot read {self.file}: not a valid safetensors file ({type(exc).__name__})") from None
+
+    def state(self, map_location="cpu"):
+        """(the state dict, the config) for the checkpoint layer: the weights read once (by a constructor that
+        took its sizes from them, or now), handed over and then forgotten here."""
+        if self.lightning:
+            state, hyper = self._lightning_parts()
+            config = {"hyper_parameters": hyper}
+        else:
+            state, config = self.loaded(), self.config
+        _forget(self)
+        self._loaded = None
+        return {key: value.to(map_location) for key, value in state.items()}, config
+
+
+# The release opened last, kept until its weights are handed over: a constructor that read them for its sizes
+# (a Lightning release's hyper_parameters) and the load after it read the file once. Keyed by the file's
+# identity, so a file replaced in between is read again.
+_opened = {}
+
+
+def _identity(file):
+    stat = os.stat(file)
+    return os.path.realpath(file), stat.st_mtime_ns, stat.st_size
+
+
+def _forget(release):
+    if _opened.get("release") is release:
+        _opened.clear()
+
+
+def open_release(path):
+    """The Release `path` names (a folder of model.safetensors + config.json or of model.ckpt, or such a file),
+    or None where it names no release (a .pth of ours, a path that is not there). A folder holding neither
+    weights file is one line (utils.adapters.safetensors_path's)."""
+    if not os.path.exists(path):
+        return None
+    file = adapters.lightning_path(path)
+    lightning = file is not None
+    file = file if lightning else adapters.safetensors_path(path)
+    if file is None or not os.path.isfile(file):
+        return None
+    key = _identity(file)
+    if _opened.get("key") != key:
+        _opened.clear()
+        _opened.update(key=key, release=Release(path, file, lightning))
+    release = _opened["release"]
+    release.path = path
+    return release

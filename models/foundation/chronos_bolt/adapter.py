@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from models.foundation.release import named, named_in, read_config_json, release_config_path
+from models.foundation.release import config_of_release, named, named_in, read_config_json, release_config_path
 from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -111,10 +111,7 @@ def check_config(config, where):
     if ARCHITECTURE not in architectures:
         shown = ", ".join(architectures) or "no architectures"
         kind = f"{shown}, model_type {config.get('model_type', '?')}"
-        hints = {"Chronos2Model": "a Chronos-2 model: --model Chronos2",
-                 "T5ForConditionalGeneration": "the original, tokenized Chronos (amazon/chronos-t5-*), which this "
-                                               "codebase has no model for"}
-        hint = hints.get(architectures[0] if architectures else "")
+        hint = config_of_release(config)  # what the signatures of the release folders say it is
         raise UserError(named_in(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
                                  f"Chronos-Bolt's ({ARCHITECTURE}); --model ChronosBolt reads amazon/chronos-bolt-* "
                                  "folders", where, "ChronosBolt"))

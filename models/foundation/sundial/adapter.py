@@ -21,7 +21,7 @@ for `export --to sundial` and for naming a Sundial folder given to another model
 import json
 import os
 
-from models.foundation.release import named, named_in, read_config_json, release_config_path
+from models.foundation.release import config_of_release, named, named_in, read_config_json, release_config_path
 from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -79,9 +79,7 @@ def check_config(config, where):
     architectures = config.get("architectures") or []
     if config.get("model_type") != MODEL_TYPE and ARCHITECTURE not in architectures:
         kind = f"{', '.join(map(str, architectures)) or 'no architectures'}, model_type {config.get('model_type', '?')}"
-        hints = {"timer": "thuml's Timer: --model TimerBase", "time_moe": "Time-MoE: --model TimeMoE",
-                 "t5": "a Chronos(-Bolt) model: --model ChronosBolt", "chronos2": "Chronos-2: --model Chronos2"}
-        hint = hints.get(str(config.get("model_type")))
+        hint = config_of_release(config)  # what the signatures of the release folders say it is
         raise UserError(named_in(f"{where} is the config of another model ({kind}{'; ' + hint if hint else ''}), not "
                                  f"Sundial's ({ARCHITECTURE}, model_type {MODEL_TYPE}); --model Sundial reads {HUB_ID}",
                                  where, "Sundial"))

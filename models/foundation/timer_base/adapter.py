@@ -21,7 +21,7 @@ import json
 import os
 import re
 
-from models.foundation.release import named, named_in, read_config_json, release_config_path
+from models.foundation.release import config_of_release, named, named_in, read_config_json, release_config_path
 from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -58,11 +58,10 @@ def shape_from_config(config, where):
     not Timer's or what is missing."""
     if config.get("model_type") != MODEL_TYPE:
         names = [str(config[k]) for k in ("model_type", "architectures") if k in config]
-        hint = {"sundial": "; --model Sundial reads it", "time_moe": "; --model TimeMoE reads it"}.get(
-            str(config.get("model_type")), "")
+        hint = config_of_release(config)  # what the signatures of the release folders say it is
         raise UserError(named_in(f"{where} is the config of another model ({' / '.join(names) or 'no model_type'}"
-                                 f"{hint}), not Timer's (model_type {MODEL_TYPE}, {HUB_ID}); --model TimerBase reads "
-                                 f"{HUB_ID}'s folder", where, "TimerBase"))
+                                 f"{'; ' + hint if hint else ''}), not Timer's (model_type {MODEL_TYPE}, {HUB_ID}); "
+                                 f"--model TimerBase reads {HUB_ID}'s folder", where, "TimerBase"))
     lacking = [k for k in NEEDED if k not in config]
     if lacking:
         raise UserError(f"{where} lacks {', '.join(lacking)}: not a complete Timer config.json ({HUB_ID})")

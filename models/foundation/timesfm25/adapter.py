@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-from models.foundation.release import another_release, named, named_in, read_config_json
+from models.foundation.release import another_release, named, named_in, open_release, read_config_json
 from utils.adapters import SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -59,8 +59,8 @@ def check_config(config, path):
 
 def read_release(folder):
     """(config.json, {key: shape} of model.safetensors) of a released TimesFM 2.5 folder, checked: a missing or
-    partial folder, or another model's config, is one line naming what is wrong. Reads the safetensors header
-    only."""
+    partial folder, or another model's config, is one line naming what is wrong. The shapes are the safetensors
+    header's alone, read where every release folder is opened (models.foundation.release.open_release)."""
     if not os.path.exists(folder):
         raise UserError(f"--pretrain_model_path {folder} not found: download {HUB_ID} (config.json and "
                         f"{SAFETENSORS_NAME}) and pass its folder")
@@ -77,15 +77,7 @@ def read_release(folder):
     config_path = os.path.join(folder, CONFIG_NAME)
     config = read_config_json(config_path, HUB_ID)
     check_config(config, config_path)
-    weights = os.path.join(folder, SAFETENSORS_NAME)
-    try:
-        from safetensors import safe_open
-
-        with safe_open(weights, framework="pt") as f:
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except Exception as exc:  # the library raises its own types for a bad header
-        raise UserError(f"cannot read {weights}: not a valid safetensors file ({type(exc).__name__})") from None
-    return config, shapes
+    return config, open_release(folder).shapes()
 
 
 def architecture(shapes, where):

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from models.foundation.release import release_of
+from models.foundation.release import config_in, open_release, release_of
 from utils.adapters import LIGHTNING_NAME, SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -52,22 +52,18 @@ def released_file(path):
 
 
 def _model_type(folder):
-    import json
-
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return ""
+    config = config_in(folder)
     names = [str(config[k]) for k in ("model_type", "architectures") if k in config]
     return f", {' / '.join(names)}" if names else ""
 
 
 def read_release(path):
-    """(state_dict, hyper_parameters) of a TiRex release; one line for a file that is not one."""
+    """(state_dict, hyper_parameters) of a TiRex release, opened where every release folder is
+    (models.foundation.release.open_release: read once for the sizes and the weights); one line for a file that
+    is not one."""
     file = released_file(path)
     try:
-        checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+        checkpoint = open_release(file).loaded()
     except Exception as exc:  # torch raises many types for truncated / foreign files
         raise UserError(f"cannot read {file}: not a PyTorch Lightning checkpoint ({type(exc).__name__}); "
                         f"download {HUB_ID} again") from None
