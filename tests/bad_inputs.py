@@ -264,7 +264,6 @@ def _trained_with_another_moving_average(folder):
 
 
 # The released foundation models: a probe's folder is written by its release's row of tests/test_foundation.py
-SUNDIAL_SAMPLING = ("--num_samples", 2, "--sampling_steps", 1)  # a probe refuses before sampling: keep it small
 
 
 def _release(name, lacking=None, path_name=None, extra=(), **damage):
@@ -281,6 +280,30 @@ def _release(name, lacking=None, path_name=None, extra=(), **damage):
             row.write(release, **({"lacking": lacking} if lacking else {}), **damage)
         return [*SMALL, "--model", name, "--is_training", 0, "--pretrain_model_path", release, *extra]
     return build
+
+
+def _first_models(count):
+    """The registry's first `count` models, as the refusal of an unknown --model lists them."""
+    from models import available_models
+
+    return available_models()[:count]
+
+
+def release_probes():
+    """Each release's own probes (models/foundation/<release>/tests/probes.py), in the order of tests/test_foundation.py's
+    table, each folder written by the release's row."""
+    import functools
+    import importlib
+
+    from test_foundation import RELEASES
+
+    def reader(config):
+        """The --model of the release whose row's signature `config` carries."""
+        return next(name for name, row in RELEASES.items()
+                    if row.signature and row.signature.items() <= config.items())
+
+    return [probe for name, row in RELEASES.items() for probe in importlib.import_module(
+        f"models.foundation.{row.folder}.tests.probes").probes(Probe, fixed, functools.partial(_release, name), reader)]
 
 
 def _has_gpu():
@@ -402,7 +425,7 @@ PROBES = [
     Probe("TimeMixer scales past input", fixed(*SMALL, "--model", "TimeMixer", "--down_sampling_layers", 3,
                                                "--down_sampling_window", 4, "--down_sampling_method", "avg"),
           "seq_len 48 is too short for 3 down-sampling layers of window 4"),
-    Probe("unknown model", fixed("--model", "Nope"), "unknown --model 'Nope'; available: Chronos2, ChronosBolt, DLinear, "),
+    Probe("unknown model", fixed("--model", "Nope"), f"unknown --model 'Nope'; available: {', '.join(_first_models(3))}, "),
     # TSLib's other tasks: this codebase forecasts
     *(Probe(f"TSLib's {task} task", fixed("--task_name", task),
             f"--task_name {task} is TSLib's {task.replace('_', ' ')} task, which this codebase does not do: it does "
@@ -512,189 +535,8 @@ PROBES = [
     Probe("MASE on a history shorter than a season", fixed("--loss", "quantile", "--freq", "s", *SMALL),
           "MASE needs at least season+1 history rows per series: --data synthetic (its rows before the test split, "
           "at --freq s) has 1200 for season 3600", shows="`--loss quantile --freq s` (season 3600) on 1500 rows"),
-    # the released foundation models (tests/test_foundation.py's rows write their folders)
-    Probe("TimesFM 2.5 weights folder missing", _release("TimesFM25", lacking="folder"),
-          "timesfm-2.5-200m-pytorch not found: download google/timesfm-2.5-200m-pytorch (config.json and "
-          "model.safetensors) and pass its folder", shows="`--model TimesFM25 --is_training 0 --pretrain_model_path` "
-          "a folder that is not there"),
-    Probe("TimesFM 2.5 folder without its weights", _release("TimesFM25", config={"torch_compile": False}),
-          "timesfm-2.5-200m-pytorch lacks model.safetensors: download the whole folder of google/timesfm-2.5-200m-pytorch",
-          shows="a TimesFM 2.5 folder holding config.json only"),
-    Probe("TimesFM 2.5 weights missing tensors",
-          _release("TimesFM25", config={"torch_compile": False}, tensors={"tokenizer.hidden_layer.weight": (8, 64)}),
-          "model.safetensors lacks tokenizer.output_layer.weight, stacked_xf.0.attn.query_ln.scale, "
-          "stacked_xf.0.ff0.weight, output_projection_point.hidden_layer.weight, ... (7 in all): not a complete "
-          "TimesFM 2.5 checkpoint", shows="a TimesFM 2.5 folder whose model.safetensors holds one tensor"),
-    Probe("TimesFM 2.5 folder of another model",
-          _release("TimesFM25", config={"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"},
-                            tensors={"shared.weight": (4, 8)}),
-          "config.json is the config.json of t5 / T5ForConditionalGeneration, not of TimesFM 2.5: TimesFM25 reads "
-          "google/timesfm-2.5-200m-pytorch's folder", shows="`--model TimesFM25 --pretrain_model_path` a folder "
-          "whose config.json is a T5's (Chronos)"),
-    Probe("TimesFM 2.5 horizon past its quantile head",
-          fixed("--model", "TimesFM25", "--synthetic_rows", 20000, "--seq_len", 48, "--label_len", 24, "--pred_len", 1100),
-          "TimesFM 2.5's quantile head forecasts at most 1024 steps; pred_len 1100 is longer"),
-    Probe("Chronos-2 weights folder missing", _release("Chronos2", lacking="folder", path_name="absent"),
-          "absent not found: download amazon/chronos-2 (config.json and model.safetensors) and pass its folder",
-          shows="`--model Chronos2 --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Chronos-2 folder without its weights", _release("Chronos2", lacking="model.safetensors"),
-          "chronos-2 has no model.safetensors: the folder of amazon/chronos-2 holds config.json and model.safetensors; "
-          "download both", shows="a Chronos-2 folder holding config.json only"),
-    Probe("Chronos-2 folder without config.json", _release("Chronos2", lacking="config.json"),
-          "chronos-2 has no config.json: the folder of amazon/chronos-2 holds config.json and model.safetensors",
-          shows="a Chronos-2 folder holding model.safetensors only"),
-    Probe("Chronos-2 weights missing a tensor", _release("Chronos2", drop="encoder.block.0.layer.1.self_attention.q.weight"),
-          "does not fit model Chronos2: missing: chronos.encoder.block.0.layer.1.self_attention.q.weight",
-          shows="a Chronos-2 folder whose model.safetensors lacks one tensor"),
-    Probe("Chronos-2 folder of another model", _release("Chronos2", config={
-              "architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5", "chronos_config": {}}),
-          "config.json is the config of another model (architectures ['ChronosBoltModelForForecasting'], model_type "
-          "t5), not Chronos-2's (architectures ['Chronos2Model'], amazon/chronos-2)",
-          shows="`--model Chronos2 --pretrain_model_path` a folder whose config.json is Chronos-Bolt's"),
-    Probe("Chronos-2 context shorter than --seq_len", _release("Chronos2", context_length=32, time_encoding_scale=32),
-          "--seq_len 48 is longer than Chronos-2's context of 32 steps (config.json chronos_config.context_length)",
-          shows="`--seq_len 48` with a Chronos-2 folder whose context_length is 32"),
-    Probe("Chronos-2 quantiles of another model", _release("Chronos2", quantiles=[0.1, 0.5, 0.9]),
-          "its config.json forecasts the quantiles [0.1, 0.5, 0.9], not the 21 of amazon/chronos-2",
-          shows="a Chronos-2 folder whose chronos_config.quantiles are 0.1, 0.5, 0.9"),
-    Probe("Chronos-Bolt folder missing", _release("ChronosBolt", lacking="folder"),
-          "chronos-bolt-small not found; pass the folder downloaded from the Hugging Face hub (e.g. "
-          "amazon/chronos-bolt-small: config.json and model.safetensors)",
-          shows="`--model ChronosBolt --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Chronos-Bolt folder without config.json", _release("ChronosBolt", lacking="config.json"),
-          "chronos-bolt-small is a partial Chronos-Bolt folder: config.json missing; download both files of the "
-          "release", shows="a Chronos-Bolt folder holding model.safetensors only"),
-    Probe("Chronos-Bolt folder without its weights", _release("ChronosBolt", lacking="model.safetensors"),
-          "chronos-bolt-small is a partial Chronos-Bolt folder: model.safetensors missing; download both files of "
-          "the release", shows="a Chronos-Bolt folder holding config.json only"),
-    Probe("Chronos-Bolt weights missing a tensor", _release("ChronosBolt", drop="output_patch_embedding.output_layer.bias"),
-          "converted) does not fit model ChronosBolt: missing: bolt.output_patch_embedding.output_layer.bias",
-          shows="a Chronos-Bolt folder whose model.safetensors lacks output_patch_embedding.output_layer.bias"),
-    Probe("Chronos-Bolt folder of another model",
-          _release("ChronosBolt", config={"architectures": ["Chronos2Model"], "model_type": "t5",
-                                       "chronos_config": {"context_length": 8192}}),
-          "config.json is the config of another model (Chronos2Model, model_type t5; Chronos-2's release "
-          "(amazon/chronos-2): --model Chronos2), not Chronos-Bolt's (ChronosBoltModelForForecasting)",
-          shows="`--model ChronosBolt --pretrain_model_path` a folder whose config.json is Chronos-2's"),
-    Probe("context longer than Chronos-Bolt reads", _release("ChronosBolt", context_length=32),
-          "--seq_len 48 is longer than the 32 steps of context Chronos-Bolt reads (chronos_config.context_length of",
-          shows="`--seq_len 48` from a Chronos-Bolt folder whose chronos_config.context_length is 32 (released: 2048)"),
-    Probe("TiRex weights folder missing", _release("TiRex", lacking="folder"),
-          "TiRex not found: download TiRex's release (NX-AI/TiRex: huggingface-cli download NX-AI/TiRex --local-dir "
-          "DIR) and pass DIR", shows="`--model TiRex --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("TiRex folder without model.ckpt", _release("TiRex", lacking="model.ckpt"),
-          "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md",
-          shows="a TiRex folder holding its README.md only"),
-    Probe("TiRex model.ckpt without hyper_parameters", _release("TiRex", lacking="hyper_parameters"),
-          "model.ckpt lacks hyper_parameters: a partial or foreign checkpoint, not TiRex's release (NX-AI/TiRex)",
-          shows="a TiRex model.ckpt holding a state_dict alone"),
-    Probe("TiRex model.ckpt missing a tensor", _release("TiRex", drop="blocks.0.slstm_layer.slstm_cell._bias_"),
-          "converted) does not fit model TiRex: missing: tirex.blocks.0.slstm_layer.slstm_cell._bias_",
-          shows="a TiRex model.ckpt whose state_dict lacks blocks.0.slstm_layer.slstm_cell._bias_"),
-    Probe("TiRex folder of another model", _release("TiRex", other=True),
-          "TiRex has no model.ckpt, the file TiRex is released as (NX-AI/TiRex); it holds README.md, config.json, "
-          "model.safetensors (config.json + model.safetensors: another model's Hugging Face release, t5 / "
-          "['ChronosBoltModelForForecasting'])",
-          shows="`--model TiRex --pretrain_model_path` a folder of Chronos-Bolt's release (config.json, model.safetensors)"),
-    Probe("TiRex model.ckpt of another model", _release("TiRex", hyper={"lr": 0.001, "hidden_size": 8}),
-          "model.ckpt: its hyper_parameters (hidden_size, lr) are not a TiRex configuration (model_config with "
-          "block_kwargs, input_patch_size, output_patch_size, quantiles, input_ff_dim, and train_ctx_len): a "
-          "checkpoint of another model", shows="a model.ckpt whose hyper_parameters are another Lightning model's"),
-    Probe("context longer than TiRex reads", _release("TiRex", train_ctx_len=32),
-          "TiRex reads at most 32 steps of context (its train_ctx_len); --seq_len 48 would lose the oldest 16 unread",
-          shows="`--seq_len 48` from a TiRex folder whose train_ctx_len is 32 (released: 2048)"),
-    Probe("horizon past TiRex's window", lambda f: [*_release("TiRex", train_ctx_len=64)(f), "--pred_len", 96],
-          "--pred_len 96 would leave its last steps no data: use --pred_len 64 or less",
-          shows="`--pred_len 96` from a TiRex folder whose train_ctx_len is 64 (released: 2048)"),
-    Probe("TimerBase folder missing", _release("TimerBase", lacking="folder"),
-          "timer-base-84m not found; pass the folder downloaded from the Hugging Face hub (thuml/timer-base-84m: "
-          "config.json and model.safetensors)", shows="`--model TimerBase --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("TimerBase folder without its weights", _release("TimerBase", lacking="model.safetensors"),
-          "timer-base-84m is a partial Timer folder: model.safetensors missing; download both files of the "
-          "release (thuml/timer-base-84m)", shows="a Timer folder holding config.json only"),
-    Probe("TimerBase folder without config.json", _release("TimerBase", lacking="config.json"),
-          "timer-base-84m is a partial Timer folder: config.json missing; download both files of the release "
-          "(thuml/timer-base-84m)",
-          shows="a Timer folder holding model.safetensors only"),
-    Probe("TimerBase weights missing a tensor", _release("TimerBase", drop="lm_heads.0.weight"),
-          "converted) does not fit model TimerBase: missing: heads.0.weight",
-          shows="a Timer folder whose model.safetensors lacks lm_heads.0.weight"),
-    Probe("TimerBase folder of another model",
-          _release("TimerBase", config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
-          "config.json is the config of another model (sundial / ['SundialForPrediction']; Sundial's release "
-          "(thuml/sundial-base-128m): --model Sundial), not Timer's (model_type timer, thuml/timer-base-84m)",
-          shows="`--model TimerBase --pretrain_model_path` a folder whose config.json is Sundial's"),
-    Probe("context shorter than one Timer token", lambda f: [*_release("TimerBase")(f), "--seq_len", 4, "--label_len", 2],
-          "Timer reads whole tokens of 8 steps", shows="`--seq_len 4` from a Timer folder whose tokens are 8 steps "
-          "(released: 96)"),
-    Probe("Sundial folder missing", _release("Sundial", lacking="folder", extra=SUNDIAL_SAMPLING),
-          "sundial-base-128m not found; pass the folder downloaded from the Hugging Face hub "
-          "(thuml/sundial-base-128m: config.json and model.safetensors)",
-          shows="`--model Sundial --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Sundial folder without its weights", _release("Sundial", lacking="model.safetensors", extra=SUNDIAL_SAMPLING),
-          "sundial-base-128m is a partial Sundial folder: model.safetensors missing; download both files of the "
-          "release (thuml/sundial-base-128m)", shows="a Sundial folder holding config.json only"),
-    Probe("Sundial folder without config.json", _release("Sundial", lacking="config.json", extra=SUNDIAL_SAMPLING),
-          "sundial-base-128m is a partial Sundial folder: config.json missing; download both files of the release "
-          "(thuml/sundial-base-128m)", shows="a Sundial folder holding model.safetensors only"),
-    Probe("Sundial weights missing a tensor", _release("Sundial", extra=SUNDIAL_SAMPLING, drop="flow_loss.net.final_layer.linear.weight"),
-          "converted) does not fit model Sundial: missing: flow.final_layer.linear.weight",
-          shows="a Sundial folder whose model.safetensors lacks flow_loss.net.final_layer.linear.weight"),
-    Probe("Sundial folder of another model",
-          _release("Sundial", extra=SUNDIAL_SAMPLING, config={"model_type": "time_moe", "architectures": ["TimeMoeForPrediction"]}),
-          "config.json is the config of another model (TimeMoeForPrediction, model_type time_moe; a Time-MoE release "
-          "(Maple728/TimeMoE-50M / -200M): --model TimeMoE), not Sundial's (SundialForPrediction, model_type sundial)",
-          shows="`--model Sundial --pretrain_model_path` a folder whose config.json is Time-MoE's"),
-    Probe("context shorter than one Sundial token", lambda f: [*_release("Sundial", extra=SUNDIAL_SAMPLING)(f), "--seq_len", 3, "--label_len", 2],
-          "Sundial reads tokens of 4 steps and --seq_len 3 is shorter than one",
-          shows="`--seq_len 3` from a Sundial folder whose tokens are 4 steps (released: 16)"),
-    Probe("Moirai 2.0 weights folder missing", _release("Moirai2", lacking="folder"),
-          "moirai-2.0-R-small not found; pass the folder downloaded from the Hugging Face hub "
-          "(Salesforce/moirai-2.0-R-small: config.json and model.safetensors",
-          shows="`--model Moirai2 --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Moirai 2.0 folder without model.safetensors", _release("Moirai2", lacking="model.safetensors"),
-          "is a partial Moirai 2.0 folder: model.safetensors missing; download both files of the release "
-          "(Salesforce/moirai-2.0-R-small)", shows="a Moirai 2.0 folder holding config.json only"),
-    Probe("Moirai 2.0 weights missing a tensor", _release("Moirai2", drop="encoder.layers.1.ffn.fc_gate.weight"),
-          "converted) does not fit model Moirai2: missing: moirai.encoder.layers.1.ffn.fc_gate.weight",
-          shows="a Moirai 2.0 folder whose model.safetensors lacks encoder.layers.1.ffn.fc_gate.weight"),
-    Probe("Moirai 2.0 folder of another model",
-          _release("Moirai2", config={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"}),
-          "config.json is the config of another model (model_type t5, ChronosBoltModelForForecasting), not Moirai "
-          "2.0's (uni2ts Moirai2Module", shows="`--model Moirai2 --pretrain_model_path` a folder whose config.json "
-                                              "is Chronos-Bolt's"),
-    Probe("Moirai 1.x folder given to Moirai 2.0",
-          _release("Moirai2", config={"d_model": 384, "num_layers": 6, "patch_sizes": [8, 16, 32, 64, 128],
-                                  "max_seq_len": 512, "distr_output": {}}),
-          "config.json is the config of Moirai 1.x or Moirai-MoE (patch_sizes / distr_output: a masked encoder "
-          "with a mixture distribution), not Moirai 2.0's", shows="a folder whose config.json is Moirai 1.1-R-small's"),
-    Probe("context and horizon past Moirai 2.0's tokens", lambda f: [*_release("Moirai2")(f), "--seq_len", 240],
-          "Moirai 2.0 reads at most 64 tokens of 4 steps (max_seq_len): --seq_len 240 + --pred_len 24 make 66",
-          shows="`--seq_len 240 --pred_len 24` from a Moirai 2.0 folder of max_seq_len 64 tokens of 4 steps "
-                "(released: 512 of 16)"),
-    Probe("Time-MoE folder missing", _release("TimeMoE", lacking="folder"),
-          "TimeMoE-50M not found; pass the folder downloaded from the Hugging Face hub (Maple728/TimeMoE-50M or "
-          "Maple728/TimeMoE-200M: config.json and model.safetensors)",
-          shows="`--model TimeMoE --is_training 0 --pretrain_model_path` a folder that is not there"),
-    Probe("Time-MoE folder without its weights", _release("TimeMoE", lacking="model.safetensors"),
-          "TimeMoE-50M is a partial Time-MoE folder: model.safetensors missing; download both files of the release "
-          "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding config.json only"),
-    Probe("Time-MoE folder without config.json", _release("TimeMoE", lacking="config.json"),
-          "TimeMoE-50M is a partial Time-MoE folder: config.json missing; download both files of the release "
-          "(Maple728/TimeMoE-50M or Maple728/TimeMoE-200M)", shows="a Time-MoE folder holding model.safetensors only"),
-    Probe("Time-MoE weights missing a tensor", _release("TimeMoE", drop="model.layers.1.ffn_layer.experts.3.up_proj.weight"),
-          "converted) does not fit model TimeMoE: missing: layers.1.moe.experts.3.up.weight",
-          shows="a Time-MoE folder whose model.safetensors lacks model.layers.1.ffn_layer.experts.3.up_proj.weight"),
-    Probe("Time-MoE folder of another model",
-          _release("TimeMoE", config={"model_type": "sundial", "architectures": ["SundialForPrediction"]}),
-          "config.json is the config of another model (SundialForPrediction, model_type sundial), not Time-MoE's "
-          "(TimeMoeForPrediction, model_type time_moe); --model TimeMoE reads Maple728/TimeMoE-50M / "
-          "Maple728/TimeMoE-200M folders", shows="`--model TimeMoE --pretrain_model_path` a folder whose config.json "
-                                                 "is Sundial's"),
-    Probe("context and horizon past Time-MoE's positions",
-          lambda f: [*_release("TimeMoE")(f), "--seq_len", 4090, "--synthetic_rows", 6000],
-          "Time-MoE reads at most 4096 positions (max_position_embeddings of config.json of",
-          shows="`--seq_len 4090 --pred_len 24` from a Time-MoE folder of max_position_embeddings 4096 (as released)"),
+    # the released foundation models: each release's own (models/foundation/<release>/tests/probes.py)
+    *release_probes(),
     # what only a GPU runs, refused where there is none
     Probe("data on the GPU with loader workers", fixed("--data_on_device", "always", "--num_workers", 2, *SMALL),
           "--data_on_device always gathers batches on the GPU, which --num_workers 2 loader processes cannot do"),

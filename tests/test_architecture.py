@@ -28,11 +28,14 @@ LOOP, LOOP_LINES, FUNCTION_LINES = "exp/exp_forecast.py", 300, 50
 
 
 def project_modules(root):
-    """{dotted name: path} of run.py and every module of the project's packages under `root`."""
+    """{dotted name: path} of run.py and every module of the project's packages under `root`, less a release's own
+    tests (models/foundation/<release>/tests/: test code beside its release, no module of the product)."""
     modules = {"run": root / "run.py"} if (root / "run.py").exists() else {}
     for package in (*PACKAGES, *TOOLING):
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
+            if parts[:2] == ("models", "foundation") and "tests" in parts[3:-1]:
+                continue
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
@@ -278,28 +281,12 @@ def test_a_settled_run_refuses_every_write():
 # one line of tests/test_foundation.py that may name it. pyproject.toml's optional dependencies name packages (their
 # comments say which --model each installs for), so that section may too.
 ROW_FILE = "tests/test_foundation.py"
-RULE_FILE = "tests/test_architecture.py"  # this file: PENDING below names the folders
+RULE_FILE = "tests/test_architecture.py"  # this file
 OPTIONAL_DEPENDENCIES = "[project.optional-dependencies]"
-# The files that name releases today, each with the release folders it names: the list may only shrink (a file that
-# stops naming one must leave it here too), and no other file may join it. Left: the per-release test files and
-# the bad-input catalogue (to become the table's rows or move into their folders) and tests that name releases in
-# refusals; no product file.
-PENDING = {
-    "tests/bad_inputs.py": ["chronos2", "chronos_bolt", "moirai2", "sundial", "time_moe", "timer_base",
-                            "timesfm25", "tirex"],
-    "tests/test_foundation.py": ["time_moe", "tirex"],
-    "tests/test_foundation_chronos2.py": ["chronos2"],
-    "tests/test_foundation_chronos_bolt.py": ["chronos_bolt"],
-    "tests/test_foundation_moirai2.py": ["moirai2"],
-    "tests/test_foundation_sundial.py": ["sundial"],
-    "tests/test_foundation_time_moe.py": ["time_moe"],
-    "tests/test_foundation_timer_base.py": ["timer_base"],
-    "tests/test_foundation_timesfm25.py": ["timesfm25"],
-    "tests/test_foundation_tirex.py": ["tirex"],
-    "tests/test_gift_eval.py": ["chronos_bolt"],
-    "tests/test_openltm_checkpoints.py": ["sundial", "time_moe", "timer_base"],
-    "tests/test_zero_shot.py": ["chronos2", "chronos_bolt", "timer_base", "timesfm25", "tirex"],
-}
+# The files that may name releases outside their folders, each with the release folders it names: none is left (a
+# release's own tests live in its folder, models/foundation/<release>/tests/, and every other check picks its release
+# from tests/test_foundation.py's table), and none may join.
+PENDING = {}
 
 
 def releases(root):

@@ -1,6 +1,6 @@
 """The released foundation models' contract: every release (models/foundation/<release>/) is a row of RELEASES,
 and each check below is written once and holds every row to it, as tests/test_model_contract.py holds every
-model. A release's own comparison with its reference code is tests/test_foundation_<release>.py.
+model. A release's own comparison with its reference code is models/foundation/<release>/tests/test_<release>.py.
 
 - zero-shot scores the same on 1, 2 and 3 processes and at two --eval_batch_size (3 runs: 1 process at the
   default batch, 2 at 5, 3 at 7), and writes no checkpoint;
@@ -12,7 +12,8 @@ model. A release's own comparison with its reference code is tests/test_foundati
 
 A row's `write` builds the release's folder (a reduced release its package writes, or a copy of the committed
 fixture its reference code wrote) with the damage a bad input needs; tests/bad_inputs.py's probes build theirs
-with it. Adding a release: its folder under models/foundation/, a row here, its tests/test_foundation_<release>.py.
+with it; the checks of tests/ that need a release with some property (native quantiles, a hub layout) pick its row
+here. Adding a release: its folder under models/foundation/ (with its tests/) and a row here.
 """
 import importlib
 import json
@@ -26,13 +27,19 @@ import pytest
 
 from helpers import ETTH1_ARGS, assert_ok, make_args, records, run_cli, write_etth1_shaped
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "foundation"
+FOUNDATION = Path(__file__).resolve().parent.parent / "models" / "foundation"
 LEVELS_9 = [round(0.1 * k, 1) for k in range(1, 10)]
 
 
 def adapter(folder):
     """A release's checkpoint adapter module (models/foundation/<folder>/adapter.py)."""
     return importlib.import_module(f"models.foundation.{folder}.adapter")
+
+
+def own_tests(row):
+    """A release's own test module (models/foundation/<folder>/tests/test_<folder>.py): what checks of tests/ borrow
+    from it (a packaged release's zero_shot_quantiles, the package's forecast) is written there."""
+    return importlib.import_module(f"models.foundation.{row.folder}.tests.test_{row.folder}")
 
 
 def checkpoints():
@@ -57,12 +64,17 @@ def _damage(release, lacking=None, config=None, drop=None):
     return release
 
 
+def fixture(folder):
+    """The committed tiny release its reference code wrote: models/foundation/<folder>/tests/fixture."""
+    return FOUNDATION / folder / "tests" / "fixture"
+
+
 def _copy_fixture(name):
     """A release's committed tiny fixture, written by its reference code, copied to `release` and damaged."""
     def write(release, lacking=None, config=None, drop=None, edit_config=None):
         release.mkdir(parents=True)
         for file in ("config.json", "model.safetensors"):
-            shutil.copy(GOLDEN / name / file, release / file)
+            shutil.copy(fixture(name) / file, release / file)
         if edit_config:
             fields = json.loads((release / "config.json").read_text())
             (release / "config.json").write_text(json.dumps({**fields, **edit_config}))
@@ -163,7 +175,7 @@ TIREX_REDUCED = {"input_patch_size": 32, "output_patch_size": 32, "quantiles": L
 
 
 def write_tirex(release, seed=0, train_ctx_len=512, lacking=None, hyper=None, drop=None, other=False, edit=None):
-    """`release`/model.ckpt as NX-AI/TiRex is laid out: the package's TiRexZero at a reduced size (2 blocks of 2
+    """`release`/model.ckpt as the hub lays it out: the package's TiRexZero at a reduced size (2 blocks of 2
     heads), random weights (it leaves the sLSTM's as torch.empty), its blocks under `block_stack.` as the package's
     loader expects to strip. Damaged: `lacking` "model.ckpt" (a folder of its README only) or "hyper_parameters";
     `hyper` another model's hyper_parameters; `drop` a tensor; `other` Chronos-Bolt's files in its place; `edit`
@@ -171,7 +183,7 @@ def write_tirex(release, seed=0, train_ctx_len=512, lacking=None, hyper=None, dr
     import torch
 
     release.mkdir(parents=True)
-    (release / "README.md").write_text("TiRex\n")
+    (release / "README.md").write_text(f"{release.name}\n")
     if other:
         from safetensors.torch import save_file
 
@@ -211,15 +223,16 @@ class Release:
     dirname: str  # the folder's name as downloaded (the package of some reads it from the path)
     write: object  # (release path, **damage) -> release path
     package: str = ""  # the reference package a test needs installed ("": native, its fixture committed)
+    owner: str = ""  # the hub organisation's folder above it, for a package that reads the path
     export_to: str = ""  # python -m exp.export export --to NAME
     files: tuple = ("config.json", "model.safetensors")
-    signature: dict = field(default_factory=dict)  # a config.json that tells the release apart (TiRex: none)
+    signature: dict = field(default_factory=dict)  # a config.json that tells the release apart ({}: its files do)
     run: tuple = ()  # run.py arguments of the zero-shot and fine-tuning runs (beside ETTh1-shaped data)
     levels: tuple = tuple(LEVELS_9)  # the quantile levels a record scores its wql at (() for a point forecast)
     rel: float = 1e-9  # how close the zero-shot scores of the runs are
     tune: tuple = ()  # fine-tuning arguments beside TUNE
     tune_folder: dict = field(default_factory=dict)  # config.json fields of the folder fine-tuned (dropout on)
-    one_process: tuple = ()  # arguments of the 1-process fine-tuning run (TimeMoE: the same micro-batches)
+    one_process: tuple = ()  # arguments of the 1-process fine-tuning run (e.g. the 2 processes' micro-batches)
     keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
     too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
 
@@ -241,7 +254,8 @@ RELEASES = {row.name: row for row in [
             run=("--seq_len", 64, "--pred_len", 24, *RUN), tune=("--learning_rate", 1e-4),
             too_long=(48, 1100, "quantile head forecasts at most 1024 steps")),
     Release("TiRex", "tirex", "TiRex", write_tirex, package="tirex", export_to="tirex", files=("model.ckpt",),
-            run=("--seq_len", 96, "--pred_len", 48, *RUN), too_long=(513, 24, "at most 512 steps of context")),
+            owner="NX-AI", run=("--seq_len", 96, "--pred_len", 48, *RUN),
+            too_long=(513, 24, "at most 512 steps of context")),
     Release("TimerBase", "timer_base", "timer-base-84m", _copy_fixture("timer_base"), export_to="timer-base",
             signature={"architectures": ["TimerForPrediction"], "model_type": "timer"},
             run=("--seq_len", 44, "--pred_len", 20, *RUN), levels=(), tune_folder={"attention_dropout": 0.1},
@@ -281,8 +295,7 @@ def ours(row, folder, seq_len, pred_len):
 
 
 def released_folder(row, root, **damage):
-    return row.write(Path(root) / "NX-AI" / row.dirname, **damage) if row.name == "TiRex" else \
-        row.write(Path(root) / row.dirname, **damage)
+    return row.write(Path(root) / row.owner / row.dirname, **damage)
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +420,7 @@ def test_a_context_or_horizon_it_cannot_take_is_one_line(name, tmp_path):
 
 
 def signature_folder(root, release):
-    """Release `release`'s folder reduced to what tells it apart: TiRex's model.ckpt alone, the others' config.json
+    """Release `release`'s folder reduced to what tells it apart: its model.ckpt alone (no signature), else config.json
     (with a model.safetensors beside it)."""
     import torch
 
@@ -444,11 +457,10 @@ def test_another_releases_folder_is_named_with_the_model_that_reads_it(tmp_path,
 
 
 def test_the_table_is_the_release_folders():
-    """Each models/foundation/<folder> is a row, with its README.md and its comparison test file."""
+    """Each models/foundation/<folder> is a row, with its README.md and its comparison test file (tests/ in it)."""
     from models.foundation import release_folders
 
     assert sorted(row.folder for row in RELEASES.values()) == release_folders()
-    here = Path(__file__).resolve().parent
     for row in RELEASES.values():
-        assert (here.parent / "models" / "foundation" / row.folder / "README.md").is_file(), row.folder
-        assert (here / f"test_foundation_{row.folder}.py").is_file(), row.folder
+        assert (FOUNDATION / row.folder / "README.md").is_file(), row.folder
+        assert (FOUNDATION / row.folder / "tests" / f"test_{row.folder}.py").is_file(), row.folder

@@ -348,13 +348,23 @@ def test_the_csv_of_a_model_is_byte_identical_on_1_and_2_processes_with_the_defa
     assert texts[0] == texts[1]
 
 
-def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
-    pytest.importorskip("chronos")
-    from test_foundation_chronos_bolt import write_fixture
+def crossing_release():
+    """A release of tests/test_foundation.py's table built by its package, with GIFT-Eval's nine levels, whose
+    random weights forecast crossing quantiles (its package keeps them as forecast): the first such row."""
+    from test_foundation import LEVELS_9, RELEASES, needs, own_tests
 
+    row = next(row for row in RELEASES.values() if row.package and list(row.levels) == LEVELS_9 == list(scores.LEVELS)
+               and not getattr(own_tests(needs(row)), "QUANTILES_SORTED_NON_NEGATIVE", False))
+    return row
+
+
+def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
+    from test_foundation import released_folder
+
+    row = crossing_release()
     write_synthetic_sets(tmp_path / "data")
-    folder = write_fixture(tmp_path / "bolt")
-    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", "ChronosBolt", "--pretrain_model_path",
+    folder = released_folder(row, tmp_path / "release")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "out", "--model", row.name, "--pretrain_model_path",
                                folder, "--seq_len", 64, "--datasets", "hospital", "m4_weekly", "--num_threads", 1))
     rows = csv_rows(tmp_path / "out" / "all_results.csv")
     assert [r["dataset"] for r in rows] == ["m4_weekly/W/short", "hospital/M/short"]
@@ -367,26 +377,27 @@ def test_a_zero_shot_foundation_model_gives_quantiles(tmp_path):
         assert result["quantile_order"] == "as forecast" and result["quantiles_crossed"] > 0, path.name
 
 
-def test_a_releases_quantiles_are_its_packages_pipeline_on_the_raw_history(tmp_path):
+def test_a_releases_quantiles_are_its_packages_pipeline_on_the_raw_history(tmp_path, monkeypatch):
     """What the harness scores for a released model: the package's predict_quantiles of the raw context (a
     non-negative one here, whose quantiles cross), not re-sorted; the crossings counted."""
-    chronos = pytest.importorskip("chronos")
     import torch
 
     from benchmarks.gift_eval_models import ModelForecaster
-    from test_foundation_chronos_bolt import write_fixture
+    from test_foundation import own_tests, released_folder
 
-    folder = write_fixture(tmp_path / "bolt")
+    row = crossing_release()
+    folder = released_folder(row, tmp_path / "release")
     rng = np.random.default_rng(3)
     history = np.maximum(0.0, 4 * np.sin(np.arange(90) / 3) + rng.normal(0, 2, 90))
-    point, quantiles, crossed = ModelForecaster(["--model", "ChronosBolt", "--pretrain_model_path", folder,
+    point, quantiles, crossed = ModelForecaster(["--model", row.name, "--pretrain_model_path", folder,
                                                  "--seq_len", 64], 1).forecast([history], 16, gift_eval.impute)
-    pipeline = chronos.ChronosBoltPipeline.from_pretrained(folder)
-    theirs, median = pipeline.predict_quantiles(torch.tensor(history[-64:], dtype=torch.float32)[None],
-                                                prediction_length=16, quantile_levels=list(scores.LEVELS))
-    np.testing.assert_allclose(quantiles[0].T, theirs[0].double().numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(point[0], median[0].double().numpy(), rtol=1e-5, atol=1e-6)
-    assert crossed == int((theirs[0, :, 1:] < theirs[0, :, :-1]).any(-1).sum()) > 0
+    window = torch.tensor(history[-64:], dtype=torch.float32)[None, :, None]  # [1, 64, 1]
+    with torch.no_grad():
+        theirs = own_tests(row).zero_shot_quantiles(folder, window, 16, monkeypatch)[0, :, 0]  # [16, 9]
+    np.testing.assert_allclose(quantiles[0].T, theirs.double().numpy(), rtol=1e-5, atol=1e-6)
+    median = theirs[:, list(scores.LEVELS).index(0.5)]
+    np.testing.assert_allclose(point[0], median.double().numpy(), rtol=1e-5, atol=1e-6)
+    assert crossed == int((theirs[:, 1:] < theirs[:, :-1]).any(-1).sum()) > 0
 
 
 def test_a_quantile_model_gives_gift_evals_nine_of_its_levels(tmp_path):

@@ -295,7 +295,7 @@ def test_a_mismatched_openltm_file_names_keys_and_shapes_in_one_line(tmp_path):
 
 
 def _hf_decoder(prefix_embedding, ffn):
-    """A Hugging Face decoder in the layout of thuml's Timer / Sundial and Time-MoE releases
+    """A Hugging Face decoder in the layout thuml's and Maple728's released decoders share
     (model.embed_layer, model.layers.N.self_attn / ffn_layer, model.norm, lm_heads.N)."""
     state = {f"model.embed_layer.{prefix_embedding}": torch.zeros(8, 4), "model.norm.weight": torch.ones(8),
              "lm_heads.0.weight": torch.zeros(4, 8)}
@@ -333,58 +333,7 @@ def test_run_py_refuses_a_model_we_lack_in_one_line(tmp_path):
     assert "holds OpenLTM's TTM" in proc.stderr and not (tmp_path / "results" / "results.jsonl").exists()
 
 
-def test_timemoes_release_given_to_timerxl_is_named_with_model_timemoe(tmp_path):
-    """Maple728/TimeMoE-*'s weights are --model TimeMoE's (models/foundation/time_moe/adapter.py): given to TimerXL they are named and
-    refused in one line that says which model reads them."""
-    save_atomic(_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), tmp_path / "c.pth")
-    with pytest.raises(UserError) as refused:
-        load_weights(TimerXL(configs()), tmp_path / "c.pth")
-    message = str(refused.value)
-    assert "\n" not in message and "holds Time-MoE's released checkpoint (Maple728/TimeMoE-*" in message
-    assert message.endswith("load it with --model TimeMoE, not TimerXL"), message
-
-
-SUNDIAL = {**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),
-           "flow_loss.net.input_proj.weight": torch.zeros(8, 8)}
-
-
-def test_run_py_refuses_sundials_release_for_timerxl_naming_model_sundial(tmp_path):
-    """thuml/sundial-base-128m's weights are --model Sundial's (models/foundation/sundial/adapter.py): given to TimerXL they are named
-    and refused in one line that says which model reads them."""
-    save_atomic(SUNDIAL, tmp_path / "sundial.pth")
-    proc = run_cli(tmp_path, *RUN, "--train_epochs", 1, "--adaptation", "--pretrain_model_path",
-                   tmp_path / "sundial.pth")
-    assert_one_error_line(proc, "cannot fine-tune from --pretrain_model_path: checkpoint ")
-    assert "holds Sundial's released checkpoint (thuml/sundial-base-128m" in proc.stderr
-    assert "load it with --model Sundial, not TimerXL" in proc.stderr
-    assert not (tmp_path / "results" / "results.jsonl").exists()
-
-
 # ------------------------------------------------------------ safetensors and Hugging Face folders
-def test_a_hugging_face_timer_folder_is_refused_by_timer_pointing_to_timerbase(tmp_path):
-    """thuml/timer-base-84m's folder is --model TimerBase's (models/foundation/timer_base/adapter.py); given to our Timer it is named and
-    refused in one line that says which model reads it."""
-    safetensors = pytest.importorskip("safetensors.torch")
-    folder = tmp_path / "timer-base-84m"
-    folder.mkdir()
-    state = _hf_decoder("emb.weight", {"gate_proj": (16, 8), "up_proj": (16, 8), "down_proj": (8, 16)})
-    safetensors.save_file(state, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "timer", "input_token_len": 4, "hidden_size": 8, "intermediate_size": 16,
-        "output_token_lens": [4], "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_act": "silu"}))
-    from exp.adaptation import load_pretrained
-
-    with pytest.raises(UserError) as refused:
-        load_pretrained(Timer(configs()), str(folder), torch.device("cpu"))
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith("cannot fine-tune from --pretrain_model_path: checkpoint ")
-    assert "holds Timer as released on Hugging Face (thuml/timer-base-84m" in message
-    assert message.endswith("weights: load it with --model TimerBase, not Timer")
-    (folder / "model.safetensors").unlink()
-    with pytest.raises(UserError, match="is a folder without model.safetensors"):
-        load_weights(Timer(configs()), folder)
-
-
 def test_openltm_and_our_weights_load_from_safetensors_files_and_folders(tmp_path):
     safetensors = pytest.importorskip("safetensors.torch")
     theirs = fake_openltm("TimerXL", **SHAPES[0])
@@ -574,13 +523,15 @@ def test_the_weights_loaded_are_named_by_their_files_sha256_and_where_training_s
     import hashlib
     import os
 
-    from test_foundation_timer_base import FIXTURE, ours as timer_base
+    from test_foundation import RELEASES, fixture, ours as release_model
     from utils.checkpoint import loaded_weights
 
-    timer_base(44, 20)
-    release = os.path.join(str(FIXTURE), "model.safetensors")
-    assert loaded_weights() == {"path": str(FIXTURE), "file": release, "epoch": None, "step": None,
-                                "sha256": hashlib.sha256((FIXTURE / "model.safetensors").read_bytes()).hexdigest()}
+    row = next(row for row in RELEASES.values() if not row.package)  # a release with a committed fixture
+    folder = fixture(row.folder)
+    release_model(row, folder, row.run[1], row.run[3])
+    release = os.path.join(str(folder), "model.safetensors")
+    assert loaded_weights() == {"path": str(folder), "file": release, "epoch": None, "step": None,
+                                "sha256": hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()}
     assert loaded_weights() is None  # named once, by the record of the test that loaded them
     mid_epoch = {"model": ours("TimerXL").state_dict(), "epoch": 2, "global_step": 40,
                  "position": {"epoch": 3, "global_windows": 96, "end_of_epoch": False}}
@@ -596,16 +547,21 @@ def test_export_to_a_full_disk_says_so_in_one_line(tmp_path):
     is 236 kB): exit 2 and one line (safetensors' own SafetensorError was a traceback)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     from helpers import REPO, repo_first_env, subprocess_env
 
-    release = Path(__file__).parent / "golden" / "foundation" / "moirai2"
+    from test_foundation import RELEASES, fixture
+
+    # the committed release fixture with the largest weights file, its export's layout
+    row = max((row for row in RELEASES.values() if not row.package),
+              key=lambda row: (fixture(row.folder) / "model.safetensors").stat().st_size)
+    release = fixture(row.folder)
+    assert (release / "model.safetensors").stat().st_size > 200_000  # past the 100 kB the child may write
     child = ("import resource, runpy, signal\n"
              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # then a write past the limit fails with EFBIG
              "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
              "runpy.run_module('exp.export', run_name='__main__', alter_sys=True)\n")  # python -m exp.export
-    proc = subprocess.run([sys.executable, "-c", child, "export", "--to", "moirai2", str(release), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-c", child, "export", "--to", row.export_to, str(release), str(tmp_path / "out")],
                           cwd=REPO, env=repo_first_env(subprocess_env()), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"error: cannot write {tmp_path / 'out'} (") and proc.stderr.count("\n") == 1, proc.stderr

@@ -377,8 +377,10 @@ def _export_every_release_folder(out):
 
     from exp.export import main as checkpoint_main
 
-    releases = Path(__file__).parent / "golden" / "foundation"
+    releases = Path(__file__).resolve().parent.parent / "models" / "foundation"  # each one's tests/fixture
     for folder, layout in (("timer_base", "timer-base"), ("sundial", "sundial"), ("time_moe", "time-moe"),
                            ("moirai2", "moirai2")):
-        assert checkpoint_main(["export", "--to", layout, str(releases / folder), str(out / layout)]) == 0
-    assert checkpoint_main(["export", "--to", "ours", str(releases / "timer_base"), str(out / "ours.pth")]) == 0
+        fixture = releases / folder / "tests" / "fixture"
+        assert checkpoint_main(["export", "--to", layout, str(fixture), str(out / layout)]) == 0
+    fixture = releases / "timer_base" / "tests" / "fixture"
+    assert checkpoint_main(["export", "--to", "ours", str(fixture), str(out / "ours.pth")]) == 0

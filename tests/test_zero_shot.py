@@ -134,12 +134,19 @@ def test_a_batchnorm_checkpoint_evaluates_the_same_on_2_processes(tmp_path):
 
 
 # ------------------------------------------------------------ a release's zero-shot run is its package's forecast
-PACKAGES = {"ChronosBolt": "chronos", "Chronos2": "chronos", "TimesFM25": "timesfm", "TiRex": "tirex"}
+def packaged():
+    """{--model: its package} of the releases that tests/test_foundation.py's table builds with their package."""
+    from test_foundation import RELEASES
+
+    return {name: row.package.split(".")[0] for name, row in RELEASES.items() if row.package}
+
+
+PACKAGES = packaged()
 RELEASE_SHAPE = ["--seq_len", 48, "--label_len", 0, "--pred_len", 16, "--num_threads", 1]
 
 
 def demand(folder, rows=400):
-    """Three non-negative channels that often sit at 0 (demand-like): TimesFM 2.5's non-negativity rule acts on
+    """Three non-negative channels that often sit at 0 (demand-like): a rule against negative forecasts acts on
     them, and a random release's forecast of them crosses its quantiles."""
     rng = np.random.default_rng(0)
     steps = np.arange(rows)
@@ -157,29 +164,16 @@ def write_release(model, folder):
     return released_folder(RELEASES[model], folder)
 
 
+def own_tests(model):
+    """`model`'s own test module, beside its release: its zero_shot_quantiles is the package's forecast."""
+    from test_foundation import RELEASES, own_tests
+
+    return own_tests(RELEASES[model])
+
+
 def packages_quantiles(model, release, windows, pred_len, monkeypatch):
     """The package's own pipeline on every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels]."""
-    if model == "ChronosBolt":
-        import chronos
-
-        batch, length, channels = windows.shape
-        pipeline = chronos.ChronosBoltPipeline.from_pretrained(release)
-        quantiles, _ = pipeline.predict_quantiles(windows.transpose(1, 2).reshape(batch * channels, length),
-                                                  prediction_length=pred_len, quantile_levels=pipeline.quantiles)
-        return quantiles.reshape(batch, channels, pred_len, -1).transpose(1, 2)
-    if model == "Chronos2":
-        from test_foundation_chronos2 import packages_quantiles as chronos2_quantiles
-        return chronos2_quantiles(release, windows, pred_len)
-    if model == "TiRex":
-        from test_foundation_tirex import packages_forecast
-        return packages_forecast(release, windows, pred_len, monkeypatch)
-    from test_foundation import timesfm25_reduced_definition
-    from test_foundation_timesfm25 import packages_forecast
-    from timesfm.timesfm_2p5 import timesfm_2p5_torch as package
-
-    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return packages_forecast(package.TimesFM_2p5_200M_torch, release, windows, pred_len)
+    return own_tests(model).zero_shot_quantiles(release, windows, pred_len, monkeypatch)
 
 
 @pytest.mark.parametrize("model", list(PACKAGES))
@@ -223,7 +217,7 @@ def test_a_releases_zero_shot_scores_and_forecasts_are_its_packages_on_the_raw_s
     crossed = int((theirs[..., 1:] < theirs[..., :-1]).any(-1).sum())
     assert record["quantile_order"] == "as forecast"
     assert abs(record["quantiles_crossed"] - crossed) <= max(2, crossed // 1000), (record["quantiles_crossed"], crossed)
-    if model == "TimesFM25":  # its own fix_quantile_crossing, and a non-negative context forecasts no value below 0
+    if getattr(own_tests(model), "QUANTILES_SORTED_NON_NEGATIVE", False):  # the package sorts, and keeps >= 0
         assert crossed == 0 and float(theirs.min()) == 0.0
     else:
         assert crossed > count * pred_len  # crossing quantiles: a re-sorted forecast would score otherwise
@@ -242,11 +236,14 @@ def test_a_release_on_data_scaled_series_by_series_is_refused_in_one_line_unless
     steps = np.arange(600)
     pd.DataFrame({"a": np.abs(np.sin(steps / 9.0)), "b": np.abs(np.cos(steps / 5.0))}).to_csv(tmp_path / "s.csv",
                                                                                              index=False)
+    from test_foundation import RELEASES
+
+    model = next(name for name, row in RELEASES.items() if not row.package)  # any release: the first native one
     (tmp_path / "release").mkdir()
-    argv = ["--model", "TimerBase", "--is_training", 0, "--pretrain_model_path", tmp_path / "release", "--data",
+    argv = ["--model", model, "--is_training", 0, "--pretrain_model_path", tmp_path / "release", "--data",
             "univariate", "--root_path", tmp_path, "--data_path", "*.csv", "--features", "S", "--seq_len", 96,
             "--label_len", 0, "--pred_len", 24]
-    with pytest.raises(UserError, match="--model TimerBase forecasts each series as given .* --data univariate "
+    with pytest.raises(UserError, match=f"--model {model} forecasts each series as given .* --data univariate "
                                         "z-scores every series with its own training part.*add --scale false"):
         resolve_args(make_args(*argv), 1)
     assert resolve_args(make_args(*argv, "--scale", "false"), 1).scale is False

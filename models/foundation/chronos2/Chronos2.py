@@ -36,7 +36,7 @@ and the world size; alone in its group a series' group attention is exactly its 
   [B * C, heads, time, 1]: alone in its group, a series' only non-zero group weight at an observed step is its
   own, so that draw drops that weight; and the group attention's residual dropout sees the series first.
   Evaluation (and --dropout 0) runs the package's own attention, so the forecasts are the package's bit for bit;
-  fine-tuning with dropout is exact on any world size (tests/test_foundation_chronos2.py).
+  fine-tuning with dropout is exact on any world size (tests/test_chronos2.py).
 """
 import functools
 import math

@@ -5,7 +5,7 @@ the next 4 patches. Liu et al., "Moirai 2.0: When Less Is More for Time Series F
 
 A native implementation, plain torch, written from uni2ts 2.0.0 (uni2ts/model/moirai2/{module,forecast}.py and
 the modules they build) read as facts; why not the package: it pins torch < 2.5 and numpy 1.26.
-crosscheck.py and tests/test_foundation_moirai2.py hold ours to the package's
+crosscheck.py and tests/test_moirai2.py hold ours to the package's
 Moirai2Forecast.predict (official uni2ts 2.0.0 run under torch 2.13: see that benchmark's docstring).
 
 What a forecast is (Moirai2Forecast.forward, univariate):

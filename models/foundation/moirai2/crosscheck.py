@@ -4,7 +4,7 @@ quantile levels: 11,387,208 parameters), random weights written as the release i
 config.json + model.safetensors).
 
     cd /work/main && /work/venvs/uni2ts/bin/python benchmarks/foundation_crosscheck.py --models Moirai2
-    /work/venvs/uni2ts/bin/python -m models.foundation.moirai2.crosscheck --write-fixture   # tests/golden/foundation/moirai2
+    /work/venvs/uni2ts/bin/python -m models.foundation.moirai2.crosscheck --write-fixture   # tests/fixture/
 
 The reference environment: the OFFICIAL package, installed without its pins beside torch 2.13 (uni2ts 2.0.0
 declares torch < 2.5, numpy ~= 1.26, gluonts ~= 0.14.3; its Moirai 2.0 model code runs unchanged under torch
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = REPO / "tests" / "golden" / "foundation" / "moirai2"
+FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 CASES = ((512, 64), (500, 64), (512, 96), (4000, 720))  # (seq_len, pred_len): 4 tokens, padded, rolled out
 SPEED = {"cases": ((512, 64), (512, 96)), "series": 64, "rounds": 5}
 # The tests' fixture: the released architecture at a tiny size (1 head of 64, patch 4, 2 tokens a step).

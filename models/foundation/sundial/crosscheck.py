@@ -11,8 +11,8 @@ diffusion_batch_mul 4: 128M parameters), random weights saved by the reference's
 - speed(): zero-shot over 64 windows (one channel) on one CPU process, 20 samples each: ours (one forward, the 9
   quantiles of the samples) against the reference's generate(num_samples=20) (the samples alone), interleaved
   rounds, medians;
-- write_fixture(): the tiny-configuration folder and reference outputs tests/test_foundation_sundial.py checks
-  ours against without the reference installed (tests/golden/foundation/sundial/).
+- write_fixture(): the tiny-configuration folder and reference outputs tests/test_sundial.py checks
+  ours against without the reference installed (tests/fixture/).
 
 The reference's generate runs only under transformers 4.40 (its cache and mask helpers are gone from
 transformers 5), so it runs in its own virtual environment, which sees torch 2.13 and this repository's packages
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 TOLERANCE = 1e-5
-FIXTURE = REPO / "tests" / "golden" / "foundation" / "sundial"
+FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 # The fixture's configuration: every size its own and small; a context of 30 steps (not whole tokens of 4), a
 # horizon of 30 (12 + 12 + 6: two roll-out steps).
 TINY = {"input_token_len": 4, "hidden_size": 16, "intermediate_size": 24, "output_token_lens": [12],
@@ -289,7 +289,7 @@ def speed():
 
 # ------------------------------------------------------------ the tests' fixture
 def write_fixture(out=FIXTURE):
-    """tests/golden/foundation/sundial/: the reference at TINY written by save_pretrained (config.json +
+    """tests/fixture/: the reference at TINY written by save_pretrained (config.json +
     model.safetensors), and reference.safetensors: its outputs on fixed inputs, with the noise it was given."""
     from safetensors.torch import save_file
 

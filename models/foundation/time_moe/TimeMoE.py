@@ -28,7 +28,7 @@ head over the steps inside the sequence, averaged over heads, as TimeMoeForPredi
 masks; plus router_aux_loss_factor times the load-balancing loss of the forward call (Switch-Transformer style,
 over every layer's router logits of every token of the call), added to every window's loss. The balancing term
 is a function of the whole micro-batch, as in the reference (per batch), so 1 x (2 accumulation steps of 4)
-trains as 2 processes x 4 do, while 1 x 8 differs from 2 x 4 by it (tests/test_foundation_time_moe.py).
+trains as 2 processes x 4 do, while 1 x 8 differs from 2 x 4 by it (tests/test_time_moe.py).
 
 Exactness across evaluation batch sizes: a CPU matrix product of fewer than 12 rows (or of one output column)
 sums a row in another order than the same row inside a larger one, the experts see a number of tokens that depends
@@ -36,7 +36,7 @@ on the batch, ATen computes exp-like functions on the loop's tail elements by a 
 and its fused attention sums a short query in a batch-dependent order on several threads. So every projection pads
 such small inputs to 12 rows and computes one-column outputs as a product and sum, SiLU / sigmoid / rsqrt run on
 whole vectors, and the new tokens of a rolled-out step attend to the cache through matrix products: a series'
-forecast does not depend on what else is in the batch (tests/test_foundation_time_moe.py, 1 and 2 threads).
+forecast does not depend on what else is in the batch (tests/test_time_moe.py, 1 and 2 threads).
 
 Shapes: with --pretrain_model_path a released folder every size comes from its config.json; without one, the
 released architecture with --d_model, --d_ff, --e_layers, --n_heads and --dropout (the attention dropout) in place

@@ -4,7 +4,7 @@ top-2, heads [1, 8, 32, 64]), random weights saved by the reference (save_pretra
 model.safetensors, the released layout). Run in the reference's environment:
 
     /work/venvs/timemoe/bin/python benchmarks/foundation_crosscheck.py --models TimeMoE
-    /work/venvs/timemoe/bin/python -m models.foundation.time_moe.crosscheck --write-fixture  # tests/golden/foundation/...
+    /work/venvs/timemoe/bin/python -m models.foundation.time_moe.crosscheck --write-fixture  # tests/fixture/
 
 The reference is Time-MoE/Time-MoE at d3524fd (time_moe/models/modeling_time_moe.py, ts_generation_mixin.py,
 configuration_time_moe.py; Apache-2.0), which needs transformers 4.40.1 (its requirements.txt; under transformers
@@ -36,7 +36,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = os.environ.get("TIME_MOE_SRC", "/work/venvs/timemoe/src/Time-MoE")
-FIXTURE = REPO / "tests" / "golden" / "foundation" / "time_moe"
+FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 # The fixture's reduced configuration: the released one at small sizes (2 layers, 4 experts).
 TINY = {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 2, "num_experts": 4}
@@ -123,7 +123,7 @@ def our_forecast(model, series):
 
 # ------------------------------------------------------------ the committed fixture (tests)
 def write_fixture(folder=FIXTURE):
-    """tests/golden/foundation/time_moe: the reference at TINY sizes in the released layout, and its outputs:
+    """tests/fixture/: the reference at TINY sizes in the released layout, and its outputs:
     forecasts of 4 windows (README path) at FIXTURE_CASES, and its training loss on 4 sequences."""
     import shutil
 

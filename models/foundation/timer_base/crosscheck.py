@@ -19,8 +19,8 @@ TimerForPrediction.from_pretrained(folder).generate(context, max_new_tokens=pred
 same windows: one token (96) and rolled out (192, 250), contexts 672 and 2880 (and 700, not whole tokens); the
 training objective against the reference's forward(labels=...) loss; our export read back by the reference.
 speed(): zero-shot, one CPU process, 64 series a batch, ours against the reference's generate, interleaved rounds.
---write-fixture: tests/golden/foundation/timer_base/, the same at a tiny size, for
-tests/test_foundation_timer_base.py."""
+--write-fixture: tests/fixture/, the same at a tiny size, for
+tests/test_timer_base.py."""
 import json
 import statistics
 import sys
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = REPO / "tests" / "golden" / "foundation" / "timer_base"
+FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 CASES = ((672, 96), (672, 192), (2880, 96), (2880, 192), (700, 250))  # (seq_len, pred_len)
 SPEED = {"seq_len": 2880, "horizons": (96, 192), "series": 64, "rounds": 3}
 TINY = {"input_token_len": 8, "output_token_lens": [8], "hidden_size": 16, "intermediate_size": 24,

@@ -176,7 +176,7 @@ class Model(nn.Module):
 
 def _block(block, x, state):
     """sLSTMBlock.forward of the package with the sLSTM's state in and out (its sLSTMLayer takes a state but returns
-    none): the same modules in the same order; tests/test_foundation_tirex.py holds it to block(x)."""
+    none): the same modules in the same order; tests/test_tirex.py holds it to block(x)."""
     layer = block.slstm_layer
     normed = block.norm_slstm(x)
     gates = torch.cat((layer.fgate(normed), layer.igate(normed), layer.zgate(normed), layer.ogate(normed)), dim=-1)

@@ -46,6 +46,12 @@ def packages_quantiles(path, x, pred_len, batch_size=256):
     return torch.stack(quantiles).reshape(batch, channels, pred_len, len(LEVELS)).permute(0, 2, 1, 3)
 
 
+def zero_shot_quantiles(release, windows, pred_len, monkeypatch):
+    """The package's own forecast of every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels], for the
+    checks of tests/ that hold a packaged release's zero-shot runs to its package (test_zero_shot, test_gift_eval)."""
+    return packages_quantiles(release, windows, pred_len)
+
+
 def relative(a, b):
     return float(((a - b).abs() / b.abs().clamp_min(1e-6)).max())
 

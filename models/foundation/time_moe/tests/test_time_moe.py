@@ -1,4 +1,4 @@
-"""Time-MoE against Time-MoE's own code: the committed fixture tests/golden/foundation/time_moe is a release folder
+"""Time-MoE against Time-MoE's own code: the committed fixture tests/fixture/ (beside this file) is a release folder
 written by the reference (TimeMoeForPrediction at reduced sizes, random weights, save_pretrained: config.json +
 model.safetensors) with the reference's forecasts (Time-MoE's README path: standardise, generate, scale back) and
 training loss (its forward with labels and loss masks), made by `python -m models.foundation.time_moe.crosscheck
@@ -19,7 +19,7 @@ from models.foundation.time_moe import TimeMoE
 from exp.export import export, load_weights
 from utils.errors import UserError
 
-FIXTURE = Path(__file__).parent / "golden" / "foundation" / "time_moe"
+FIXTURE = Path(__file__).resolve().parent / "fixture"
 REFERENCE = torch.load(FIXTURE / "reference_outputs.pt", weights_only=True)
 
 
@@ -245,3 +245,19 @@ def test_timer_given_a_time_moe_folder_says_to_load_it_with_time_moe(name):
     message = str(refused.value)
     assert "\n" not in message and "Time-MoE's released checkpoint (Maple728/TimeMoE-*" in message
     assert message.endswith(f"load it with --model TimeMoE, not {name}")
+
+
+# ------------------------------------------------------------ its release given to OpenLTM's model (tests/test_openltm_checkpoints.py)
+def test_timemoes_release_given_to_timerxl_is_named_with_model_timemoe(tmp_path):
+    """Maple728/TimeMoE-*'s weights are --model TimeMoE's (this folder's adapter.py): given to TimerXL they are named and
+    refused in one line that says which model reads them."""
+    from models.TimerXL import Model as TimerXL
+    from test_openltm_checkpoints import _hf_decoder, configs
+    from utils.checkpoint import save_atomic
+
+    save_atomic(_hf_decoder("emb_layer.weight", {"experts.0.gate_proj": (16, 8), "gate": (2, 8)}), tmp_path / "c.pth")
+    with pytest.raises(UserError) as refused:
+        load_weights(TimerXL(configs()), tmp_path / "c.pth")
+    message = str(refused.value)
+    assert "\n" not in message and "holds Time-MoE's released checkpoint (Maple728/TimeMoE-*" in message
+    assert message.endswith("load it with --model TimeMoE, not TimerXL"), message

@@ -43,6 +43,12 @@ def packages_forecast(folder, windows, pred_len, monkeypatch):
     return quantiles.reshape(batch, channels, pred_len, -1).transpose(1, 2)
 
 
+def zero_shot_quantiles(release, windows, pred_len, monkeypatch):
+    """The package's own forecast of every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels], for the
+    checks of tests/ that hold a packaged release's zero-shot runs to its package (test_zero_shot, test_gift_eval)."""
+    return packages_forecast(release, windows, pred_len, monkeypatch)
+
+
 def windows_to_forecast(seq_len, channels=3):
     generator = torch.Generator().manual_seed(1)
     walk = torch.randn(4, seq_len, channels, generator=generator).cumsum(1) * 2 + 5

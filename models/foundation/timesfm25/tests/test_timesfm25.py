@@ -15,12 +15,16 @@ from models.foundation.timesfm25 import TimesFM25  # noqa: E402
 from test_foundation import timesfm25_reduced_definition, write_timesfm25  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
 
-@pytest.fixture
-def reduced_package(monkeypatch):
+def reduce_package(monkeypatch):
     """The package's classes building the reduced module (its module reads the class attribute `config`)."""
     monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return package.TimesFM_2p5_200M_torch
+
+
+@pytest.fixture
+def reduced_package(monkeypatch):
+    return reduce_package(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +54,16 @@ def packages_forecast(package_class, folder, windows, pred_len):
     _, quantiles = reference.forecast(horizon=pred_len, inputs=series)
     out = torch.from_numpy(quantiles[..., 1:]).float()  # without the mean
     return out.reshape(batch, channels, pred_len, -1).transpose(1, 2)
+
+
+# The package sorts its quantiles (fix_quantile_crossing) and forecasts no value below 0 from a non-negative context.
+QUANTILES_SORTED_NON_NEGATIVE = True
+
+
+def zero_shot_quantiles(release, windows, pred_len, monkeypatch):
+    """The package's own forecast of every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels], for the
+    checks of tests/ that hold a packaged release's zero-shot runs to its package (test_zero_shot, test_gift_eval)."""
+    return packages_forecast(reduce_package(monkeypatch), release, windows, pred_len)
 
 
 def windows_to_forecast(seq_len, channels=3):

@@ -1,4 +1,4 @@
-"""Moirai 2.0 against uni2ts 2.0.0 through a committed fixture: tests/golden/foundation/moirai2 is a tiny
+"""Moirai 2.0 against uni2ts 2.0.0 through a committed fixture: tests/fixture/ (beside this file) is a tiny
 configuration in the released layout (config.json + model.safetensors) written by uni2ts's own
 Moirai2Module.save_pretrained, and expected.safetensors holds uni2ts's Moirai2Forecast.predict quantiles on fixed
 windows (models/foundation/moirai2/crosscheck.py --write-fixture, run where uni2ts is installed). Here: the folder loads
@@ -18,7 +18,7 @@ from models.foundation.moirai2 import Moirai2
 from exp.export import export, load_weights
 from utils.errors import UserError
 
-FIXTURE = Path(__file__).resolve().parent / "golden" / "foundation" / "moirai2"
+FIXTURE = Path(__file__).resolve().parent / "fixture"
 SEQ_LEN, HORIZONS = 30, (8, 21)  # models/foundation/moirai2/crosscheck.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
 
 

@@ -42,6 +42,16 @@ def windows(seed=0, batch=6, length=70, channels=3):
     return x + torch.tensor([0.0, 1000.0, -3.0])
 
 
+def zero_shot_quantiles(release, windows, pred_len, monkeypatch):
+    """The package's own forecast of every channel of raw `windows` [B, L, C]: [B, pred_len, C, levels], for the
+    checks of tests/ that hold a packaged release's zero-shot runs to its package (test_zero_shot, test_gift_eval)."""
+    batch, length, channels = windows.shape
+    pipeline = chronos.ChronosBoltPipeline.from_pretrained(release)
+    quantiles, _ = pipeline.predict_quantiles(windows.transpose(1, 2).reshape(batch * channels, length),
+                                              prediction_length=pred_len, quantile_levels=pipeline.quantiles)
+    return quantiles.reshape(batch, channels, pred_len, -1).transpose(1, 2)
+
+
 def relative_difference(ours, reference):
     return ((ours - reference).abs() / reference.abs().clamp_min(1e-6)).max().item()
 

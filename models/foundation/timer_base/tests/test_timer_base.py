@@ -1,5 +1,5 @@
 """TimerBase (Timer as released on Hugging Face, thuml/timer-base-84m) against the release's own code. The committed
-fixture tests/golden/foundation/timer_base/ is a release folder at a tiny size (tokens of 8 steps, hidden 16, 2
+fixture tests/fixture/ (beside this file) is a release folder at a tiny size (tokens of 8 steps, hidden 16, 2
 layers of 2 heads; random weights) written by the reference's save_pretrained (sktime.libs.timer under
 transformers 4.40.1), with the reference's generate forecasts and training losses on fixed windows
 (reference.safetensors); `python -m models.foundation.timer_base.crosscheck --write-fixture` rewrites it. An export of ours
@@ -19,7 +19,7 @@ from exp.export import export, load_weights  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from models.foundation.timer_base.adapter import RELEASED  # noqa: E402
 
-FIXTURE = Path(__file__).parent / "golden" / "foundation" / "timer_base"
+FIXTURE = Path(__file__).resolve().parent / "fixture"
 REFERENCE = safetensors.load_file(str(FIXTURE / "reference.safetensors"))
 
 
@@ -163,3 +163,31 @@ def test_an_export_writes_the_releases_layout_and_config(tmp_path):
     assert config == {**fixture_config, "attention_dropout": RELEASED["attention_dropout"]}
     back, tuned = ours(44, 20, folder=exported).state_dict(), model.state_dict()
     assert all(torch.equal(back[k], tuned[k]) for k in tuned)
+
+
+# ------------------------------------------------------------ its release given to OpenLTM's model (tests/test_openltm_checkpoints.py)
+def test_a_hugging_face_timer_folder_is_refused_by_timer_pointing_to_timerbase(tmp_path):
+    """thuml/timer-base-84m's folder is --model TimerBase's (this folder's adapter.py); given to our Timer it is named and
+    refused in one line that says which model reads it."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    from models.Timer import Model as Timer
+    from test_openltm_checkpoints import _hf_decoder, configs
+
+    folder = tmp_path / "timer-base-84m"
+    folder.mkdir()
+    state = _hf_decoder("emb.weight", {"gate_proj": (16, 8), "up_proj": (16, 8), "down_proj": (8, 16)})
+    safetensors.save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "timer", "input_token_len": 4, "hidden_size": 8, "intermediate_size": 16,
+        "output_token_lens": [4], "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_act": "silu"}))
+    from exp.adaptation import load_pretrained
+
+    with pytest.raises(UserError) as refused:
+        load_pretrained(Timer(configs()), str(folder), torch.device("cpu"))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("cannot fine-tune from --pretrain_model_path: checkpoint ")
+    assert "holds Timer as released on Hugging Face (thuml/timer-base-84m" in message
+    assert message.endswith("weights: load it with --model TimerBase, not Timer")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(UserError, match="is a folder without model.safetensors"):
+        load_weights(Timer(configs()), folder)

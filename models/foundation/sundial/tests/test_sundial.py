@@ -1,5 +1,5 @@
-"""Sundial against its reference code, through a committed fixture the reference wrote (tests/golden/foundation/
-sundial/, `python -m models.foundation.sundial.crosscheck --write-fixture` in the reference's environment): a tiny release
+"""Sundial against its reference code, through a committed fixture the reference wrote (tests/fixture/
+beside this file, `python -m models.foundation.sundial.crosscheck --write-fixture` in the reference's environment): a tiny release
 folder (config.json + model.safetensors from SundialForPrediction.save_pretrained, random weights) and the
 reference's outputs on fixed inputs with the noise it was given. Ours loads the folder through its adapter and,
 given the same noise, computes the same decoder states, flow velocities, generate() samples (a context of partial
@@ -22,7 +22,7 @@ from models.foundation.sundial import Sundial  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 
-FIXTURE = Path(__file__).parent / "golden" / "foundation" / "sundial"
+FIXTURE = Path(__file__).resolve().parent / "fixture"
 TOLERANCE = 1e-5
 
 
@@ -158,3 +158,22 @@ def test_the_released_size_is_128m_parameters():
 
 
 RELEASED_PARAMETERS = 128_329_680
+
+
+# ------------------------------------------------------------ its release given to OpenLTM's model (tests/test_openltm_checkpoints.py)
+def test_run_py_refuses_sundials_release_for_timerxl_naming_model_sundial(tmp_path):
+    """thuml/sundial-base-128m's weights are --model Sundial's (this folder's adapter.py): given to TimerXL they are named
+    and refused in one line that says which model reads them."""
+    from helpers import assert_one_error_line, run_cli
+    from test_openltm_checkpoints import RUN, _hf_decoder
+    from utils.checkpoint import save_atomic
+
+    state = {**_hf_decoder("hidden_layer.weight", {"gate_proj": (16, 8)}),
+             "flow_loss.net.input_proj.weight": torch.zeros(8, 8)}
+    save_atomic(state, tmp_path / "sundial.pth")
+    proc = run_cli(tmp_path, *RUN, "--train_epochs", 1, "--adaptation", "--pretrain_model_path",
+                   tmp_path / "sundial.pth")
+    assert_one_error_line(proc, "cannot fine-tune from --pretrain_model_path: checkpoint ")
+    assert "holds Sundial's released checkpoint (thuml/sundial-base-128m" in proc.stderr
+    assert "load it with --model Sundial, not TimerXL" in proc.stderr
+    assert not (tmp_path / "results" / "results.jsonl").exists()
