@@ -10,11 +10,14 @@ model. A release's own comparison with its reference code is models/foundation/<
 - bad inputs are one line: no folder, a partial one, another release's folder (named, with the --model that reads
   it), a context or horizon the release cannot take.
 
-A row's `write` builds the release's folder (a reduced release its package writes, or a copy of the committed
-fixture its reference code wrote) with the damage a bad input needs; tests/bad_inputs.py's probes build theirs
-with it; the checks of tests/ that need a release with some property (native quantiles, a hub layout) pick its row
-here. Adding a release: its folder under models/foundation/ (with its tests/) and a row here.
+A row's `write` builds the release's folder with the damage a bad input needs, found from the folder: its
+tests/writer.py's `write` (a reduced release its package writes), else a copy of its committed tests/fixture/ (the
+folder its reference code wrote); tests/bad_inputs.py's probes build theirs with it; the checks of tests/ that need
+a release with some property (native quantiles, a hub layout) pick its row here. Adding a release: its folder under
+models/foundation/ (with its tests/: a writer.py or a fixture/) and a row here, naming the folder and its
+properties.
 """
+import functools
 import importlib
 import json
 import os
@@ -48,7 +51,7 @@ def checkpoints():
 
 
 # ------------------------------------------------------------------ each release's folder, as the hub lays it out
-def _damage(release, lacking=None, config=None, drop=None):
+def damage(release, lacking=None, config=None, drop=None):
     """A written safetensors release without the file `lacking`, with `config` over config.json, without the tensor
     `drop`."""
     if lacking:
@@ -69,150 +72,24 @@ def fixture(folder):
     return FOUNDATION / folder / "tests" / "fixture"
 
 
-def _copy_fixture(name):
-    """A release's committed tiny fixture, written by its reference code, copied to `release` and damaged."""
-    def write(release, lacking=None, config=None, drop=None, edit_config=None):
-        release.mkdir(parents=True)
-        for file in ("config.json", "model.safetensors"):
-            shutil.copy(fixture(name) / file, release / file)
-        if edit_config:
-            fields = json.loads((release / "config.json").read_text())
-            (release / "config.json").write_text(json.dumps({**fields, **edit_config}))
-        return _damage(release, lacking, config, drop)
-    return write
-
-
-CHRONOS_BOLT_BLOCK = 16  # the reduced release's prediction_length: --pred_len 24 rolls out one block
-
-
-def write_chronos_bolt(release, seed=0, lacking=None, config=None, drop=None, **chronos_config):
-    """The package's ChronosBoltModelForForecasting at a reduced size (d_model 16, one layer each way, blocks of 16
-    steps), random weights, saved by the package (config.json + model.safetensors)."""
-    import torch
-    from chronos.chronos_bolt import ChronosBoltModelForForecasting
-    from transformers import T5Config
-
-    chronos_config = {"prediction_length": CHRONOS_BOLT_BLOCK, **chronos_config}
-    reduced = adapter("chronos_bolt").released_config("tiny", d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1,
-                                                      num_heads=2, d_kv=8, chronos_config=chronos_config)
-    torch.manual_seed(seed)
-    ChronosBoltModelForForecasting(T5Config.from_dict(reduced)).save_pretrained(release)
-    return _damage(release, lacking, config, drop)
-
-
-CHRONOS2_SIZES = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.1, reg_token_id=1)
-
-
-def write_chronos2(release, seed=0, lacking=None, config=None, drop=None, **forecasting):
-    """The package's Chronos2Model at a reduced size (one pass forecasts 2 patches, 32 steps), its weights random
-    and away from their small initial scale, saved as amazon/chronos-2 is; `forecasting`: chronos_config fields."""
-    import torch
-    from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
-
-    torch.manual_seed(seed)
-    forecasting = {**adapter("chronos2").RELEASED_FORECASTING, "max_output_patches": 2, **forecasting}
-    model = Chronos2Model(Chronos2CoreConfig(**CHRONOS2_SIZES, chronos_config=forecasting))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    model.save_pretrained(release)
-    return _damage(release, lacking, config, drop)
-
-
-def timesfm25_reduced_definition():
-    """The released TimesFM 2.5 definition at a small size, every width its own so that no two are mixed up."""
-    import dataclasses
-
-    from timesfm.timesfm_2p5 import timesfm_2p5_base
-
-    released = timesfm_2p5_base.TimesFM_2p5_200M_Definition()
-    block = released.stacked_transformers
-    return dataclasses.replace(
-        released,
-        tokenizer=dataclasses.replace(released.tokenizer, hidden_dims=40, output_dims=32),
-        stacked_transformers=dataclasses.replace(block, num_layers=2, transformer=dataclasses.replace(
-            block.transformer, model_dims=32, hidden_dims=48, num_heads=4)),
-        output_projection_point=dataclasses.replace(released.output_projection_point, input_dims=32, hidden_dims=24),
-        output_projection_quantiles=dataclasses.replace(released.output_projection_quantiles, input_dims=32,
-                                                        hidden_dims=20))
-
-
-def write_timesfm25(release, lacking=None, config=None, tensors=None):
-    """A folder as google/timesfm-2.5-200m-pytorch is laid out, written by the package at the reduced definition
-    (random weights: the package starts its norm scales at zero, which would silence every layer); or, given
-    `config` (config.json) and `tensors` ({name: shape} of zeros in model.safetensors), a folder of just those."""
-    import torch
-
-    if config is not None or tensors is not None:
-        release.mkdir(parents=True)
-        if config is not None:
-            (release / "config.json").write_text(json.dumps(config))
-        if tensors is not None:
-            from safetensors.torch import save_file
-
-            save_file({key: torch.zeros(shape) for key, shape in tensors.items()}, str(release / "model.safetensors"))
-        return release
-    from timesfm.timesfm_2p5 import timesfm_2p5_torch as package
-
-    # the package draws its matrices from the global generator: seeded, so the folder does not depend on test order
-    with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng():
-        torch.manual_seed(0)
-        patch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
-        model = package.TimesFM_2p5_200M_torch(torch_compile=False)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, value in model.model.named_parameters():
-                if value.dim() == 1:
-                    value.copy_(torch.randn(value.shape, generator=generator) * 0.5 + (0 if "bias" in name else 1))
-        model.save_pretrained(release)
-    return _damage(release, lacking)
-
-
-TIREX_REDUCED = {"input_patch_size": 32, "output_patch_size": 32, "quantiles": LEVELS_9,
-                 "block_kwargs": {"embedding_dim": 24, "num_heads": 2, "num_blocks": 2, "all_slstm": True,
-                                  "vocab_size": 0},
-                 "input_ff_dim": 40}
-
-
-def write_tirex(release, seed=0, train_ctx_len=512, lacking=None, hyper=None, drop=None, other=False, edit=None):
-    """`release`/model.ckpt as the hub lays it out: the package's TiRexZero at a reduced size (2 blocks of 2
-    heads), random weights (it leaves the sLSTM's as torch.empty), its blocks under `block_stack.` as the package's
-    loader expects to strip. Damaged: `lacking` "model.ckpt" (a folder of its README only) or "hyper_parameters";
-    `hyper` another model's hyper_parameters; `drop` a tensor; `other` Chronos-Bolt's files in its place; `edit`
-    a function of the state dict."""
-    import torch
-
+def copy_fixture(folder, release, lacking=None, config=None, drop=None, edit_config=None):
+    """A release's committed tiny fixture, written by its reference code, copied to `release` and damaged: how a
+    release without a writer.py of its own is written."""
     release.mkdir(parents=True)
-    (release / "README.md").write_text(f"{release.name}\n")
-    if other:
-        from safetensors.torch import save_file
+    for file in ("config.json", "model.safetensors"):
+        shutil.copy(fixture(folder) / file, release / file)
+    if edit_config:
+        fields = json.loads((release / "config.json").read_text())
+        (release / "config.json").write_text(json.dumps({**fields, **edit_config}))
+    return damage(release, lacking, config, drop)
 
-        (release / "config.json").write_text(json.dumps({"architectures": ["ChronosBoltModelForForecasting"],
-                                                         "model_type": "t5"}))
-        save_file({"shared.weight": torch.zeros(2, 2)}, str(release / "model.safetensors"))
-        return release
-    if lacking == "model.ckpt":
-        return release
-    from tirex.models.tirex import TiRexZero
 
-    model = TiRexZero("torch", TIREX_REDUCED, train_ctx_len=train_ctx_len)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, value in model.named_parameters():
-            scale = 0.3 if value.dim() > 1 else 0.2
-            value.copy_(torch.randn(value.shape, generator=generator) * scale + (1 if name.endswith("norm.weight")
-                                                                                 or "norm_" in name else 0))
-    state = {("block_stack." + k if k.startswith(("blocks.", "out_norm.")) else k): v
-             for k, v in model.state_dict().items()}
-    state.pop(drop and "block_stack." + drop, None)
-    if edit:
-        edit(state)
-    checkpoint = {"state_dict": state, "epoch": 0,
-                  "hyper_parameters": hyper or {"model_config": TIREX_REDUCED, "train_ctx_len": train_ctx_len}}
-    if lacking == "hyper_parameters":
-        del checkpoint["hyper_parameters"]
-    torch.save(checkpoint, release / "model.ckpt")
-    return release
+def writer(folder):
+    """How a release's folder is written: models/foundation/<folder>/tests/writer.py's `write(release, **damage)`
+    (a reduced release its package writes), else a copy of its committed fixture."""
+    if (FOUNDATION / folder / "tests" / "writer.py").is_file():
+        return importlib.import_module(f"models.foundation.{folder}.tests.writer").write
+    return functools.partial(copy_fixture, folder)
 
 
 # ------------------------------------------------------------------ the table
@@ -221,7 +98,6 @@ class Release:
     name: str  # --model
     folder: str  # models/foundation/<folder>
     dirname: str  # the folder's name as downloaded (the package of some reads it from the path)
-    write: object  # (release path, **damage) -> release path
     package: str = ""  # the reference package a test needs installed ("": native, its fixture committed)
     owner: str = ""  # the hub organisation's folder above it, for a package that reads the path
     export_to: str = ""  # python -m exp.export export --to NAME
@@ -236,39 +112,42 @@ class Release:
     keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
     too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
 
+    def write(self, release, **damage):
+        """The release's folder at path `release`, damaged as a bad input needs (see writer)."""
+        return writer(self.folder)(release, **damage)
+
 
 RUN = ("--label_len", 0, "--val_windows", 12, "--test_windows", 20, "--num_threads", 1)  # 20: 7 + 7 + 6 on 3
 RELEASES = {row.name: row for row in [
-    Release("ChronosBolt", "chronos_bolt", "chronos-bolt-small", write_chronos_bolt, package="chronos",
-            export_to="chronos-bolt",
+    Release("ChronosBolt", "chronos_bolt", "chronos-bolt-small", package="chronos", export_to="chronos-bolt",
             signature={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"},
             run=("--seq_len", 64, "--pred_len", 24, *RUN), rel=1e-12, keyed=("Attention.weights_dropout", 3),
             too_long=(2049, 24, "longer than the 2048 steps of context Chronos-Bolt reads")),
-    Release("Chronos2", "chronos2", "chronos-2", write_chronos2, package="chronos.chronos2", export_to="chronos2",
+    Release("Chronos2", "chronos2", "chronos-2", package="chronos.chronos2", export_to="chronos2",
             signature={"architectures": ["Chronos2Model"], "model_type": "t5"},
             run=("--seq_len", 32, "--pred_len", 24, *RUN), levels=LEVELS_9, rel=1e-6, tune=("--dropout", 0.1),
             keyed=("self_attention.weights_dropout", 4),
             too_long=(8193, 24, "longer than Chronos-2's context of 8192 steps")),
-    Release("TimesFM25", "timesfm25", "timesfm-2.5-200m-pytorch", write_timesfm25,
-            package="timesfm.timesfm_2p5.timesfm_2p5_torch", export_to="timesfm", signature={"torch_compile": False},
+    Release("TimesFM25", "timesfm25", "timesfm-2.5-200m-pytorch", package="timesfm.timesfm_2p5.timesfm_2p5_torch",
+            export_to="timesfm", signature={"torch_compile": False},
             run=("--seq_len", 64, "--pred_len", 24, *RUN), tune=("--learning_rate", 1e-4),
             too_long=(48, 1100, "quantile head forecasts at most 1024 steps")),
-    Release("TiRex", "tirex", "TiRex", write_tirex, package="tirex", export_to="tirex", files=("model.ckpt",),
+    Release("TiRex", "tirex", "TiRex", package="tirex", export_to="tirex", files=("model.ckpt",),
             owner="NX-AI", run=("--seq_len", 96, "--pred_len", 48, *RUN),
             too_long=(513, 24, "at most 512 steps of context")),
-    Release("TimerBase", "timer_base", "timer-base-84m", _copy_fixture("timer_base"), export_to="timer-base",
+    Release("TimerBase", "timer_base", "timer-base-84m", export_to="timer-base",
             signature={"architectures": ["TimerForPrediction"], "model_type": "timer"},
             run=("--seq_len", 44, "--pred_len", 20, *RUN), levels=(), tune_folder={"attention_dropout": 0.1},
             too_long=(7, 8, "--seq_len 7 is shorter than one")),
-    Release("Sundial", "sundial", "sundial-base-128m", _copy_fixture("sundial"), export_to="sundial",
+    Release("Sundial", "sundial", "sundial-base-128m", export_to="sundial",
             signature={"architectures": ["SundialForPrediction"], "model_type": "sundial"},
             run=("--seq_len", 96, "--pred_len", 30, *RUN, "--num_samples", 4, "--sampling_steps", 2), rel=1e-7,
             too_long=(3, 30, "--seq_len 3 is shorter than one")),
-    Release("TimeMoE", "time_moe", "TimeMoE-50M", _copy_fixture("time_moe"), export_to="time-moe",
+    Release("TimeMoE", "time_moe", "TimeMoE-50M", export_to="time-moe",
             signature={"architectures": ["TimeMoeForPrediction"], "model_type": "time_moe"},
             run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2),
             too_long=(4090, 24, "at most 4096 positions")),
-    Release("Moirai2", "moirai2", "moirai-2.0-R-small", _copy_fixture("moirai2"), export_to="moirai2",
+    Release("Moirai2", "moirai2", "moirai-2.0-R-small", export_to="moirai2",
             signature={"d_model": 384, "d_ff": 1024, "num_layers": 6, "patch_size": 16, "max_seq_len": 512,
                        "num_predict_token": 4, "quantile_levels": LEVELS_9},
             run=("--seq_len", 96, "--pred_len", 24, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
@@ -457,10 +336,13 @@ def test_another_releases_folder_is_named_with_the_model_that_reads_it(tmp_path,
 
 
 def test_the_table_is_the_release_folders():
-    """Each models/foundation/<folder> is a row, with its README.md and its comparison test file (tests/ in it)."""
+    """Each models/foundation/<folder> is a row, with its README.md, its comparison test file and what writes its
+    folder (tests/ in it: writer.py, or the committed fixture/ copied)."""
     from models.foundation import release_folders
 
     assert sorted(row.folder for row in RELEASES.values()) == release_folders()
     for row in RELEASES.values():
+        tests = FOUNDATION / row.folder / "tests"
         assert (FOUNDATION / row.folder / "README.md").is_file(), row.folder
-        assert (FOUNDATION / row.folder / "tests" / f"test_{row.folder}.py").is_file(), row.folder
+        assert (tests / f"test_{row.folder}.py").is_file(), row.folder
+        assert (tests / "writer.py").is_file() != (tests / "fixture" / "config.json").is_file(), row.folder

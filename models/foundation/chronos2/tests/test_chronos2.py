@@ -1,4 +1,4 @@
-"""Chronos-2 against chronos-forecasting: a folder the package wrote (test_foundation.write_chronos2: its
+"""Chronos-2 against chronos-forecasting: a folder the package wrote (tests/writer.py: its
 Chronos2Model at a reduced size, random weights, save_pretrained) forecasts what Chronos2Pipeline.predict_quantiles
 forecasts on the same windows, and an export of ours is what the package reads and forecasts from alike. What
 every release shares (zero-shot and fine-tuning on several processes, the export's layout, the bad inputs) is
@@ -14,7 +14,8 @@ chronos = pytest.importorskip("chronos.chronos2", reason="the chronos extra (chr
 from models.foundation.chronos2.Chronos2 import Model  # noqa: E402
 from models.foundation.chronos2 import adapter as chronos2  # noqa: E402
 from exp.export import load_weights  # noqa: E402
-from test_foundation import checkpoints, write_chronos2  # noqa: E402
+from test_foundation import checkpoints  # noqa: E402
+from models.foundation.chronos2.tests.writer import write as write_chronos2  # noqa: E402
 
 LEVELS = list(chronos2.RELEASED_QUANTILES)
 

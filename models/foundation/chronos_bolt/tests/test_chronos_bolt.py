@@ -1,4 +1,4 @@
-"""Chronos-Bolt against chronos-forecasting: a folder the package wrote (test_foundation.write_chronos_bolt: its
+"""Chronos-Bolt against chronos-forecasting: a folder the package wrote (tests/writer.py: its
 ChronosBoltModelForForecasting at a reduced configuration, blocks of 16 steps so that --pred_len 24 rolls out,
 random weights) forecasts what ChronosBoltPipeline.predict / predict_quantiles do on the same windows, to 1e-5
 relative; an export of ours is what the pipeline loads and predicts from alike; without the package, --model
@@ -12,11 +12,11 @@ import torch
 chronos = pytest.importorskip("chronos", reason="the chronos extra (pip install -e '.[chronos]')")
 
 from helpers import make_args, run_command  # noqa: E402
-from test_foundation import CHRONOS_BOLT_BLOCK, checkpoints, write_chronos_bolt  # noqa: E402
+from test_foundation import checkpoints  # noqa: E402
 from models.foundation.chronos_bolt import adapter as chronos_bolt  # noqa: E402
+from models.foundation.chronos_bolt.tests.writer import BLOCK, write as write_chronos_bolt  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
 
-BLOCK = CHRONOS_BOLT_BLOCK  # --pred_len 24 takes one rolled-out block
 TOLERANCE = 1e-5
 
 

@@ -1,4 +1,4 @@
-"""TimesFM 2.5 against the timesfm package: a folder the package wrote (test_foundation.write_timesfm25: its module at
+"""TimesFM 2.5 against the timesfm package: a folder the package wrote (tests/writer.py: its module at
 a reduced size, random weights, save_pretrained) forecasts what the package's compile(ForecastConfig)/forecast does
 on the same windows, and an export of ours is what the package reads and forecasts from alike. What every release
 shares (zero-shot and fine-tuning on several processes, the export's layout, the bad inputs) is
@@ -12,12 +12,12 @@ package = pytest.importorskip("timesfm.timesfm_2p5.timesfm_2p5_torch", reason="t
 import timesfm  # noqa: E402
 
 from models.foundation.timesfm25 import TimesFM25  # noqa: E402
-from test_foundation import timesfm25_reduced_definition, write_timesfm25  # noqa: E402
+from models.foundation.timesfm25.tests.writer import reduced_definition, write as write_timesfm25  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
 
 def reduce_package(monkeypatch):
     """The package's classes building the reduced module (its module reads the class attribute `config`)."""
-    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", timesfm25_reduced_definition())
+    monkeypatch.setattr(package.TimesFM_2p5_200M_torch_module, "config", reduced_definition())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return package.TimesFM_2p5_200M_torch
 

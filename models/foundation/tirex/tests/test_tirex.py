@@ -1,5 +1,5 @@
 """TiRex against the tirex-ts package: a release folder written with the package's own TiRexZero at a reduced size
-(test_foundation.write_tirex: random weights, saved as NX-AI/TiRex ships it, model.ckpt) forecasts what the
+(tests/writer.py: random weights, saved as NX-AI/TiRex ships it, model.ckpt) forecasts what the
 package's load_model(...).forecast(...) does on the same windows, and an export of ours is what the package loads and
 forecasts from alike. What every release shares (zero-shot and fine-tuning on several processes, the export's
 layout, the bad inputs) is tests/test_foundation.py's contract."""
@@ -13,7 +13,7 @@ tirex = pytest.importorskip("tirex", reason="the tirex-ts package is not install
 
 from exp.export import export, load_weights  # noqa: E402
 from models.foundation.tirex import TiRex  # noqa: E402
-from test_foundation import write_tirex  # noqa: E402
+from models.foundation.tirex.tests.writer import write as write_tirex  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 
 
