@@ -896,15 +896,15 @@ def test_zoo_models_import_layers_dropout_only_for_a_measured_faster_path():
     keeps a measured faster path, and its docstring says so."""
     import ast
 
-    from models import _HERE
+    from models import model_files
 
     for name in MODELS:
-        tree = ast.parse((_HERE / f"{name}.py").read_text())
+        tree = ast.parse(model_files()[name].read_text())
         imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "layers.dropout"]
         if imports:  # a measured faster path, or dropout the experiment cannot reach (a package's fused kernel)
             doc = ast.get_docstring(tree)
             assert "measured faster path" in doc or "dropout that follows the sample" in doc, (
-                f"models/{name}.py imports layers.dropout without naming the measured faster path it keeps, "
+                f"{model_files()[name]} imports layers.dropout without naming the measured faster path it keeps, "
                 "or the dropout it keys itself so that it follows the sample")
 
 

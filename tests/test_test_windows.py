@@ -21,8 +21,7 @@ def _test_subset(rank, world, argv):
     exp = make_experiment(args)
     results = {}
     for batch in (7, 64):
-        args.eval_batch_size = batch
-        dataset, loader = data_provider(args, "test")
+        dataset, loader = data_provider(args.replace(eval_batch_size=batch), "test")
         shard = [int(i) for indices in loader.batch_indices() for i in dataset.positions[indices]]
         results[batch] = (shard, len(dataset), exp.evaluate(loader, "test").metrics())
     return results
@@ -68,8 +67,7 @@ def _evaluation_batches(rank, world, argv):
         exp = make_experiment(args)
     results = {}
     for batch in (7, 64):
-        args.eval_batch_size = batch
-        _, loader = data_provider(args, "test")
+        _, loader = data_provider(args.replace(eval_batch_size=batch), "test")
         results[batch] = ([b.tolist() for b in loader.batch_indices()], exp.evaluate(loader, "test").metrics())
     return results
 
