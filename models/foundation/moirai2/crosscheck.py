@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # models/foundation/<release>/crosscheck.py
 FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 CASES = ((512, 64), (500, 64), (512, 96), (4000, 720))  # (seq_len, pred_len): 4 tokens, padded, rolled out
 SPEED = {"cases": ((512, 64), (512, 96)), "series": 64, "rounds": 5}

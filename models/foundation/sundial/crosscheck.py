@@ -37,7 +37,7 @@ from unittest import mock
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # models/foundation/<release>/crosscheck.py
 sys.path.insert(0, str(REPO))
 
 TOLERANCE = 1e-5

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # models/foundation/<release>/crosscheck.py
 SOURCE = os.environ.get("TIME_MOE_SRC", "/work/venvs/timemoe/src/Time-MoE")
 FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 # The fixture's reduced configuration: the released one at small sizes (2 layers, 4 experts).

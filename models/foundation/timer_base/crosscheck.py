@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # models/foundation/<release>/crosscheck.py
 FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
 CASES = ((672, 96), (672, 192), (2880, 96), (2880, 192), (700, 250))  # (seq_len, pred_len)
 SPEED = {"seq_len": 2880, "horizons": (96, 192), "series": 64, "rounds": 3}

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # models/foundation/<release>/crosscheck.py
 sys.path.insert(0, str(REPO))
 
 TOLERANCE = 1e-5
