@@ -120,3 +120,56 @@ def test_compiled_training_forward_has_no_graph_break_at_dropout(name):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda: forward(exp.raw_model, batch, exp.args, "train", exp.device))()
     assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+
+
+CONV_BATCH_NORM_MODEL = '''
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, configs):
+        super().__init__()
+        self.conv = nn.Conv1d(configs.enc_in, configs.enc_in, 3, padding=1)
+        self.norm = nn.BatchNorm1d(configs.enc_in)
+        self.linear = nn.Linear(configs.seq_len, configs.pred_len)
+
+    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec, mask=None):
+        return self.linear(self.norm(self.conv(x_enc.transpose(1, 2)))).transpose(1, 2)
+'''
+
+
+def test_global_batch_norm_trains_under_bf16_amp_on_two_processes(tmp_path):
+    """--sync_bn on the CPU is GlobalBatchNorm: under autocast its input is the Conv1d's bfloat16 output, whose
+    statistics were reduced in bfloat16 and whose mean `running_mean.lerp_` (float32) refused. Statistics in float32,
+    as SyncBatchNorm's kernels keep them; 2 gloo processes, 2 epochs (the second's last step is short)."""
+    from helpers import output_args, run_on_ranks
+    from test_unsynchronised_buffers import RUN, run_user_model
+
+    folder = tmp_path / "amp"
+    argv = [*RUN, "--train_epochs", 2, "--sync_bn", "--use_amp", *output_args(folder)]
+    results = run_on_ranks(run_user_model, 2, CONV_BATCH_NORM_MODEL, argv, timeout=200)
+    assert [code for code, _ in results] == [0, 0], results[0][1][-2000:]
+    assert records(folder)[-1]["mse"] < 10
+
+
+def test_global_batch_norm_keeps_float32_statistics_and_the_input_dtype():
+    """_global_batch_norm (one process standing in for the all-reduce) on a bfloat16 input: float32 running
+    statistics equal to those of the input in float32, output in bfloat16; a float32 input is unchanged."""
+    from unittest import mock
+
+    from torch import nn
+    from utils import ddp
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, 5) * 3 + 1
+    with mock.patch.object(ddp._SummedOverRanks, "apply", lambda t: t):
+        layers = [nn.BatchNorm1d(4) for _ in range(3)]
+        reference = ddp._global_batch_norm(layers[0], x.bfloat16().float())
+        out = ddp._global_batch_norm(layers[1], x.bfloat16())
+        plain = ddp._global_batch_norm(layers[2], x)
+    assert out.dtype == torch.bfloat16 and layers[1].running_mean.dtype == torch.float32
+    assert torch.equal(layers[1].running_mean, layers[0].running_mean)
+    assert torch.equal(layers[1].running_var, layers[0].running_var)
+    assert torch.equal(out, reference.bfloat16())
+    expected = nn.BatchNorm1d(4).train()(x)
+    torch.testing.assert_close(plain, expected, rtol=1e-5, atol=1e-5)

@@ -77,11 +77,14 @@ class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 def _global_batch_norm(layer, x, contributes=True):
     """BatchNorm `layer` in training on the statistics of every rank's `x` together (each channel's sums, then
     its centred squares, all-reduced differentiably); a rank that `contributes` nothing (its stand-in pass) adds
-    zeros, joins the collectives and updates its running statistics as every other rank does."""
+    zeros, joins the collectives and updates its running statistics as every other rank does. Under autocast
+    the statistics and the normalisation are float32, as SyncBatchNorm's kernels keep them (a bfloat16 mean
+    would lose precision, and the float32 running statistics take no other dtype); the output has the input's dtype."""
     all_reduce = _SummedOverRanks.apply
     weight = 1.0 if contributes else 0.0
     dims = [d for d in range(x.dim()) if d != 1]
     shape = [1, -1] + [1] * (x.dim() - 2)
+    dtype, x = x.dtype, x.float()  # a float32 input stays the very tensor
     sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]) * weight)
     count = sums[-1]
     mean = sums[:-1] / count
@@ -96,7 +99,7 @@ def _global_batch_norm(layer, x, contributes=True):
             momentum = 1.0 / float(layer.num_batches_tracked) if layer.momentum is None else layer.momentum
             layer.running_mean.lerp_(mean.detach(), momentum)
             layer.running_var.lerp_(var.detach() * (count / (count - 1)).clamp_min(0), momentum)
-    return out
+    return out.to(dtype)
 
 
 # PyTorch 2.13 renamed broadcast_buffers (deprecated, and False also skipped the sync at construction)
