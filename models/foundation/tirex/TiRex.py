@@ -9,8 +9,9 @@ blocks, RMSNorm, quantile head), and a forecast is its `_forecast_tensor`, the f
 `load_model(...).forecast(...)`, step for step (Model.forecast): context cut to or NaN-padded in front to the
 model's train_ctx_len (2048 released), every rollout step one more NaN patch, each step a full pass. One
 difference, for speed: the patches of padding that every series has (61 of 64 at seq_len 96) are one input, so
-they run once, and every series continues from the states they leave; the forecasts are the package's (the
-tests and crosscheck.py hold them to it). Why the package and not a native
+they run once, and every series continues from the states they leave (in evaluation kept per number of padding
+patches, so once a run); the forecasts are the package's (the tests and crosscheck.py hold them to it). On CUDA,
+in evaluation, the sLSTM recurrence is replayed from a CUDA graph of the package's loop (GraphedRecurrence). Why the package and not a native
 copy: it installs beside torch 2.13 and pandas 3 (torch, numpy, scikit-learn, huggingface-hub), builds a model
 offline from a config, and its modules are plain nn.Modules, differentiable, so DDP wraps and fine-tunes it.
 On a CPU only its `torch` backend exists (the `cuda` one needs NX-AI's xlstm kernels): the sLSTM recurrence
@@ -45,6 +46,7 @@ from utils.errors import UserError
 from utils.optional import require_package
 
 tirex_models = require_package("tirex.models.tirex", "tirex-ts", "tirex", "TiRex")
+slstm_forward = require_package("tirex.models.slstm.cell", "tirex-ts", "tirex", "TiRex").sLSTMCellTorch.slstm_forward
 
 BACKEND = "torch"  # the package's pure-PyTorch sLSTM: the only one on a CPU (the CUDA kernels need xlstm)
 # The package leaves the sLSTM's recurrent kernel, bias and gate projections as torch.empty (it only ever loads
@@ -90,10 +92,13 @@ class Model(nn.Module):
         self.tirex = tirex_models.TiRexZero(BACKEND, model_config, train_ctx_len=context)
         self.register_buffer(release.CONTEXT_KEY, torch.tensor(context))  # written back by an export
         self.pred_len = configs.pred_len
+        self._prefix_weights, self._prefix_cache = None, {}  # prefix_states' (not state: derived from the weights)
         self._init_empty_parameters(shape["embedding_dim"])
+        recurrence = GraphedRecurrence()
         for block in self.tirex.blocks:
             cell = block.slstm_layer.slstm_cell
             cell._impl_torch = types.MethodType(_recurrence, cell)  # an instance's own: the package's class is untouched
+            cell._impl_forward_torch = recurrence  # the package's slstm_forward; on CUDA in evaluation a graph of it
             cell._bias_.register_hook(functools.partial(_without_input_gate, cell.config.num_heads, cell.config.num_gates))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -163,16 +168,37 @@ class Model(nn.Module):
         if shared < SHARED_MIN or tokens.shape[0] * (tokens.shape[1] - shared) < SHARED_MIN:
             shared = 0  # too few rows for a GEMM to sum as it does for the whole batch: every series whole
         hidden = tirex.input_patch_embedding(tokens[:, shared:])
-        prefix = tirex.input_patch_embedding(tokens[:1, :shared]) if shared else None
-        for block in tirex.blocks:
-            state = None
-            if shared:
-                prefix, state = _block(block, prefix, None)
-                state = state.expand(-1, hidden.shape[0], -1)
-            hidden, _ = _block(block, hidden, state)
+        states = self.prefix_states(tokens[:1, :shared]) if shared else [None] * len(tirex.blocks)
+        for block, state in zip(tirex.blocks, states):
+            hidden, _ = _block(block, hidden, None if state is None else state.expand(-1, hidden.shape[0], -1))
         last = tirex.output_patch_embedding(tirex.out_norm(hidden[:, -1:]))  # [N, 1, Q * patch]
         last = last.unflatten(-1, (len(tirex.config.quantiles), tirex.tokenizer.patch_size)).transpose(1, 2)
         return tirex.tokenizer.output_transform(last.to(tokens), scaling)  # [N, Q, patch], scaled back
+
+    def prefix_states(self, padding):
+        """Each block's sLSTM state [4, 1, H] after `padding` [1, k, 2 * patch], k patches of NaN padding (all
+        zeros: value and presence). They depend on k and the weights alone, so in evaluation (no gradient) they are
+        kept per k and run once for all batches and roll-out steps, as long as no weight changes (a weight's
+        version or storage is part of the key)."""
+        tirex = self.tirex
+        key = None
+        if not torch.is_grad_enabled():
+            device = padding.device.type
+            autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)
+            weights = tuple((p.data_ptr(), p._version) for p in self.parameters())
+            made = (weights, self.training, padding.device, padding.dtype, autocast)  # training: float32 recurrence
+            if self._prefix_weights != made:
+                self._prefix_weights, self._prefix_cache = made, {}
+            key = padding.shape[1]
+            if key in self._prefix_cache:
+                return self._prefix_cache[key]
+        prefix, states = tirex.input_patch_embedding(padding), []
+        for block in tirex.blocks:
+            prefix, state = _block(block, prefix, None)
+            states.append(state)
+        if key is not None:
+            self._prefix_cache[key] = states
+        return states
 
 def _block(block, x, state):
     """sLSTMBlock.forward of the package with the sLSTM's state in and out (its sLSTMLayer takes a state but returns
@@ -203,3 +229,44 @@ def _recurrence(cell, input, state):
     bias = cell._bias_.float().reshape(heads, gates, head_dim).permute(1, 0, 2).reshape(-1)  # gate-major, as there
     return cell._impl_forward_torch(input.reshape(input.shape[0], input.shape[1], -1).float(), state.float(),
                                     cell._recurrent_kernel_.float(), bias)
+
+
+class GraphedRecurrence:
+    """The package's sLSTM recurrence (sLSTMCellTorch.slstm_forward: [S, B, 4H] gate inputs, [4, B, H] states,
+    recurrent kernel, bias -> all steps' outputs and the last states), a Python loop of some 30 small ops per step.
+    On CUDA without gradients it is captured once per shape as a CUDA graph and replayed: one launch instead of
+    S * 30, the same kernels on the same shapes, so the same numbers. Anywhere else (CPU, training, a gradient
+    wanted) it is the package's function as it is."""
+    LIMIT = 64  # graphs kept (one per distinct input shape); past it all are dropped and captured again
+
+    def __init__(self):
+        self.graphs, self.pool = {}, None
+
+    def __call__(self, x, states, kernel, bias):
+        if x.device.type != "cuda" or torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
+            return slstm_forward(x, states, kernel, bias)
+        key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in (x, states, kernel, bias))
+        if key not in self.graphs:
+            if len(self.graphs) >= self.LIMIT:
+                self.graphs.clear()
+            self.graphs[key] = self.capture(x, states, kernel, bias)
+        inputs, outputs, graph = self.graphs[key]
+        for static, value in zip(inputs, (x, states, kernel, bias)):
+            static.copy_(value)
+        graph.replay()
+        # Cloned at once: the graphs share one memory pool, so another graph's replay may overwrite these buffers.
+        return tuple(out.clone() for out in outputs)
+
+    def capture(self, *arguments):
+        inputs = tuple(t.clone() for t in arguments)  # the graph's own, outside its pool
+        side, current = torch.cuda.Stream(inputs[0].device), torch.cuda.current_stream(inputs[0].device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            slstm_forward(*inputs)  # a warm-up outside the capture, as CUDA graphs require
+        current.wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = slstm_forward(*inputs)
+        return inputs, outputs, graph

@@ -84,6 +84,75 @@ def test_a_block_with_its_state_is_the_packages_block(released):
     assert torch.equal(torch.cat([head, tail], dim=1), whole)
 
 
+def test_the_padding_prefix_runs_once_in_evaluation_and_forecasts_alike(released):
+    """The sLSTM states after k patches of NaN padding are kept per k in evaluation: a second batch (its roll-out
+    steps' k included) runs no block on the padding and far fewer ops, and forecasts bit for bit what the uncached
+    path does (a gradient wanted: nothing kept); a weight changed in place is seen (a fresh model agrees)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.count += 1
+            return func(*args, **(kwargs or {}))
+
+    model = ours(released, 96, 100)  # 512 - 96 steps of padding: 13, 12, 11, 10 patches over 4 roll-out steps
+    windows, other = windows_to_forecast(96), windows_to_forecast(96) * 0.5 + 1
+    uncached = model(windows).detach()  # grad enabled: the prefix runs every step, as before
+    counts = []
+    with torch.no_grad():
+        for batch in (windows, other, windows):
+            Ops.count = 0
+            with Ops():
+                got = model(batch)
+            counts.append(Ops.count)
+    assert sorted(model._prefix_cache) == [10, 11, 12, 13]
+    assert torch.equal(got, uncached)
+    assert counts[1] == counts[2] < 0.5 * counts[0], counts
+    with torch.no_grad():
+        model.tirex.blocks[0].slstm_layer.slstm_cell._recurrent_kernel_.mul_(1.05)
+        changed = model(windows)
+        fresh = TiRex.Model(configs(released, 96, 100)).eval()
+        fresh.load_state_dict(model.state_dict())
+        assert not torch.equal(changed, got)
+        assert torch.equal(changed, fresh(windows))
+        model.train()  # training's float32 recurrence: its own states, not evaluation's kept ones
+        trained = model(windows)
+    assert torch.equal(trained, model(windows).detach())
+
+
+def test_the_recurrence_off_cuda_is_the_packages(released):
+    """GraphedRecurrence, the cells' recurrence, is the package's slstm_forward itself on a CPU (no graph kept)."""
+    from tirex.models.slstm.cell import sLSTMCellTorch
+
+    generator = torch.Generator().manual_seed(3)
+    x, states = torch.randn(7, 3, 4 * 24, generator=generator), torch.randn(4, 3, 24, generator=generator)
+    kernel, bias = torch.randn(2, 12, 48, generator=generator) * 0.2, torch.randn(96, generator=generator) * 0.1
+    graphed = TiRex.GraphedRecurrence()
+    with torch.no_grad():
+        got, want = graphed(x, states, kernel, bias), sLSTMCellTorch.slstm_forward(x, states, kernel, bias)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not graphed.graphs
+    model = ours(released, 96, 24)
+    assert {type(b.slstm_layer.slstm_cell._impl_forward_torch) for b in model.tirex.blocks} == {TiRex.GraphedRecurrence}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_on_cuda_the_graphed_recurrence_forecasts_as_the_eager_one(released):
+    """On a GPU: the eval forecast through the captured graphs (twice: captured, then replayed with other
+    windows' inputs) is the eager recurrence's bit for bit."""
+    from tirex.models.slstm.cell import sLSTMCellTorch
+
+    model = ours(released, 96, 100).cuda()
+    eager = ours(released, 96, 100).cuda()
+    for block in eager.tirex.blocks:
+        block.slstm_layer.slstm_cell._impl_forward_torch = sLSTMCellTorch.slstm_forward
+    with torch.no_grad():
+        for windows in (windows_to_forecast(96), windows_to_forecast(96) * 0.5 + 1):
+            assert torch.equal(model(windows.cuda()), eager(windows.cuda()))
+    assert model.tirex.blocks[0].slstm_layer.slstm_cell._impl_forward_torch.graphs
+
+
 def test_the_reference_check_sees_a_changed_weight(released, tmp_path, monkeypatch):
     """The agreement is not vacuous: one recurrent kernel changed in the package's copy changes its forecast."""
     def edit(state):
