@@ -7,15 +7,18 @@ run on the device.
     with record_host_syncs() as rec:
         loss = model(*batch).mean(); loss.backward()
     rec.syncs      # [(kind, op, call site)], kind "d2h" (the host reads device memory) or "h2d" (a blocking copy)
+    rec.copies     # non-blocking host -> device copies (no stream sync), [(kind, op, call site)]
     rec.op_counts  # {aten op: times run on the device}
 
 Meta tensors carry device, dtype and shape but no data, so the ops whose result depends on the data (.item(),
 nonzero, a boolean index, unique, bincount ...) cannot run there; the recorder logs them and hands back a
-plausible stand-in (0 for a scalar, a mask taken as all true, counts spread evenly) so the rest of the step runs
-and its later syncs are found too. The stand-in's values are remembered, so reading one back (.tolist() of a
-bincount) gives the same values its shape was built from.
+plausible stand-in (a check passes, other scalars are 0, a mask is taken as all true, counts spread evenly) so
+the rest of the step runs and its later syncs are found too. The stand-in's values are remembered, so reading
+one back (.tolist() of a bincount) gives the same values its shape was built from.
 
-Code that picks its path by `device.type == "cuda"` takes its non-CUDA path on meta: what is counted is that path.
+Code that picks its path by `device.type == "cuda"` takes its non-CUDA path on meta (one asking `!= "cpu"` its
+device path): what is counted is the path taken. Meta has no autocast state and no random generator: while
+recording, autocast reads as off there and torch.Generator(device="meta") is a CPU one (_meta_shims).
 """
 import contextlib
 import os
@@ -42,6 +45,10 @@ _SIZED_BY_DATA = {
 _INDEX = {aten.index.Tensor}
 _INDEX_PUT = {aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _COPIES = {aten._to_copy.default, aten.copy_.default}
+# A bool read back is mostly a check (validation, NaN guards): all() reads as True and any() as False, so the
+# code goes on as with valid data; other scalars read as 0.
+_CHECKS = {aten.all.default: True, aten._is_all_true.default: True, aten.any.default: False,
+           aten._is_any_true.default: False}
 
 
 def call_site():
@@ -79,6 +86,7 @@ class HostSyncRecorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.syncs = []
+        self.copies = []  # non-blocking host -> device copies: (kind, op, call site)
         self.op_counts = Counter()
         self.known = WeakIdKeyDictionary()  # stand-in on meta -> its values on the host, for a later read-back
 
@@ -167,14 +175,20 @@ class HostSyncRecorder(TorchDispatchMode):
             src, dst_device = (args[0], kwargs.get("device")) if func is aten._to_copy.default else (args[1],
                                                                                                     args[0].device)
             if dst_device is not None and src.device.type != "meta" and torch.device(dst_device).type == "meta":
-                # host -> device: asynchronous only from pinned memory with non_blocking=True
-                if not (kwargs.get("non_blocking", args[2:3] == (True,)) and src.is_pinned()):
+                # host -> device: PyTorch waits for the stream after a copy unless non_blocking=True; a
+                # non_blocking copy is listed apart (from pageable memory the driver still stages it on the host)
+                if kwargs.get("non_blocking", args[2:3] == (True,)):
+                    self.copies.append(("h2d" if src.is_pinned() else "h2d pageable", str(func), call_site()))
+                else:
                     self.log("h2d", func)
             elif dst_device is not None and src.device.type == "meta" and torch.device(dst_device).type != "meta":
                 self.log("d2h", func)  # .cpu(), .tolist(), .numpy() of a device tensor
                 host = self._read_back(src, kwargs.get("dtype"))
                 return host if func is aten._to_copy.default else args[0].copy_(host)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if func in _CHECKS and _on_device(result) and result.dim() == 0:
+            self.remember(result, torch.tensor(_CHECKS[func]))  # read back: the check passes
+        return result
 
 
 class _Built(TorchFunctionMode):
@@ -187,10 +201,11 @@ class _Built(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        logged = len(self.recorder.syncs)
         result = func(*args, **kwargs)
         if func in (torch.tensor, torch.as_tensor, torch.Tensor.new_tensor) and _on_device(result):
             data = args[1] if func is torch.Tensor.new_tensor else (args[0] if args else kwargs.get("data"))
-            if not isinstance(data, torch.Tensor):  # a tensor's own copy is seen by the dispatch half
+            if len(self.recorder.syncs) == logged:  # a tensor's or an array's copy is seen by the dispatch half
                 self.recorder.log("h2d", f"{func.__name__} from Python data")
                 with contextlib.suppress(Exception):
                     self.recorder.remember(result, torch.tensor(data, dtype=result.dtype))
@@ -202,8 +217,32 @@ def record_host_syncs():
     """Record, for the code run inside (on the meta device), the host syncs it would make on CUDA and its op
     counts: yields the HostSyncRecorder (.syncs, .op_counts, .count(kind))."""
     recorder = HostSyncRecorder()
-    with _Built(recorder), recorder:
+    with _meta_shims(), _Built(recorder), recorder:
         yield recorder
+
+
+class _Generator(torch.Generator):
+    """torch.Generator while recording: a CPU one asked for meta, which has none (its draws are never read)."""
+
+    def __new__(cls, device="cpu"):
+        return super().__new__(cls, "cpu" if str(device) == DEVICE.type else device)
+
+    def __init__(self, device="cpu"):
+        super().__init__()
+
+
+@contextlib.contextmanager
+def _meta_shims():
+    """What meta lacks, while recording: autocast keeps no state for it and asking raises (it reads as off, as a
+    GPU run without --use_amp), and it has no random generator (_Generator)."""
+    enabled, dtype, generator = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.Generator
+    torch.is_autocast_enabled = lambda *device: False if device and str(device[0]) == DEVICE.type else enabled(*device)
+    torch.get_autocast_dtype = lambda device: dtype("cuda" if str(device) == DEVICE.type else device)
+    torch.Generator = _Generator
+    try:
+        yield
+    finally:
+        torch.is_autocast_enabled, torch.get_autocast_dtype, torch.Generator = enabled, dtype, generator
 
 
 def summary(recorder):
