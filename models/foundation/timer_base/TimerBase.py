@@ -51,7 +51,8 @@ ROPE_BASE = 10000.0  # the release's TimeMoeRotaryEmbedding is built without its
 # another order when the rows are not a multiple of 4 and few (under 4 rows on one thread; 5-11 on 2 or 8 threads,
 # also 17-27 on 16: measured, x86 CPU), so in evaluation the series are padded to a multiple of ROW_MULTIPLE rows
 # (not in training, where the rows must stay the windows' for the dropout masks keyed by them). The roll-out's
-# attention to the cache is matrix products (Attention.after_cache), not scaled_dot_product_attention.
+# attention to the cache is matrix products (Attention.after_cache), not scaled_dot_product_attention. The SiLU
+# blocks are a CPU measure: on another device (a GPU's kernels have no such scalar tail) SiLU is one call.
 SERIAL_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: a smaller elementwise op runs in one thread, one range
 VECTOR_PAIR = 32
 ROW_MULTIPLE = 4
@@ -122,6 +123,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate(x), self.up(x)
+        if x.device.type != "cpu":  # the blocks below are for the CPU's elementwise tails (ROPE_BASE's comment)
+            return self.down(F.silu(gate) * up)
         if gate.shape[-1] % VECTOR_PAIR or (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
             return self.down(silu(gate) * up)
         # forecasting: the same values, in place block by block (a third of the memory traffic of silu(g) * u)

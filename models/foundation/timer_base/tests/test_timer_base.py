@@ -104,6 +104,46 @@ def test_the_feed_forward_gives_each_row_the_same_value_in_any_batch():
     assert torch.equal(in_place, wide(x).detach())
 
 
+def test_off_the_cpu_silu_is_one_call_a_layer():
+    """The SiLU blocks are for the CPU: on another device (meta here, standing in for a GPU: its device type is
+    not "cpu") an eval forecast calls F.silu once a layer and forecasts the values of the CPU's form (the meta run
+    gives shapes only, so the values are compared on the CPU with the device check seeing another device)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Silu(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Silu.calls += func.overloadpacket.__name__ in ("silu", "silu_")
+            return func(*args, **(kwargs or {}))
+
+    sizes = {"d_model": 64, "n_heads": 2, "e_layers": 3, "d_ff": 64}
+    with torch.device("meta"):
+        model = TimerBase.Model(configs(None, 40, 16, **sizes)).eval()
+    with torch.no_grad(), Silu():
+        model(torch.zeros(20, 40, 7, device="meta"))  # 140 series, rolled out in two steps
+    assert Silu.calls == 3 * 2
+    cpu = TimerBase.Model(configs(None, 40, 16, **sizes)).eval()
+    windows = torch.randn(20, 40, 7, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), Silu():
+        Silu.calls = 0
+        kept = cpu(windows)  # the CPU's blocks: several calls a layer
+        assert Silu.calls > 3 * 2
+
+        class Elsewhere(torch.Tensor):
+            @property
+            def device(self):
+                return torch.device("meta")
+
+        for layer in cpu.layers:  # the plain form on the CPU's numbers
+            forward = layer.ffn.forward
+            layer.ffn.forward = lambda x, forward=forward: forward(x.as_subclass(Elsewhere)).as_subclass(torch.Tensor)
+        Silu.calls = 0
+        plain = cpu(windows)
+        assert Silu.calls == 3 * 2
+    assert torch.allclose(plain, kept, rtol=1e-5, atol=1e-6)
+
+
 def test_a_fed_back_token_attends_alike_in_any_batch():
     """The roll-out's one-token query against the cache: the same for a series in a batch of 4 or of 20 (on 2 threads
     PyTorch's CPU scaled_dot_product_attention sums it in a batch-dependent order, 1e-7 apart)."""
