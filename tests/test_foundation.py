@@ -111,6 +111,7 @@ class Release:
     one_process: tuple = ()  # arguments of the 1-process fine-tuning run (e.g. the 2 processes' micro-batches)
     keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
     too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
+    syncs: int = 0  # host syncs a training step and an eval batch still make (tests/test_host_syncs.py), at most
 
     def write(self, release, **damage):
         """The release's folder at path `release`, damaged as a bad input needs (see writer)."""
@@ -121,19 +122,19 @@ RUN = ("--label_len", 0, "--val_windows", 12, "--test_windows", 20, "--num_threa
 RELEASES = {row.name: row for row in [
     Release("ChronosBolt", "chronos_bolt", "chronos-bolt-small", package="chronos", export_to="chronos-bolt",
             signature={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"},
-            run=("--seq_len", 64, "--pred_len", 24, *RUN), rel=1e-12, keyed=("Attention.weights_dropout", 3),
+            run=("--seq_len", 64, "--pred_len", 24, *RUN), rel=1e-12, keyed=("Attention.weights_dropout", 3), syncs=124,
             too_long=(2049, 24, "longer than the 2048 steps of context Chronos-Bolt reads")),
     Release("Chronos2", "chronos2", "chronos-2", package="chronos.chronos2", export_to="chronos2",
             signature={"architectures": ["Chronos2Model"], "model_type": "t5"},
             run=("--seq_len", 32, "--pred_len", 24, *RUN), levels=LEVELS_9, rel=1e-6, tune=("--dropout", 0.1),
-            keyed=("self_attention.weights_dropout", 4),
+            keyed=("self_attention.weights_dropout", 4), syncs=3,
             too_long=(8193, 24, "longer than Chronos-2's context of 8192 steps")),
     Release("TimesFM25", "timesfm25", "timesfm-2.5-200m-pytorch", package="timesfm.timesfm_2p5.timesfm_2p5_torch",
-            export_to="timesfm", signature={"torch_compile": False},
+            export_to="timesfm", signature={"torch_compile": False}, syncs=3,
             run=("--seq_len", 64, "--pred_len", 24, *RUN), tune=("--learning_rate", 1e-4),
             too_long=(48, 1100, "quantile head forecasts at most 1024 steps")),
     Release("TiRex", "tirex", "TiRex", package="tirex", export_to="tirex", files=("model.ckpt",),
-            owner="NX-AI", run=("--seq_len", 96, "--pred_len", 48, *RUN),
+            owner="NX-AI", run=("--seq_len", 96, "--pred_len", 48, *RUN), syncs=3,
             too_long=(513, 24, "at most 512 steps of context")),
     Release("TimerBase", "timer_base", "timer-base-84m", export_to="timer-base",
             signature={"architectures": ["TimerForPrediction"], "model_type": "timer"},
@@ -142,16 +143,16 @@ RELEASES = {row.name: row for row in [
     Release("Sundial", "sundial", "sundial-base-128m", export_to="sundial",
             signature={"architectures": ["SundialForPrediction"], "model_type": "sundial"},
             run=("--seq_len", 96, "--pred_len", 30, *RUN, "--num_samples", 4, "--sampling_steps", 2), rel=1e-7,
-            too_long=(3, 30, "--seq_len 3 is shorter than one")),
+            too_long=(3, 30, "--seq_len 3 is shorter than one"), syncs=10),
     Release("TimeMoE", "time_moe", "TimeMoE-50M", export_to="time-moe",
             signature={"architectures": ["TimeMoeForPrediction"], "model_type": "time_moe"},
-            run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2),
+            run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2), syncs=28,
             too_long=(4090, 24, "at most 4096 positions")),
     Release("Moirai2", "moirai2", "moirai-2.0-R-small", export_to="moirai2",
             signature={"d_model": 384, "d_ff": 1024, "num_layers": 6, "patch_size": 16, "max_seq_len": 512,
                        "num_predict_token": 4, "quantile_levels": LEVELS_9},
             run=("--seq_len", 96, "--pred_len", 24, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
-            too_long=(200, 60, r"at most 64 tokens of 4 steps")),
+            too_long=(200, 60, r"at most 64 tokens of 4 steps"), syncs=5),
 ]}
 NAMES = list(RELEASES)
 

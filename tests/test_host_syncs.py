@@ -6,8 +6,9 @@ evaluation batches (its own evaluate, with the probabilistic scoring) on meta wi
 A sync per eval batch is what evaluating two batches records beyond evaluating one (after a warm-up evaluation, so
 caches a release keeps across batches are warm): the reductions at an evaluation's end are once per evaluation.
 
-KNOWN_SYNCS bounds the syncs (training step + eval batch) of a case that still has some; a case without an entry
-must have none. Lower an entry when a sync is removed; the table is empty when all are.
+A case that still makes syncs (training step + eval batch) has a bound: a release its row's `syncs` in
+tests/test_foundation.py's RELEASES, an objective its entry of KNOWN_SYNCS; a case without one must make none.
+Lower the bound when a sync is removed; every row's `syncs` is 0 and KNOWN_SYNCS empty when all are.
 
 HOST_SYNCS_RECORD=1 rewrites tests/golden/host_syncs.json (op counts per case: a training step, an eval batch);
 HOST_SYNCS_REPORT=<file> writes every case's call sites there (markdown).
@@ -27,15 +28,9 @@ from utils.host_syncs import DEVICE, record_host_syncs, summary, to_meta
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "host_syncs.json"
 
-# case -> most host syncs of one training step plus one eval batch that it may still make
+# objective -> most host syncs of one training step plus one eval batch that it may still make; a release's bound is
+# its row's `syncs` in tests/test_foundation.py's RELEASES (a release is named only in its folder and its row)
 KNOWN_SYNCS = {
-    "ChronosBolt": 124,
-    "Chronos2": 3,
-    "TimesFM25": 3,
-    "TiRex": 3,
-    "Sundial": 10,
-    "TimeMoE": 28,
-    "Moirai2": 5,
     "quantile": 3,
     "studentt": 14,
     "studentt-samples": 8,
@@ -234,5 +229,5 @@ def test_a_training_step_and_an_eval_batch_make_no_host_sync(case, etth1, result
             lines.append(f"  {part} ops: {sum(result[part][2].values())} now, {sum(recorded[part].values())} "
                          f"recorded in {GOLDEN.name}")
     print("\n".join(lines))
-    found, bound = syncs_of(result), KNOWN_SYNCS.get(case, 0)
+    found, bound = syncs_of(result), RELEASES[case].syncs if case in RELEASES else KNOWN_SYNCS.get(case, 0)
     assert found <= bound, "\n".join(lines)
