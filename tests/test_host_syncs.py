@@ -208,7 +208,9 @@ def write_records(results):
                  "Written by `HOST_SYNCS_REPORT=<this file> python -m pytest -q tests/test_host_syncs.py` (the cases "
                  "run). d2h: the host reads device memory (.item/.tolist/bool, nonzero, boolean index, bincount, "
                  ".cpu); h2d: a blocking host-to-device copy (a tensor built from Python data on the device, "
-                 ".to(device) without non_blocking). Non-blocking copies are listed, not counted.", ""]
+                 ".to(device) without non_blocking). Non-blocking copies are listed, not counted. The bounds the test "
+                 "holds: a release's `syncs=` in its row of tests/test_foundation.py's RELEASES, an objective's "
+                 "entry of KNOWN_SYNCS in tests/test_host_syncs.py; lower them as syncs go.", ""]
         for case, result in results.items():
             lines += [*lines_of(case, result), ""]
         Path(report).write_text("\n".join(lines))
