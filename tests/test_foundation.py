@@ -146,13 +146,13 @@ RELEASES = {row.name: row for row in [
             too_long=(3, 30, "--seq_len 3 is shorter than one"), syncs=10),
     Release("TimeMoE", "time_moe", "TimeMoE-50M", export_to="time-moe",
             signature={"architectures": ["TimeMoeForPrediction"], "model_type": "time_moe"},
-            run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2), syncs=28,
+            run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2),
             too_long=(4090, 24, "at most 4096 positions")),
     Release("Moirai2", "moirai2", "moirai-2.0-R-small", export_to="moirai2",
             signature={"d_model": 384, "d_ff": 1024, "num_layers": 6, "patch_size": 16, "max_seq_len": 512,
                        "num_predict_token": 4, "quantile_levels": LEVELS_9},
             run=("--seq_len", 96, "--pred_len", 24, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
-            too_long=(200, 60, r"at most 64 tokens of 4 steps"), syncs=5),
+            too_long=(200, 60, r"at most 64 tokens of 4 steps"), syncs=2),
 ]}
 NAMES = list(RELEASES)
 

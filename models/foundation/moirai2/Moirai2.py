@@ -84,6 +84,11 @@ class Model(nn.Module):
                              f"(max_seq_len): --seq_len {self.seq_len} + --pred_len {self.pred_len} make {tokens}; "
                              f"keep their patches within {longest} steps")
         self.moirai = Network(config)
+        # the levels' float32 bits as int32: a buffer moves with the model (no copy from the host per roll-out step
+        # or batch), and an integer one keeps its bits when the model is cast to half precision (a float buffer
+        # would round 0.1 -> 0.10009765625 in bfloat16); not persistent, so not in the state dict
+        self.register_buffer("level_bits", torch.tensor(self.quantile_levels, dtype=torch.float32).view(torch.int32),
+                             persistent=False)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None, target=None):
         batch, length, channels = x_enc.shape
@@ -111,7 +116,7 @@ class Model(nn.Module):
             take = min(self.tokens_ahead, wanted - filled)
             out = self.moirai(tokens, observed, last_only=True)[:, -1, :take]  # [N*Q, take, Q, patch]
             out = out.unflatten(0, (-1, levels)).permute(0, 2, 4, 1, 3).flatten(3)  # [N, take, patch, Q*Q]
-            step = torch.quantile(out, self.levels(out), dim=-1).permute(1, 2, 0, 3)  # [N, take, Q, patch]
+            step = torch.quantile(out, self.levels(), dim=-1).permute(1, 2, 0, 3)  # [N, take, Q, patch]
             steps.append(step)
             tokens = torch.cat([tokens, step.transpose(1, 2).flatten(0, 1)], 1)
             observed = torch.cat([observed, self.horizon_observed(filled, filled + take, tokens)], 1)
@@ -119,10 +124,9 @@ class Model(nn.Module):
         forecast = torch.cat(steps, 1)  # [N, tokens, Q, patch]
         return forecast.transpose(1, 2).flatten(2)[..., :self.pred_len]
 
-    def levels(self, like):
-        """The quantile levels as a float32 tensor beside `like` (not a buffer, which a half-precision copy of the
-        model would round: 0.1 -> 0.10009765625 in bfloat16)."""
-        return torch.tensor(self.quantile_levels, dtype=torch.float32, device=like.device)
+    def levels(self):
+        """The quantile levels, float32 on the model's device whatever its dtype (`level_bits`)."""
+        return self.level_bits.view(torch.float32)
 
     def patches(self, values, left):
         """[N, steps] -> ([N, tokens, patch] values, [N, tokens, patch] observed): padded with unobserved zeros
@@ -147,7 +151,7 @@ class Model(nn.Module):
         tokens, observed = torch.cat([past, ahead], 1), torch.cat([past_observed, ahead_observed], 1)
         out, loc, scale = self.moirai(tokens, observed, scaled_output=True, scaling=std_scaler(past, past_observed))
         truth = (tokens - loc) / scale  # [N, T, patch], the targets in the model's space
-        levels = self.levels(out).view(-1, 1)
+        levels = self.levels().view(-1, 1)
         total = out.new_zeros(out.shape[0])
         count = out.new_zeros(out.shape[0])
         for head in range(self.tokens_ahead):  # head h of token t forecasts token t + 1 + h

@@ -12,7 +12,8 @@ as `trust_remote_code` on the hub and runs on transformers 4.40 alone. What it c
   (rotate-half, base rope_theta), biased q/k/v and bias-free output projections, then pre-norm sparse experts:
   softmax over the router's logits, the top-k experts' SwiGLU outputs (intermediate_size / k wide) weighted by
   their (unrenormalised) probabilities, plus a shared SwiGLU expert (intermediate_size wide) gated by
-  sigmoid(shared_gate(x)); a final RMSNorm and one linear head per horizon length;
+  sigmoid(shared_gate(x)); a final RMSNorm and one linear head per horizon length (the experts' dispatch is
+  chosen by device: SparseExperts.grouped on the CPU, SparseExperts.dense elsewhere);
 - forecasting is the reference `generate`: the last token's head output is appended to the sequence and the
   model runs on (a key/value cache keeps what it has seen); each step uses the longest head not longer than the
   steps still wanted (scanning horizon_lengths in order, stopping at the first longer one; the first head, cut,
@@ -176,7 +177,15 @@ class SparseExperts(nn.Module):
         logits = self.router(x)
         weights, chosen = torch.topk(F.softmax(logits, dim=1, dtype=torch.float), self.top_k, dim=-1)
         chosen, order = chosen.sort(dim=-1)  # each token's experts in expert order: the order the reference adds them
-        weights = weights.gather(1, order).to(x.dtype).reshape(-1)
+        weights = weights.gather(1, order).to(x.dtype)
+        grouped = x.device.type == "cpu" and not torch.compiler.is_compiling()
+        out = self.grouped(x, chosen, weights) if grouped else self.dense(x, chosen, weights)
+        return out + elementwise(torch.sigmoid, self.shared_gate(x)) * self.shared(x), logits
+
+    def grouped(self, x, chosen, weights):
+        """Each expert on the rows that chose it: the experts' row counts are read on the host to split the rows,
+        free on the CPU (where this runs), a device-to-host read and a graph break elsewhere."""
+        weights = weights.reshape(-1)
         pairs = torch.argsort(chosen.reshape(-1), stable=True)  # the (token, slot) pairs, grouped by expert
         counts = torch.bincount(chosen.reshape(-1), minlength=len(self.experts)).tolist()
         # every expert runs, one no token chose on no rows (as in the reference): each parameter takes part in every
@@ -186,7 +195,20 @@ class SparseExperts(nn.Module):
         out = routed[:, 0]
         for slot in range(1, self.top_k):  # gathers instead of the reference's index_add_ (a slow scatter on the CPU)
             out = out + routed[:, slot]
-        return out + elementwise(torch.sigmoid, self.shared_gate(x)) * self.shared(x), logits
+        return out
+
+    def dense(self, x, chosen, weights):
+        """Every expert on every row, its output kept where the row chose it: nothing read on the host, shapes
+        fixed (so one graph under torch.compile), experts / top_k times the experts' arithmetic of `grouped`. A
+        row's expert outputs, their products with the weights and their sum in expert order are `grouped`'s, so the
+        forecasts are its bits where a projection's rows do not depend on how many it is given (the CPU here)."""
+        out = None
+        for index, expert in enumerate(self.experts):
+            hit = chosen == index  # [tokens, top_k]: at most one slot per row
+            weight = torch.where(hit, weights, 0).sum(1, keepdim=True)  # the chosen slot's weight, exactly
+            term = torch.where(hit.any(1, keepdim=True), expert(x) * weight, 0)  # where: an unchosen inf stays out
+            out = term if out is None else out + term  # + 0 where the row did not choose it: exact
+        return out
 
 
 class DenseFFN(SwiGLU):

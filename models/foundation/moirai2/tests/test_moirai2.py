@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from models.foundation.moirai2 import Moirai2
 from exp.export import export, load_weights
 from utils.errors import UserError
+from utils.host_syncs import record_host_syncs, summary, to_meta
 
 FIXTURE = Path(__file__).resolve().parent / "fixture"
 SEQ_LEN, HORIZONS = 30, (8, 21)  # models/foundation/moirai2/crosscheck.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
@@ -198,3 +199,20 @@ def test_a_bfloat16_copy_rolls_out_near_the_float32_forecast(expected):
         half = ours(FIXTURE, SEQ_LEN, 21).to(torch.bfloat16)(windows.to(torch.bfloat16))
     assert half.dtype == torch.bfloat16 and half.shape == full.shape
     assert (half.float() - full).abs().max() <= 0.05 * full.abs().max()
+
+
+def test_a_rollout_and_a_training_step_copy_nothing_from_the_host():
+    """The quantile levels of the rollout's torch.quantile and of the loss live on the model's device (a buffer not
+    in the state dict) and stay exact float32 in a bfloat16 copy: no roll-out step or batch builds them from the
+    host (counted on the meta device: utils.host_syncs)."""
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    assert "level_bits" not in model.state_dict()
+    assert torch.equal(model.to(torch.bfloat16).levels(), torch.tensor(model.quantile_levels, dtype=torch.float32))
+    model = to_meta(ours(FIXTURE, SEQ_LEN, 21))
+    windows = to_meta(torch.randn(3, SEQ_LEN, 2))
+    with record_host_syncs() as rec, torch.no_grad():
+        model(windows)  # two roll-out steps after the first forward
+    assert rec.syncs == [], summary(rec)
+    with record_host_syncs() as rec:
+        model.train()(windows, target=windows[:, :21]).sum().backward()
+    assert rec.syncs == [], summary(rec)

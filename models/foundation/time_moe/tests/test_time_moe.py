@@ -18,6 +18,7 @@ from helpers import ETTH1_ARGS, trained_on_1_and_2_processes, write_etth1_shaped
 from models.foundation.time_moe import TimeMoE
 from exp.export import export, load_weights
 from utils.errors import UserError
+from utils.host_syncs import record_host_syncs, summary, to_meta
 
 FIXTURE = Path(__file__).resolve().parent / "fixture"
 REFERENCE = torch.load(FIXTURE / "reference_outputs.pt", weights_only=True)
@@ -111,6 +112,47 @@ def test_a_series_forecast_does_not_depend_on_its_batch():
                 assert torch.equal(model(windows[:1]), model(windows)[:1]), count
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_dense_dispatch_forecasts_the_grouped_dispatchs_bits(monkeypatch):
+    """Off the CPU (and under torch.compile) every expert runs on every row, its output kept where the row chose it;
+    on the CPU the rows are grouped by expert. On the CPU, where a projection's rows do not depend on how many it
+    is given, both give the same bits: forecasts through the rollout's small steps, a series alone or among 9, and
+    the training loss; the gradients agree to float32 rounding (a weight's gradient sums the rows in other groups)."""
+    series = torch.randn(9, 96, generator=torch.Generator().manual_seed(7)).cumsum(1)
+    sequence = REFERENCE["sequence"].unsqueeze(-1)
+    grouped = {}
+    for path in ("grouped", "dense"):
+        if path == "dense":
+            monkeypatch.setattr(TimeMoE.SparseExperts, "grouped", TimeMoE.SparseExperts.dense)
+        got = grouped if path == "grouped" else {}
+        for pred_len in (20, 96):
+            model = ours(FIXTURE, 96, pred_len)
+            got[pred_len] = forecast(model, series)
+            assert torch.equal(forecast(model, series[:2]), got[pred_len][:2])
+        model = ours(FIXTURE, 30, 10, use_norm=0).train()
+        got["loss"] = model(sequence[:, :30], target=sequence[:, 30:])
+        got["loss"].sum().backward()
+        got["grads"] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for key in (20, 96, "loss"):
+        assert torch.equal(got[key], grouped[key]), key
+    assert len(got["grads"]) == len(grouped["grads"])
+    for mine, theirs in zip(got["grads"], grouped["grads"]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_a_forecast_and_a_training_step_read_nothing_back_off_the_cpu():
+    """On a device the experts' dispatch, the rollout and the training loss read no value back to the host
+    (counted on the meta device: utils.host_syncs)."""
+    model = to_meta(ours(FIXTURE, 96, 20))
+    series = to_meta(torch.randn(3, 96, 2))
+    with record_host_syncs() as rec, torch.no_grad():
+        model(series)
+    assert rec.syncs == [], summary(rec)
+    model = to_meta(ours(FIXTURE, 30, 10, use_norm=0).train())
+    with record_host_syncs() as rec:
+        model(series[:, :30], target=series[:, 30:40]).sum().backward()
+    assert rec.syncs == [], summary(rec)
 
 
 def test_a_projections_rows_do_not_depend_on_how_many_it_is_given():
