@@ -14,10 +14,10 @@ nn.Dropout into a KeyedDropout (as torch.nn.SyncBatchNorm.convert_sync_batchnorm
 keyed whenever its input's first dimension holds the micro-batch's samples, k rows each, sample-major
 ([B, ...] or a channel-independent [B * C, ...]); any other input gets ordinary dropout, and the run
 says so once, naming the module (DropoutReport). Attention in layers/ takes its dropout module:
-`attention(q, k, v, dropout)` runs PyTorch's fused scaled_dot_product_attention; keyed on a GPU, once per
-sample under a generator seeded with the sample's key (KeyedDropout.attend). Zoo models with a measured
-faster path draw masks themselves with `dropout`, `add_dropout`, `dropout_noise(s)` (their docstrings
-name the gain). tests/test_model_contract.py trains every model as 1 x 8 and 2 x 4.
+`attention(q, k, v, dropout)` runs PyTorch's fused scaled_dot_product_attention; keyed, the weights are
+formed in query blocks with keyed masks, on a GPU for all samples of a call at once (KeyedDropout.attend).
+Zoo models with a measured faster path draw masks themselves with `dropout`, `add_dropout`,
+`dropout_noise(s)` (their docstrings name the gain). tests/test_model_contract.py trains every model as 1 x 8 and 2 x 4.
 
 On the CPU the masks also cost less than F.dropout's: it draws a double per element from a serial
 generator, the dearest part of a small training step after the matrix products; dropout_noise draws
@@ -27,13 +27,14 @@ import contextlib
 import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layers.keyed_attention import weights_attention
+from layers.keyed_attention import fused_weights_attention, weights_attention
 from utils import keyed_random
-from utils.keyed_random import FACTOR_1, FACTOR_2, GOLDEN_GAMMA, signed64, splitmix64, splitmix64_
+from utils.keyed_random import FACTOR_1, FACTOR_2, GOLDEN_GAMMA, signed64, splitmix64, splitmix64_finaliser
 
 _keys = None  # the active SampleKeys, or None
 
@@ -106,16 +107,30 @@ def _next_call_key(keys=None):
     return keyed_random.call_key(keys.key, call)
 
 
-def _sample_keys(call_key, first, samples, device=None):
-    """splitmix64(call_key ^ (first + s)) for each sample s, as an int64 tensor (on `device`)."""
-    positions = torch.arange(first, first + samples, dtype=torch.int64, device=device)
-    return splitmix64_(positions.bitwise_xor_(signed64(call_key)))
+def _host_sample_keys(call_key, first, samples):
+    """splitmix64(call_key ^ (first + s)) for each sample s, as a numpy uint64 array: on the host, where the
+    keys are known (hundreds of samples a call in Python integers would cost more than their draws)."""
+    positions = np.arange(first, first + samples, dtype=np.uint64) ^ np.uint64(call_key)
+    return splitmix64_finaliser(positions + np.uint64(GOLDEN_GAMMA))
+
+
+def _sample_keys(call_key, first, samples):
+    """_host_sample_keys as an int64 tensor on the CPU (the same 64 bits)."""
+    return torch.from_numpy(_host_sample_keys(call_key, first, samples).view(np.int64))
 
 
 def _sample_seeds(call_key, first, samples):
-    """Each sample's key >> 1 (seeds below 2**63) as Python integers, computed on tensors: hundreds of
-    samples a call in Python integers would cost more than their draws."""
-    return ((_sample_keys(call_key, first, samples) >> 1) & ((1 << 63) - 1)).tolist()
+    """Each sample's key >> 1 (seeds below 2**63) as Python integers."""
+    return (_host_sample_keys(call_key, first, samples) >> np.uint64(1)).tolist()
+
+
+def _device_sample_keys(call_key, first, samples, device):
+    """_sample_keys plus splitmix64's increment, on `device`: one copy, from pinned memory on a GPU so that it
+    neither waits for the device nor makes the device wait for the host."""
+    keys = _sample_keys(call_key, first, samples).add_(_GOLDEN)
+    if device.type == "cuda":
+        keys = keys.pin_memory()
+    return keys.to(device, non_blocking=True)
 
 
 def _keyed_dropped(shape, p, seeds, generator, dtype=torch.float32, device=None):
@@ -146,13 +161,13 @@ def _keyed_dropped(shape, p, seeds, generator, dtype=torch.float32, device=None)
     return noise
 
 
-def _sample_masks(shape, p, dtype, device):
+def _sample_masks(shape, p, dtype, device, hashed=None):
     """For this call (it takes a call number): a function giving sample s's (bool keep mask of `shape`, the
     kept elements' factor), the mask _keyed_noise draws for a tensor holding the samples' `shape` blocks
     along dim 0, bit for bit, and the same each time it is asked (keyed attention draws it again in backward
-    rather than keep it): on the CPU by the sample's generator (_sample_keep), elsewhere by the hash."""
+    rather than keep it): on the CPU by the sample's generator (_sample_keep), elsewhere (`hashed`) by the hash."""
     call_key, first = _next_call_key(), _keys.first
-    if device.type != "cpu":
+    if device.type != "cpu" if hashed is None else hashed:
         return lambda s: (_hashed_keep(shape, p, call_key, first + s, 1, device, dtype), _divided_one(p, dtype))
     seeds = _sample_seeds(call_key, first, _keys.samples)
 
@@ -163,9 +178,38 @@ def _sample_masks(shape, p, dtype, device):
     return sample_mask
 
 
+def _block_keeps(p, dtype, device):
+    """For this call (it takes a call number): a function of a query block and a sample's weights shape
+    (rows, ..., L, S) giving (the bool keep mask of the block for every sample of the call, [samples * rows,
+    ..., len(block), S], the kept elements' factor): for each sample the block of its _hashed_keep mask, bit for
+    bit, hashed for that block alone; the samples' keys go to the device once for the call."""
+    call_key, first, samples = _next_call_key(), _keys.first, _keys.samples
+    keys = _device_sample_keys(call_key, first, samples, device)
+    factor = _divided_one(p, dtype)
+
+    def block_keep(block, sample_shape):
+        rows, queries, keys_ = math.prod(sample_shape[:-2]), sample_shape[-2], sample_shape[-1]
+        # a sample's element j = (row and head) * L * S + query * S + key; a block's queries are a run of j
+        outer = torch.arange(0, rows * queries * keys_, queries * keys_, device=device)
+        inner = torch.arange(block.start * keys_, block.stop * keys_, device=device)
+        x = (keys.view(samples, 1, 1) + outer.view(1, rows, 1)) + inner.view(1, 1, -1)
+        keep = _keep_of_hashes(x, p, dtype)
+        return keep.view(samples * sample_shape[0], *sample_shape[1:-2], len(inner) // keys_, keys_), factor
+
+    return block_keep
+
+
 def _divided_one(p, dtype):
-    """1 / (1 - p) as the integer path computes the factor (1.0 in `dtype`, divided)."""
-    return torch.ones(1, dtype=dtype).div_(1.0 - p).item()
+    """1 / (1 - p) as the integer path computes the factor (1.0 in `dtype`, divided), on the host: numpy's
+    float32 division rounds as a float32 tensor's does."""
+    if dtype == torch.float64:
+        return 1.0 / (1.0 - p)
+    return float(np.float32(1.0) / np.float32(1.0 - p))
+
+
+def _rounded(value, dtype):
+    """A Python float rounded to `dtype` (float32 or float64), as torch.tensor(value, dtype=dtype).item()."""
+    return value if dtype == torch.float64 else float(np.float32(value))
 
 
 DRAW_CHUNK = 1 << 20  # 31-bit draws at a time: a generator's stream cut in chunks is the same stream
@@ -186,7 +230,7 @@ def _sample_keep(n, p, seed, dtype):
             generator.manual_seed(seed)
             positions = dropped_positions(n, p, generator=generator)
         keep.index_fill_(0, positions[positions < n].long(), False)
-        return keep, torch.tensor(1.0 / (1.0 - p), dtype=dtype).item()
+        return keep, _rounded(1.0 / (1.0 - p), dtype)
     below = _least_reaching(1.0 - p, dtype)  # bits < below exactly when float(bits) < (1 - p) * 2**31
     for part in keep.split(DRAW_CHUNK):
         part.copy_(torch.empty(part.shape, dtype=torch.int32).random_(generator=generator).le_(below - 1))
@@ -213,11 +257,17 @@ def _hashed_keep(shape, p, call_key, first, samples, device, dtype=torch.float32
     - its last step x ^ (x >>> 31) leaves the top 31 bits as they are, and only those are read;
     - `top 31 bits < threshold` is an unsigned comparison of the whole word, done as a signed one after
       flipping the sign bit (_keep_below)."""
-    sample_keys = _sample_keys(call_key, first, samples).add_(_GOLDEN).to(device, non_blocking=True)
+    sample_keys = _device_sample_keys(call_key, first, samples, device)
     x = sample_keys.unsqueeze(1) + torch.arange(math.prod(shape) // samples, device=device)
+    return _keep_of_hashes(x, p, dtype).view(shape)
+
+
+def _keep_of_hashes(x, p, dtype):
+    """Whether each element is kept, from x = a sample's key + splitmix64's increment + the element's index
+    (int64, overwritten): the rest of splitmix64, then the comparison of its top 31 bits."""
     for shift, factor in ((30, _FACTOR_1), (27, _FACTOR_2)):  # a logical shift: arithmetic, then masked
         x.bitwise_xor_(torch.bitwise_right_shift(x, shift).bitwise_and_((1 << (64 - shift)) - 1)).mul_(factor)
-    return x.bitwise_xor_(_SIGN).le(_keep_below(1.0 - p, dtype)).view(shape)
+    return x.bitwise_xor_(_SIGN).le(_keep_below(1.0 - p, dtype))
 
 
 def _keep_below(keep, dtype):
@@ -249,7 +299,9 @@ def _noise_dtype(like):
 def _fill_noise(out, p, generator=None):
     """Fill `out` with dropout's factor: 1 / (1 - p) with probability 1 - p, else 0 (0 < p < 1)."""
     keep = 1.0 - p
-    if p < 0.25:  # only the dropped positions: about p draws per element, in some fifteen operations
+    # only the dropped positions (about p draws per element, in some fifteen operations) on the CPU: their number
+    # is read on the host, which a GPU would wait for
+    if p < 0.25 and out.device.type == "cpu":
         out.fill_(1.0 / keep)
         out.view(-1).index_fill_(0, dropped_positions(out.numel(), p, out.device, generator), 0.0)
         return out
@@ -413,7 +465,8 @@ class KeyedDropout(nn.Dropout):
     """nn.Dropout whose masks follow the sample inside masks_follow_samples (module docstring); the same rate,
     state_dict and repr. `qualified_name` and `report` (a DropoutReport) are set by convert."""
 
-    per_sample_attention = None  # attend: one fused call per sample (None: on CUDA), else the weights formed here
+    per_sample_attention = None  # attend: True, one fused SDPA call per sample; else the weights formed here
+    fused_attention = None  # ... for every sample at once, hashed masks (None: on devices other than the CPU)
 
     def __init__(self, p=0.5, inplace=False, qualified_name="", report=None):
         super().__init__(p, inplace)
@@ -451,19 +504,24 @@ class KeyedDropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
     def attend(self, query, key, value, attn_mask=None, is_causal=False, scale=None):
-        """F.scaled_dot_product_attention with dropout self.p on the attention weights in training. Keyed, on a
-        GPU (or wherever `per_sample_attention` says) the fused kernel runs once per sample, its masks from the
-        sample's key (_per_sample_attention): the very kernel an unkeyed call takes, flash or memory-efficient
-        attention, O(sequence) memory. The CPU has no fused kernel with dropout (SDPA forms the weights there
-        anyway), so there the weights are formed with this module's cheaper masks, a query block of a sample at
-        a time (layers.keyed_attention): lab/results/bench_attention_dropout_cpu.json weighs the two."""
+        """F.scaled_dot_product_attention with dropout self.p on the attention weights in training. Keyed, the
+        weights are formed by layers.keyed_attention in query blocks, recomputed in backward: on a GPU (wherever
+        `fused_attention` says) a block holds every sample of the call and its masks are hashed there for all
+        of them at once, so a call costs some twenty launches whatever the number of samples (one
+        scaled_dot_product_attention per sample under its seed, `per_sample_attention`, cost a launch and a
+        reseed per sample); on the CPU, which has no fused kernel with dropout (SDPA forms the weights there
+        anyway), a block holds one sample and its masks are this module's cheaper generator draws:
+        lab/results/bench_attention_dropout_cpu.json weighs the CPU's choices."""
         p = self.p if self.training else 0.0
         if p == 0.0 or _keys is None or not self.keyable(query):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=p,
                                                   is_causal=is_causal, scale=scale)
-        per_sample = self.per_sample_attention
-        if query.device.type == "cuda" if per_sample is None else per_sample:
+        if self.per_sample_attention:
             return _per_sample_attention(query, key, value, p, attn_mask, is_causal, scale)
+        fused = self.fused_attention
+        if query.device.type != "cpu" if fused is None else fused:
+            block_keep = _block_keeps(p, _noise_dtype(query), query.device)
+            return fused_weights_attention(query, key, value, _keys.samples, block_keep, attn_mask, is_causal, scale)
         shape = (query.shape[0] // _keys.samples, *query.shape[1:-1], key.shape[-2])  # a sample's weights
         sample_mask = _sample_masks(shape, p, _noise_dtype(query), query.device)
         return weights_attention(query, key, value, _keys.samples, sample_mask, attn_mask, is_causal, scale)

@@ -18,12 +18,22 @@ Every output row is the sum, in the same order, of the products the written-out 
 matrix products on fewer rows), so the forward agrees with it; the gradients of k, v and the mask add the
 blocks' parts one after another, so they agree to rounding. The blocks depend on one sample's shape only,
 never on the micro-batch, so a sample's numbers do not depend on the number of processes.
+
+`fused_weights_attention` is the same computation for every sample of the call at once, for a device where a
+launch costs more than the arithmetic (a GPU): each query block covers all samples, and its keep mask is
+hashed there for every sample, head, query and key from the samples' keys (layers.dropout's hashed masks, the
+very masks a sample's own hash gives), so a call is some twenty operations whatever the number of samples.
+
+Backward runs under the autocast state its forward ran under (device type, dtype, enabled), so the recomputed
+weights have the forward's dtypes; gradients of half-precision inputs are summed in float32.
 """
+import contextlib
 import math
 
 import torch
 
 BLOCK_ELEMENTS = 1 << 18  # weights per block (1 MiB in float32): queries per block = this / (rows x H x S)
+FUSED_BLOCK_ELEMENTS = 1 << 24  # weights per block of all samples (64 MiB in float32; its hashes 128 MiB)
 
 
 def weights_attention(query, key, value, samples, sample_mask, attn_mask=None, is_causal=False, scale=None):
@@ -31,7 +41,18 @@ def weights_attention(query, key, value, samples, sample_mask, attn_mask=None, i
     holds `samples` samples' rows; sample_mask(s) gives sample s's (bool keep mask [rows, ..., L, S], the
     factor of the kept weights), the same each time it is asked (layers.dropout draws it from the key)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    plan = _Plan(samples, sample_mask, scale, is_causal)
+    return _apply(query, key, value, _Plan(samples, sample_mask, None, scale, is_causal), attn_mask)
+
+
+def fused_weights_attention(query, key, value, samples, block_keep, attn_mask=None, is_causal=False, scale=None):
+    """weights_attention for every sample at once: block_keep(queries, sample_shape) gives the (bool keep mask
+    [N, ..., len(queries), S] of a query block over all the call's rows, the factor of the kept weights), equal
+    to the block of each sample's own mask (layers.dropout hashes it)."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    return _apply(query, key, value, _Plan(samples, None, block_keep, scale, is_causal), attn_mask)
+
+
+def _apply(query, key, value, plan, attn_mask):
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         return _KeyedWeightsAttention.apply(query, key, value, attn_mask, plan)
     plan.bool_mask = attn_mask
@@ -41,19 +62,32 @@ def weights_attention(query, key, value, samples, sample_mask, attn_mask=None, i
 class _Plan:
     """What a call's forward and backward share besides tensors."""
 
-    def __init__(self, samples, sample_mask, scale, is_causal):
-        self.samples, self.sample_mask, self.scale, self.is_causal = samples, sample_mask, scale, is_causal
+    def __init__(self, samples, sample_mask, block_keep, scale, is_causal):
+        self.samples, self.sample_mask, self.block_keep = samples, sample_mask, block_keep
+        self.scale, self.is_causal = scale, is_causal
         self.bool_mask = None
+        self.autocast = None  # the forward's (device type, dtype, enabled), for backward
+
+
+def _autocast_state(device_type):
+    if not torch.amp.is_autocast_available(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type), torch.is_autocast_enabled(device_type)
+
+
+def _summed_in(t):
+    """The dtype a gradient of `t` is summed in over the blocks: float32 for a half-precision t."""
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
 class _KeyedWeightsAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, additive, plan):
         ctx.plan = plan
+        plan.autocast = _autocast_state(query.device.type)
         ctx.save_for_backward(query, key, value, additive)
         out = torch.empty(*query.shape[:-1], value.shape[-1], dtype=value.dtype, device=value.device)
-        for sample, rows, blocks in _parts(query, key, plan):
-            noise_of = _noise(plan, sample, query)
+        for rows, blocks, noise_of in _parts(query, key, plan):
             for block in blocks:
                 weights, _ = _weights(query, key, additive, plan, rows, block, noise_of)
                 out[rows][..., block, :] = weights @ value[rows]
@@ -64,38 +98,53 @@ class _KeyedWeightsAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, additive = ctx.saved_tensors
         plan = ctx.plan
-        grads = [torch.zeros_like(t) if need else None
-                 for t, need in zip((query, key, value, additive), ctx.needs_input_grad)]
-        grad_query, grad_key, grad_value, grad_additive = grads
-        for sample, rows, blocks in _parts(query, key, plan):
-            noise_of = _noise(plan, sample, query)
-            for block in blocks:
-                weights, (probabilities, noise) = _weights(query, key, additive, plan, rows, block, noise_of)
-                grad_rows = grad_out[rows][..., block, :]
-                if grad_value is not None:
-                    grad_value[rows] += weights.transpose(-2, -1) @ grad_rows
-                grad_weights = (grad_rows @ value[rows].transpose(-2, -1)).mul_(noise)
-                # softmax's backward: p * (g - sum(g * p)) along the keys
-                grad_scores = grad_weights.sub_((grad_weights * probabilities).sum(-1, keepdim=True))
-                grad_scores.mul_(probabilities)
-                if grad_additive is not None:
-                    _add_to_mask(grad_additive, grad_scores, rows, block, query)
-                grad_scores.mul_(plan.scale)
-                if grad_query is not None:
-                    grad_query[rows][..., block, :] += grad_scores @ key[rows]
-                if grad_key is not None:
-                    grad_key[rows] += grad_scores.transpose(-2, -1) @ query[rows][..., block, :]
-        return grad_query, grad_key, grad_value, grad_additive, None
+        inputs = (query, key, value, additive)
+        grads = [torch.zeros_like(t, dtype=_summed_in(t)) if need else None
+                 for t, need in zip(inputs, ctx.needs_input_grad)]
+        autocast = torch.autocast(*plan.autocast[:2], enabled=plan.autocast[2]) if plan.autocast else None
+        with autocast or contextlib.nullcontext():
+            _backward(grad_out, query, key, value, additive, plan, grads)
+        return (*(g if g is None or g.dtype == t.dtype else g.to(t.dtype) for g, t in zip(grads, inputs)), None)
+
+
+def _backward(grad_out, query, key, value, additive, plan, grads):
+    """The gradients of a call, added into `grads` (those of query, key, value and the additive mask, or None)."""
+    grad_query, grad_key, grad_value, grad_additive = grads
+    for rows, blocks, noise_of in _parts(query, key, plan):
+        for block in blocks:
+            weights, (probabilities, noise) = _weights(query, key, additive, plan, rows, block, noise_of)
+            grad_rows = grad_out[rows][..., block, :]
+            if grad_value is not None:
+                grad_value[rows] += weights.transpose(-2, -1) @ grad_rows
+            # in the weights' dtype, as autograd hands an autocast product's gradient back through its cast
+            grad_weights = (grad_rows @ value[rows].transpose(-2, -1)).to(noise.dtype).mul_(noise)
+            # softmax's backward: p * (g - sum(g * p)) along the keys
+            grad_scores = grad_weights.sub_((grad_weights * probabilities).sum(-1, keepdim=True))
+            grad_scores.mul_(probabilities)
+            if grad_additive is not None:
+                _add_to_mask(grad_additive, grad_scores, rows, block, query)
+            grad_scores.mul_(plan.scale)
+            if grad_query is not None:
+                grad_query[rows][..., block, :] += grad_scores @ key[rows]
+            if grad_key is not None:
+                grad_key[rows] += grad_scores.transpose(-2, -1) @ query[rows][..., block, :]
 
 
 def _parts(query, key, plan):
-    """(sample, its rows along dim 0, its query blocks) for each sample of the call."""
+    """(rows along dim 0, their query blocks, the function giving a block's dropout factor) for each part of the
+    call: each sample, or (fused) all samples together."""
     per_sample = query.shape[0] // plan.samples
     queries, keys_ = query.shape[-2], key.shape[-2]
-    block = max(1, BLOCK_ELEMENTS // max(1, per_sample * math.prod(query.shape[1:-2]) * keys_))
+    rows = query.shape[0] if plan.block_keep is not None else per_sample
+    budget = FUSED_BLOCK_ELEMENTS if plan.block_keep is not None else BLOCK_ELEMENTS
+    block = max(1, budget // max(1, rows * math.prod(query.shape[1:-2]) * keys_))
     blocks = [slice(start, min(start + block, queries)) for start in range(0, queries, block)]
+    if plan.block_keep is not None:
+        sample_shape = (per_sample, *query.shape[1:-1], keys_)
+        yield slice(0, query.shape[0]), blocks, _fused_noise(plan, sample_shape, query)
+        return
     for sample in range(plan.samples):
-        yield sample, slice(sample * per_sample, (sample + 1) * per_sample), blocks
+        yield slice(sample * per_sample, (sample + 1) * per_sample), blocks, _noise(plan, sample, query)
 
 
 def _weights(query, key, additive, plan, rows, block, noise_of):
@@ -137,5 +186,16 @@ def _noise(plan, sample, query):
 
     def noise(block):
         return keep[..., block, :].to(dtype).mul_(factor)
+
+    return noise
+
+
+def _fused_noise(plan, sample_shape, query):
+    """_noise for all samples at once: a block's keep mask over every row, hashed for that block alone."""
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+
+    def noise(block):
+        keep, factor = plan.block_keep(block, sample_shape)
+        return keep.to(dtype).mul_(factor)
 
     return noise

@@ -173,3 +173,47 @@ def test_global_batch_norm_keeps_float32_statistics_and_the_input_dtype():
     assert torch.equal(out, reference.bfloat16())
     expected = nn.BatchNorm1d(4).train()(x)
     torch.testing.assert_close(plain, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_keyed_attention_trains_under_bf16_autocast(fused):
+    """Keyed attention's backward recomputes the weights: under autocast it must do so with the forward's dtypes
+    (it mixed float32 weights with bfloat16 values and raised). An additive float32 mask (T5's position bias)
+    makes the weights float32 while the projections are bfloat16; the gradients are near float32's."""
+    from layers.dropout import KeyedDropout, masks_follow_samples
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 16, 8)
+    bias = torch.randn(1, 2, 16, 16)
+    projections = [torch.nn.Linear(8, 8) for _ in range(3)]
+    layer = KeyedDropout(0.3).train()
+    layer.fused_attention = fused
+
+    def grads(amp):
+        inputs, mask = x.clone().requires_grad_(), bias.clone().requires_grad_()
+        for projection in projections:
+            projection.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), masks_follow_samples(5, 0, 4):
+            out = layer.attend(*(projection(inputs) for projection in projections), attn_mask=mask)
+        out.float().square().sum().backward()
+        return [inputs.grad, mask.grad, *(p.weight.grad for p in projections)]
+
+    for amp, full in zip(grads(True), grads(False)):
+        assert amp.dtype == torch.float32 and torch.isfinite(amp).all()
+        torch.testing.assert_close(amp, full, rtol=0.05, atol=0.05 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["ChronosBolt", "Moirai2"])
+def test_a_release_fine_tunes_under_bf16_amp_with_keyed_attention_dropout(name, tmp_path):
+    """A fine-tuning step of a release whose attention dropout is keyed, under --use_amp on the CPU (its first
+    step raised in keyed attention's backward), from the tiny folders tests/test_foundation.py writes."""
+    from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
+
+    row = needs(RELEASES[name])
+    folder = released_folder(row, tmp_path / "release", **({"edit_config": row.tune_folder} if row.tune_folder
+                                                             else {}))
+    argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, *row.tune, "--use_amp",
+            "--dropout", 0.1]
+    assert_ok(run_cli(tmp_path / "runs", *argv))
+    record = records(tmp_path / "runs")[-1]
+    assert record["args"]["use_amp"] is True and record["mse"] == record["mse"]

@@ -183,3 +183,107 @@ def test_the_fewer_operations_hash_the_same_masks(dtype):
         keeps = near.to(keyed._noise_dtype(like)) < (1 - p) * 2.0**31  # as the float noise compares
         assert torch.equal(keeps, near < below)
         assert keyed._keep_below(1 - p, keyed._noise_dtype(like)) == (below << 33) - (1 << 63) - 1
+
+
+def _attend_paths(path, q, k, v, mask, p, causal, samples, first=3):
+    """Output and gradients of keyed attention by `path`: "fused" (every sample at once, hashed masks) or
+    "per_sample" (a sample at a time, the same hashed masks drawn per sample, as a GPU ran it before)."""
+    from layers import keyed_attention
+
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.detach().clone().requires_grad_()
+    with masks_follow_samples(77, first, samples):
+        if path == "fused":
+            layer = KeyedDropout(p).train()
+            layer.fused_attention = True
+            out = layer.attend(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3)
+        else:
+            shape = (q.shape[0] // samples, *q.shape[1:-1], k.shape[-2])
+            sample_mask = keyed._sample_masks(shape, p, keyed._noise_dtype(q), q.device, hashed=True)
+            out = keyed_attention.weights_attention(q, k, v, samples, sample_mask, mask, causal, 0.3)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)).sum().backward()
+    return [out, q.grad, k.grad, v.grad] + ([mask.grad] if mask is not None and mask.dtype != torch.bool else [])
+
+
+@pytest.mark.parametrize("p, queries, rows, heads, causal, mask_kind, dtype, fused_block", [
+    (0.1, 64, 1, 4, False, "bias", torch.float32, 1000), (0.5, 40, 3, 2, True, None, torch.float32, 1 << 24),
+    (0.1, 20, 2, 2, False, "bool", torch.float32, 40), (0.3, 70, 1, 3, False, "per_row", torch.float64, 2000),
+    (0.3, 33, 1, 4, False, "bias", torch.float32, 1 << 24)])
+def test_fused_keyed_attention_is_the_per_sample_one(monkeypatch, p, queries, rows, heads, causal, mask_kind, dtype,
+                                                     fused_block):
+    """One call for every sample (query blocks over all of them, each block's masks hashed for all samples at
+    once) against a sample at a time with each sample's own hashed mask: the same masks (one weight kept
+    otherwise would move the output far beyond rounding), output and gradients equal to rounding, and bit for
+    bit where both take the whole sample as one block."""
+    from layers import keyed_attention
+
+    monkeypatch.setattr(keyed_attention, "FUSED_BLOCK_ELEMENTS", fused_block)
+    samples, generator = 4, torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, samples * rows, heads, queries, 8, generator=generator, dtype=dtype).unbind(0)
+    mask = {"bias": lambda: torch.randn(1, heads, queries, queries, generator=generator, dtype=dtype),
+            "per_row": lambda: torch.randn(samples * rows, 1, queries, queries, generator=generator, dtype=dtype),
+            "bool": lambda: torch.rand(queries, queries, generator=generator).fill_diagonal_(1.0) > 0.3,
+            None: lambda: None}[mask_kind]()
+    want = _attend_paths("per_sample", q, k, v, mask, p, causal, samples)
+    got = _attend_paths("fused", q, k, v, mask, p, causal, samples)
+    whole = fused_block >= samples * rows * heads * queries * queries
+    tolerance = 1e-12 if dtype == torch.float64 else 2e-6
+    for a, b in zip(want, got):
+        if whole:
+            assert torch.equal(a, b)
+        torch.testing.assert_close(b, a, rtol=tolerance, atol=tolerance * a.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_blocks_hashed_keep_mask_is_each_samples_own(dtype):
+    """_block_keeps' mask of a query block for every sample: bit for bit the rows of each sample's _hashed_keep."""
+    shape, samples, first, p = (2, 3, 17, 11), 5, 40, 0.3  # a sample's weights: 2 rows, 3 heads, 17 x 11
+    with masks_follow_samples(9, first, samples):
+        block_keep = keyed._block_keeps(p, dtype, torch.device("cpu"))
+    call_key = splitmix64(9 ^ splitmix64(0))
+    own = torch.cat([keyed._hashed_keep(shape, p, call_key, first + s, 1, torch.device("cpu"), dtype)
+                     for s in range(samples)])
+    for block in (slice(0, 17), slice(0, 1), slice(5, 12), slice(16, 17)):
+        keep, factor = block_keep(block, shape)
+        assert keep.shape == (samples * 2, 3, block.stop - block.start, 11)
+        assert torch.equal(keep, own[..., block, :])
+        assert factor == keyed._divided_one(p, dtype)
+
+
+def _fused_attention_launches(samples):
+    """The device's operations of one fused keyed attention call, forward and backward, on the meta device."""
+    q, k, v = (torch.randn(samples, 4, 33, 16, device="meta", requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 4, 33, 33, device="meta", requires_grad=True)  # T5's position bias, as Chronos-Bolt's
+    layer = KeyedDropout(0.1).train()
+    with _DeviceOps("meta", 0) as ops, masks_follow_samples(5, 0, samples):
+        layer.attend(q, k, v, attn_mask=bias).sum().backward()  # the meta device takes the fused path
+    return ops.launches
+
+
+def test_fused_keyed_attention_launches_do_not_grow_with_the_samples():
+    """A GPU's keyed attention call was one SDPA per sample (32 windows: 32 launches and reseeds a call, and as
+    many in backward); fused, a call's launches are the same for 4 samples as for 32, and few."""
+    assert _fused_attention_launches(4) == _fused_attention_launches(32) <= 90
+
+
+def test_keyed_masks_noise_and_attention_read_nothing_back_from_the_device():
+    """Keyed dropout on a device, counted on the meta device (utils.host_syncs): masks, masks drawn at once, a
+    model's noise, keyed attention forward and backward, and unkeyed masks drawn here: no device-to-host read and
+    no blocking copy (the samples' keys go over in one non-blocking copy a call)."""
+    from layers import noise
+    from utils.host_syncs import record_host_syncs, summary
+
+    x = torch.empty(8, 4, 33, 16, device="meta", requires_grad=True)
+    layer = KeyedDropout(0.1).train()
+    with record_host_syncs() as rec:
+        with masks_follow_samples(5, 0, 8):
+            layer(x), layer(torch.empty(8, 3, device="meta")), KeyedDropout(0.5).train()(x)
+            keyed.dropout_noises(x, 0.1, (8, 5), (8, 7))
+            layer.attend(x, x, x, attn_mask=torch.empty(1, 4, 33, 33, device="meta")).sum().backward()
+            noise.randn(8, 3, device="meta"), noise.rand(16, 2, device="meta")
+        with noise.draws_follow_windows([3, 4]):
+            noise.randn(4, 5, device="meta")
+        keyed.dropout_noise(x, 0.1), keyed.dropout_noise(x, 0.5)
+    assert rec.syncs == [], summary(rec)
+    assert len(rec.copies) <= 6 and all(site.startswith("layers/dropout.py") for _, _, site in rec.copies), rec.copies
