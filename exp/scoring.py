@@ -90,14 +90,17 @@ class ProbabilisticScoring:
         self.objective = args.objective  # the run's, built once (exp.settings.settle)
         self.median = self.objective.levels.index(0.5)
         self.numbers, _ = split_numbering(dataset)  # keys and scales follow the window's number in the split
-        self.scales = _on(series_scales(args), device)
-        self.sq_scales = _on(series_scales(args, squared=True), device)  # RMSSE's
+        # the scales of the window at each position of the loader's data set, on the device: a batch's are
+        # gathered there by its indices, nothing read back
+        positions = torch.from_numpy(np.asarray(self.numbers, dtype=np.int64))
+        self.scales = _at(series_scales(args), positions, device)
+        self.sq_scales = _at(series_scales(args, squared=True), positions, device)  # RMSSE's
         self.sums = ProbabilisticSums(self.objective.levels, keep_windows=True)
         self.original = None
         if transform is not None:
             self.original = ProbabilisticSums(self.objective.levels, transform=transform, keep_windows=True)
-            self.original_scales = _on(series_scales(args, original=True), device)
-            self.original_sq_scales = _on(series_scales(args, original=True, squared=True), device)
+            self.original_scales = _at(series_scales(args, original=True), positions, device)
+            self.original_sq_scales = _at(series_scales(args, original=True, squared=True), positions, device)
         if self.scales is None:
             logger.info(f"MASE is not computed: --data {args.data} keeps no series history at hand")
         elif distributed.is_main():
@@ -111,11 +114,14 @@ class ProbabilisticScoring:
 
     def update(self, params, true, indices, original_truth=None):
         """Score one batch (`indices`: its windows' positions in the loader's data set); returns the median."""
-        numbers = self.numbers[np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)]
-        keys = window_keys(self.args.seed, "test", numbers) if self.objective.samples else None
+        keys = None
+        if self.objective.samples:  # a window's samples are seeded by its number: a host value
+            keys = window_keys(self.args.seed, "test", self.numbers[np.asarray(
+                indices.cpu() if torch.is_tensor(indices) else indices)])
         self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
         quantiles = self.objective.quantiles(params, keys)
-        where = torch.as_tensor(numbers, device=self.device)
+        where = (indices if torch.is_tensor(indices) else torch.as_tensor(np.asarray(indices, dtype=np.int64)))
+        where = where.to(self.device, non_blocking=True)  # no copy where the batch was gathered on the device
         self.sums.update(quantiles, true, *_of(where, self.scales, self.sq_scales))
         if self.original is not None:
             self.original.update(quantiles, original_truth, *_of(where, self.original_scales, self.original_sq_scales))
@@ -173,7 +179,7 @@ def _kept(sums, scales):
 
 
 def _of(where, scales, sq_scales):
-    """The scales of the windows `where` (each None where the data keeps no history)."""
+    """The scales of the windows at positions `where` (each None where the data keeps no history)."""
     return (None if scales is None else scales[where]), (None if sq_scales is None else sq_scales[where])
 
 
@@ -195,5 +201,6 @@ def subset_metrics(columns, suffix=""):
     return {k: v for k, v in metrics.items() if k != "sql" or f"sql{suffix}" in columns}
 
 
-def _on(tensor, device):
-    return None if tensor is None else tensor.to(device)
+def _at(scales, positions, device):
+    """[len(positions), k] scales of the windows at `positions` (their numbers), on `device`; None stays None."""
+    return None if scales is None else scales[positions].to(device)

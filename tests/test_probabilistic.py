@@ -2,6 +2,7 @@
 window, every zoo model trained with either objective, a model that cannot widen refused, and end to end:
 quantile and sampled forecasts and every metric the same on 1, 2 and 3 processes and at two evaluation
 batch sizes. The metrics themselves against gluonts: test_probabilistic_metrics.py."""
+import math
 from unittest import mock
 
 import numpy as np
@@ -12,8 +13,9 @@ from torch import nn
 
 from helpers import SMALL_TIMERXL, assert_ok, make_args, make_experiment, records, run_cli, run_on_ranks
 from models import ZOO
-from utils.probabilistic import (DistributionObjective, QuantileObjective, SampleStream, parse_levels,
-                                 sample_quantiles, window_keys)
+from utils.metrics import GIFT_EVAL_LEVELS
+from utils.probabilistic import (DEFAULT_LEVELS, DistributionObjective, QuantileObjective, SampleStream, parse_levels,
+                                 sample_quantiles, student_t_icdf, window_keys)
 
 LEVELS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 SMALL = ["--data", "synthetic", "--synthetic_rows", 1000, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
@@ -150,6 +152,44 @@ def test_quantiles_never_cross():
         extreme = torch.tensor([[-1e4, 30.0, -30.0], [0.0, -30.0, 30.0], [5.0, 0.0, -10.0]])
         distribution = DistributionObjective(name, LEVELS)
         assert (distribution.quantiles(extreme[:, :distribution.width]).diff(dim=-1) >= 0).all()
+
+
+# Student-t's inverse CDF is computed on the tensors' device (utils.probabilistic.student_t_icdf); scipy's stdtrit is
+# the reference. Agreement: |ours - scipy| <= 1e-6 max(1, |scipy|), relative where |t| >= 1 and absolute below
+# (stdtrit itself is off by 4e-5 relative at p 0.500001). Every level of GIFT-Eval and of --quantiles' default, the
+# tails a sample may reach (2^-53: torch.rand's smallest step), small df (1, 2, 2.5), large ones (the expansion from 1e4).
+T_DFS = (1.0, 1.5, 2.0, 2.0001, 2.5, 3.0, 4.0, 5.0, 7.3, 10.0, 30.0, 100.0, 1e3, 9999.0, 1e4, 1e5, 1e6)
+T_LEVELS = sorted({2.0 ** -53, 1e-12, 1e-8, 1e-4, 0.001, 0.01, 0.025, *DEFAULT_LEVELS, *GIFT_EVAL_LEVELS, 0.499999,
+                   0.5, 0.500001, 0.99, 0.999, 1 - 1e-8, 1 - 2.0 ** -53, *np.linspace(0.001, 0.999, 37).tolist()})
+
+
+def test_student_t_quantiles_are_scipys_at_every_df_and_level():
+    """Planted: 8 continued-fraction terms instead of (20, 40), or the tail start without its power 1/a: fails."""
+    from scipy.special import stdtrit
+
+    p, df = np.meshgrid(np.array(T_LEVELS), np.array(T_DFS))
+    ours = student_t_icdf(torch.from_numpy(p), torch.from_numpy(df)).numpy()
+    reference = stdtrit(df, p)
+    worst = np.abs(ours - reference) / np.maximum(1.0, np.abs(reference))
+    i = np.unravel_index(worst.argmax(), worst.shape)
+    assert worst.max() <= 1e-6, f"df {df[i]}, p {p[i]}: {ours[i]} against scipy's {reference[i]}"
+    assert (ours[:, np.array(T_LEVELS) == 0.5] == 0).all()
+
+
+def test_student_t_quantiles_at_the_ends_and_on_any_layout():
+    """A value does not depend on its neighbours (a window's quantiles on its batch): the same bits alone, in
+    sevens and in one tensor; p 0 and 1 are -inf and inf, NaN stays NaN, the smallest positive p is finite."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.rand(3001, generator=g, dtype=torch.float64)
+    df = 2 + torch.nn.functional.softplus(torch.randn(3001, generator=g, dtype=torch.float64) * 4)
+    together = student_t_icdf(p, df)
+    assert torch.equal(together[:300], torch.cat([student_t_icdf(p[i:i + 1], df[i:i + 1]) for i in range(300)]))
+    assert torch.equal(together, torch.cat([student_t_icdf(p[i:i + 7], df[i:i + 7]) for i in range(0, 3001, 7)]))
+    ends = torch.tensor([0.0, 1.0, float("nan"), torch.finfo(torch.float64).tiny], dtype=torch.float64)
+    got = student_t_icdf(ends, torch.tensor(2.5, dtype=torch.float64))
+    assert got[0] == -math.inf and got[1] == math.inf and got[2].isnan()
+    assert torch.isfinite(got[3]) and got[3] < -1e120  # t^-2.5 tail: about -1.0e123
+    assert student_t_icdf(torch.zeros(0, 3, dtype=torch.float64), torch.ones(3)).shape == (0, 3)
 
 
 ASYMMETRIC = (0.1, 0.5, 0.6, 0.9)  # a median that is not the middle of the levels: reversing them moves it

@@ -31,6 +31,12 @@ def _where(condition, a, b):
     return torch.where(condition, a, b) if torch.is_tensor(condition) else np.where(condition, a, b)
 
 
+def vector_like(values, like):
+    """A 1-D tensor of `values` in `like`'s dtype on its device, filled there: no blocking host-to-device copy, and
+    the same values as torch.tensor(values, dtype=like.dtype)."""
+    return torch.stack([like.new_full((), float(v)) for v in values])
+
+
 def _as_float(mask, like):
     """A boolean mask as 0 / 1 in `like`'s dtype (NumPy's arithmetic promotes a bool by itself)."""
     return mask.to(like.dtype) if torch.is_tensor(mask) else mask
@@ -515,8 +521,8 @@ class ProbabilisticSums:
         median = q[..., self.levels.index(0.5)]
         windows = true.shape[0]
         tau = self._tau.get((q.dtype, q.device))
-        if tau is None:  # made once per dtype and device: no host-to-device copy per batch
-            tau = self._tau[(q.dtype, q.device)] = torch.tensor(self.levels, dtype=q.dtype, device=q.device)
+        if tau is None:  # made once per dtype and device
+            tau = self._tau[(q.dtype, q.device)] = vector_like(self.levels, q)
         if scale is not None:
             if tuple(scale.shape) != (windows, true.shape[2]):
                 raise ValueError(f"scale {tuple(scale.shape)} is not [B, C] = {(windows, true.shape[2])}")

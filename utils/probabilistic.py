@@ -24,13 +24,13 @@ quantiles decrease somewhere along L before that rule is applied: every metrics 
 import functools
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from utils import distributed
 from utils.errors import require
 from utils.keyed_random import generator_seed, splitmix64
+from utils.metrics import vector_like
 
 POINT_LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: TSLib's M4 losses (--data m4 only)
 DISTRIBUTIONS = ("studentt", "normal")
@@ -113,10 +113,11 @@ class QuantileObjective:
         self.samples = 0
         self.native = native
         self.order = "as forecast" if native else "sorted"  # what metrics records name as the rule applied
+        self._on_device = {}  # (device, dtype) -> the levels there, built once
 
     def loss_elements(self, params, true):
         """[..., C] pinball loss of each element, averaged over the levels."""
-        levels = params.new_tensor(self.levels)
+        levels = levels_like(self, params)
         diff = true.unsqueeze(-1) - params
         return torch.maximum(levels * diff, (levels - 1) * diff).mean(-1)
 
@@ -147,6 +148,7 @@ class DistributionObjective:
     def __init__(self, name, levels, samples=0):
         self.name, self.levels, self.samples = name, levels, samples
         self.width = 3 if name == "studentt" else 2
+        self._on_device = {}  # (device, dtype) -> the levels there, built once
 
     def crossed(self, params):
         return torch.zeros((), dtype=torch.int64, device=params.device)
@@ -158,14 +160,18 @@ class DistributionObjective:
         df = 2.0 + F.softplus(params[..., 2]) if self.name == "studentt" else None
         return loc, scale, df
 
-    def distribution(self, params):
-        loc, scale, df = self.parameters(params)
-        if df is None:
-            return torch.distributions.Normal(loc, scale, validate_args=False)
-        return torch.distributions.StudentT(df, loc, scale, validate_args=False)
-
     def loss_elements(self, params, true):
-        return -self.distribution(params).log_prob(true.float())
+        """[..., C] negative log-density of each element: torch.distributions' log_prob, its ops in its order (the
+        same bits), written out because building a StudentT builds a Chi2 that checks its argument, reading the
+        device back on every call."""
+        loc, scale, df = self.parameters(params)
+        true = true.float()
+        if df is None:
+            return -(-((true - loc) ** 2) / (2 * scale ** 2) - scale.log() - math.log(math.sqrt(2 * math.pi)))
+        y = (true - loc) / scale
+        log_norm = (scale.log() + 0.5 * df.log() + 0.5 * math.log(math.pi) + torch.lgamma(0.5 * df)
+                    - torch.lgamma(0.5 * (df + 1.0)))
+        return -(-0.5 * (df + 1.0) * torch.log1p(y ** 2.0 / df) - log_norm)
 
     def loss(self, params, true):
         return self.loss_elements(params, true).mean()
@@ -183,8 +189,17 @@ class DistributionObjective:
             uniforms = SampleStream(keys, self.samples, loc.shape[1:], loc.device).uniforms()  # [B, N, ...]
             draws = loc.unsqueeze(1) + scale.unsqueeze(1) * standard_icdf(uniforms, None if df is None else df.unsqueeze(1))
             return sample_quantiles(draws, self.levels)
-        standard = torch.stack([standard_icdf(torch.full_like(loc, q), df) for q in self.levels], dim=-1)
+        # every level in one pass: [L], or with df [..., L]
+        standard = standard_icdf(levels_like(self, loc), None if df is None else df.unsqueeze(-1))
         return loc.unsqueeze(-1) + scale.unsqueeze(-1) * standard  # non-decreasing: the inverse CDF is
+
+
+def levels_like(objective, like):
+    """The objective's levels as a tensor of `like`'s dtype on its device, built there once per objective."""
+    key = (like.device, like.dtype)
+    if key not in objective._on_device:
+        objective._on_device[key] = vector_like(objective.levels, like)
+    return objective._on_device[key]
 
 
 def sample_quantiles(draws, levels):
@@ -203,15 +218,115 @@ def sample_quantiles(draws, levels):
 
 
 def standard_icdf(p, df=None):
-    """The inverse CDF of the standard normal (df None: closed form) or Student-t (scipy's stdtrit, the exact
-    inverse of the regularised incomplete beta, in float64 on the host) at probabilities p."""
+    """The inverse CDF of the standard normal (df None: closed form) or Student-t (student_t_icdf) at
+    probabilities p, in float64 on p's device."""
     if df is None:
         return math.sqrt(2.0) * torch.erfinv(2 * p.double() - 1)
-    from scipy.special import stdtrit  # scipy comes with scikit-learn
+    return student_t_icdf(p, df)
 
-    p, df = torch.broadcast_tensors(p.double(), df.double())
-    values = stdtrit(df.cpu().numpy(), p.cpu().numpy())
-    return torch.from_numpy(np.asarray(values, dtype=np.float64)).to(p.device)
+
+# Student-t's inverse CDF, computed where the tensors are (no copy to the host and back per level and batch).
+# With x = df / (df + s^2), P(|T| > s) = I_x(df/2, 1/2) (the regularised incomplete beta, A&S 26.7.1) and
+# P(|T| < s) = I_(1-x)(1/2, df/2). Both come from the beta's continued fraction (A&S 26.5.8) evaluated on the side
+# where it converges, so each is accurate relative to itself: the far tail and the centre alike. s solves
+# log P(T > s) = log q (q the tail's mass) or, near the median, log P(0 < T < s) = log |p - 1/2| (exact there),
+# by Halley steps in log s, from a start below the root. From df 1e4 the expansion in 1/df (A&S 26.7.5, four
+# terms) is the quantile to float64 rounding. Only elementwise ops whose result does not depend on the element's
+# position (no tensor-exponent pow: its vectorised and scalar paths round apart), so a window's quantiles do not
+# depend on its batch. Equal to scipy's stdtrit to 1e-12 relative where stdtrit is exact (tests/test_probabilistic).
+_HALLEY_TERMS = (20, 40)  # continued-fraction terms of each Halley step: 1e-14 up to df 30, 2e-10 at 1e4
+_EXPANSION_DF = 1e4
+_STIRLING = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188)  # B_2k / (2k (2k - 1))
+_CHUNK = {"cpu": 1 << 14}  # elements per pass: a chunk's temporaries stay in the CPU's cache
+_DEVICE_CHUNK = 1 << 22
+
+
+def student_t_icdf(p, df):
+    """Student-t's inverse CDF at probabilities p with df degrees of freedom (any df > 0), broadcast together,
+    in float64 on p's device: +-inf at p 1 and 0, NaN where p or df is."""
+    p, df = torch.broadcast_tensors(p.double(), df.double().to(p.device))
+    flat_p, flat_df = p.reshape(-1), df.reshape(-1)
+    chunk = _CHUNK.get(p.device.type, _DEVICE_CHUNK)
+    parts = [_student_t_icdf(flat_p[i:i + chunk], flat_df[i:i + chunk]) for i in range(0, flat_p.numel(), chunk)]
+    return (torch.cat(parts) if parts else flat_p.clone()).reshape(p.shape)
+
+
+def _student_t_icdf(p, df):
+    a = df / 2
+    log_beta = math.lgamma(0.5) - _log_gamma_half_step(a)  # log B(df/2, 1/2)
+    log_f0 = -log_beta - 0.5 * torch.log(df)  # log of the density at 0
+    q = torch.minimum(p, 1 - p)  # the mass beyond |t|
+    h = (p - 0.5).abs()  # the mass between 0 and |t|, exact
+    log_q, log_h = q.log(), h.log()
+    z = -torch.special.ndtri(q)
+    z2 = z * z
+    expansion = z * (1 + ((z2 + 1) / 4 + (((5 * z2 + 16) * z2 + 3) / 96 + ((((3 * z2 + 19) * z2 + 17) * z2 - 15) / 384
+                     + (((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) / 92160) / df) / df) / df) / df)
+    # starts: the expansion's first two terms, the tail's leading power (x^a / (a B) = 2q), the density at 0's line
+    start = z * (1 + (z2 + 1) / (4 * df))
+    tail = (-(math.log(2) + log_q + torch.log(a) + log_beta) / a).clamp(min=1e-300)  # log(1 / x)
+    u = torch.maximum(torch.maximum(start.clamp(min=1e-300).log(), log_h - log_f0),
+                      0.5 * (torch.log(df) + tail + torch.log(-torch.expm1(-tail))))  # u = log s
+    central = q > 0.25
+    for terms in _HALLEY_TERMS:
+        log_tail, log_middle, log_x = _log_t_masses(u, a, log_beta, terms)
+        g = torch.where(central, log_middle - log_h, log_tail - log_q)
+        slope = torch.exp(u + log_f0 + (a + 0.5) * log_x - torch.where(central, log_middle, log_tail))
+        slope = torch.where(central, slope, -slope)  # d g / d log s: +- s f(s) / mass
+        curvature = slope * (1 + (2 * a + 1) * torch.expm1(log_x) - slope)
+        u = u - 2 * g * slope / (2 * slope * slope - g * curvature)
+    s = torch.where(df >= _EXPANSION_DF, expansion, u.exp())
+    s = torch.where(h == 0, 0.0, torch.where(q == 0, math.inf, s))
+    return torch.where(p < 0.5, -s, s)
+
+
+def _log_t_masses(u, a, log_beta, terms):
+    """(log P(T > s), log P(0 < T < s), log x) at s = exp(u), x = df / (df + s^2), for 2a degrees of freedom."""
+    log_w = 2 * u - torch.log(2 * a)  # log(s^2 / df)
+    log_x, log_y = -_log1p_exp(log_w), -_log1p_exp(-log_w)  # x and 1 - x, each without cancellation
+    x, y = log_x.exp(), log_y.exp()
+    flip = x > (a + 1) / (a + 2.5)  # the fraction of I_x(a, b) converges fast below (a + 1) / (a + b + 2)
+    first, second = torch.where(flip, 0.5, a), torch.where(flip, a, 0.5)
+    log_front = a * log_x + 0.5 * log_y - torch.log(first) - log_beta  # x^a y^(1/2) / (first B)
+    direct = log_front - torch.log(_beta_fraction(torch.where(flip, y, x), first, second, terms))
+    other = torch.log1p(-direct.exp())
+    half = math.log(0.5)
+    return half + torch.where(flip, other, direct), half + torch.where(flip, direct, other), log_x
+
+
+def _beta_fraction(x, a, b, terms):
+    """The continued fraction of I_x(a, b) = x^a (1 - x)^b / (a B(a, b)) / fraction, evaluated backwards from
+    `terms` terms (A&S 26.5.8: d_2m+1 = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1)),
+    d_2m = m (b - m) x / ((a + 2m - 1)(a + 2m)))."""
+    fraction = torch.ones_like(x)
+    ab = a + b
+    for k in range(terms, 0, -1):
+        m = float(k // 2)  # float scalars: an int one costs a conversion per op
+        if k % 2:
+            d = (a + m).mul_(ab + m).mul_(x).div_((a + 2 * m).mul_(a + (2 * m + 1)))
+            fraction = d.div_(fraction).neg_().add_(1.0)
+        else:
+            d = (b - m).mul_(m * x).div_((a + (2 * m - 1)).mul_(a + 2 * m))
+            fraction = d.div_(fraction).add_(1.0)
+    return fraction
+
+
+def _log_gamma_half_step(a):
+    """log Gamma(a + 1/2) - log Gamma(a): lgamma's difference below 25, Stirling's series of the difference above
+    (two large lgamma values would cancel to 1e-12 relative at df 1e6)."""
+    big = a.clamp(min=25)
+    series = 0.5 * torch.log(big) + big * torch.log1p(0.5 / big) - 0.5
+    r1, r0 = 1 / (big + 0.5), 1 / big
+    s1, s0 = r1 * r1, r0 * r0
+    for c in _STIRLING:
+        series = series + c * (r1 - r0)
+        r1, r0 = r1 * s1, r0 * s0
+    small = a.clamp(max=25)
+    return torch.where(a < 25, torch.lgamma(small + 0.5) - torch.lgamma(small), series)
+
+
+def _log1p_exp(v):
+    return v.clamp(min=0) + torch.log1p(torch.exp(-v.abs()))
 
 
 def sample_key(seed, split):
