@@ -1,33 +1,61 @@
 #!/usr/bin/env bash
-# GPU check for tsl-ddp on a machine with ONE NVIDIA GPU (docs/performance.md#checking-a-gpu-machine).
+# GPU check for tsl-ddp on a machine with NVIDIA GPUs (docs/performance.md#checking-a-gpu-machine).
 # Run from the project root:
 #
-#   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine: under 8 minutes
+#   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine, every part in turn
+#   OUT=... bash scripts/gpu_check.sh --part releases                 # one part, each under 8 minutes:
+#                                                                     # releases, tier, rest (GPU_CHECK_PART)
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh --cpu-smoke   # (or GPU_CHECK_CPU_SMOKE=1) this script's
-#                                                                     # steps at toy size on a CPU, under 2 minutes
+#                                                                     # steps at toy size on a CPU
 #
-# What it does (steps 1-8), each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default
-# 445 s, so the whole script ends inside 8 minutes whatever hangs):
-#   1. versions: nvidia-smi (GPU, driver), torch / CUDA / cuDNN / NCCL, Triton, a C compiler, key packages; then
+# What it does, each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default 445 s, so a part ends
+# inside 8 minutes whatever hangs; --part all, the default, runs the parts in order under that one deadline, so a
+# step that does not fit leaves the ones before it measured: the releases come first):
+#   versions: nvidia-smi (GPU, driver), torch / CUDA / cuDNN / NCCL, Triton, a C compiler, key packages; then
 #      the install: torch with CUDA only if the importable torch has none (README: "install the CUDA build of
 #      your choice first"), the project (pip install -e . offline when its dependencies are there, else -e ".[test]")
-#   2. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
-#   3. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first)
-#   4-6. scripts/gpu_probe.py: host syncs per training step (torch.cuda.set_sync_debug_mode) for table and
-#      O(1)-order data; hashed dropout masks against the CPU's; keyed vs plain dropout step time and peak memory;
-#      TimesNet per-window evaluation; pinned worker batches
-#   7. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
-#   8. every log in $OUT: summary.txt, main_job.log, metrics.json, pytest.log, probe.log, bench.log, extras.tar.gz
-#      (junit XML, the benchmark table, install logs, pip list, the main job's results folder)
+#   part releases:
+#   1. every release zero-shot and one fine-tuning step, fp32 and bf16, on 1 GPU (scripts/gpu_probe.py --only
+#      releases): one summary line per release (ms per eval batch and per step, peak memory, host syncs, the fp32
+#      forecast against the CPU's); a release whose package (chronos, timesfm, tirex ...) is missing: one line
+#   2. where 2 GPUs are present, every release under NCCL (torchrun, 2 processes) against 1 process at equal
+#      --eval_batch_size (tests/gpu/test_gpu_releases.py); on one GPU a line says it is left out
+#   part tier:
+#   3. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
+#   4. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first, the zoo's
+#      AMP runs last)
+#   part rest:
+#   5. scripts/gpu_probe.py --only others: host syncs per training step (torch.cuda.set_sync_debug_mode) for table
+#      and O(1)-order data; hashed dropout masks against the CPU's; keyed vs plain dropout step time and peak
+#      memory; TimesNet per-window evaluation; pinned worker batches
+#   6. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
+#   then every log in $OUT: summary.txt, releases.log, main_job.log, metrics.json, pytest.log, probe.log,
+#   bench.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main job's results)
 # Without CUDA (and without the smoke flag) it says so in one line and exits 3. The smoke skips the install, runs
-# the main job for one epoch, checks that the GPU tier refuses to pass without CUDA (exit 4), dry-runs the probe's
-# code paths and a two-step benchmark of DLinear, on the CPU (about 80 s on 2 cores); GPU_CHECK_SMOKE_LIGHT=1 leaves
-# out the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0, else 1.
+# the releases on the CPU (their syncs counted on the meta device), the main job for one epoch, checks that the
+# GPU tier refuses to pass without CUDA (exit 4), dry-runs the probe's code paths and a two-step benchmark of
+# DLinear, on the CPU, and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase)
+# and leaves out the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0
+# (gpu_probe.py ends 1 on SYNCS, MISMATCH or ERROR), else 1; 2 for a usage error.
 set -uo pipefail
 
-[[ ${1-} == --cpu-smoke ]] && GPU_CHECK_CPU_SMOKE=1
+PART=${GPU_CHECK_PART:-all}
+while (( $# )); do
+  case $1 in
+    --cpu-smoke) GPU_CHECK_CPU_SMOKE=1 ;;
+    --part) PART=${2-}; shift ;;
+    *) echo "gpu_check: unknown argument $1 (takes --cpu-smoke and --part releases|tier|rest|all)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case $PART in
+  all|releases|tier|rest) ;;
+  *) echo "gpu_check: --part $PART: give releases, tier, rest or all" >&2; exit 2 ;;
+esac
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
+LIGHT=${GPU_CHECK_SMOKE_LIGHT:-0}
 FAILED=0
+part() { [[ $PART == all || $PART == "$1" ]]; }
 
 START=$(date +%s)
 LIMIT=${GPU_CHECK_LIMIT_S:-445}
@@ -75,7 +103,7 @@ run_step() {
 if ! command -v python >/dev/null; then  # the project's scripts call `python`
   mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python" && export PATH="$WORK/bin:$PATH"
 fi
-say "# tsl-ddp GPU check, $(date -u +%FT%TZ), project $(git rev-parse --short HEAD 2>/dev/null || echo '?') in $ROOT"
+say "# tsl-ddp GPU check (part $PART), $(date -u +%FT%TZ), project $(git rev-parse --short HEAD 2>/dev/null || echo '?') in $ROOT"
 say "# python $PY ($("$PY" -V 2>&1)), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM"
 GPU_PRESENT=0
 if command -v nvidia-smi >/dev/null; then
@@ -136,13 +164,38 @@ elif (( ! INSTALLED && SMOKE != 1 )); then
 fi
 [[ $SMOKE == 1 ]] || "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|triton|numpy|pandas|scikit-learn|einops|pytest|pytest-timeout|pyarrow|tensorboard|safetensors|nvidia-nccl|nvidia-cudnn)' >"$WORK/pip_list.txt"
 cat "$WORK/pip_list.txt" >>"$SUMMARY" 2>/dev/null
-say "CUDA usable by torch: $CUDA_OK"
+GPUS=0
+(( CUDA_OK )) && GPUS=$(timeout 120 "$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+say "CUDA usable by torch: $CUDA_OK ($GPUS GPUs)"
 
-# ------------------------------------------------------------------ 2. the README's main job
+# ------------------------------------------------------------------ part releases: what users run, first
+RELEASES_LOG=$OUT/releases.log
+if part releases; then
+  if (( CUDA_OK )); then
+    run_step "releases: zero-shot and a fine-tuning step, fp32 and bf16, 1 GPU (gpu_probe.py --only releases)" \
+      "$(budget 200 120)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --only releases
+  else  # the smoke: the same code on the CPU, syncs counted on meta; the light smoke one release
+    releases=()
+    (( LIGHT )) && releases=(--releases TimerBase)
+    run_step "releases on the CPU (smoke; a GPU measures ms, peak memory and syncs with torch.cuda)" \
+      "$(budget 200 100)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --cpu --only releases ${releases[@]+"${releases[@]}"}
+  fi
+  grep -E "^release |^# probe" "$RELEASES_LOG" >>"$SUMMARY"
+  if (( GPUS >= 2 )); then
+    run_step "releases under NCCL: 2 processes against 1 (tests/gpu/test_gpu_releases.py)" "$(budget 240 60)" \
+      "$RELEASES_LOG" "$PY" -m pytest -m gpu -v -rfEs -p no:cacheprovider tests/gpu/test_gpu_releases.py
+    grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$RELEASES_LOG" | grep test_gpu_releases | tail -n 20 >>"$SUMMARY"
+  else
+    say "== releases under NCCL: left out ($GPUS GPUs here; tests/gpu/test_gpu_releases.py needs 2)"
+  fi
+fi
+
+# ------------------------------------------------------------------ part tier: the README's main job
 MAIN_LOG=$OUT/main_job.log
+if part tier; then
 extra=()
 (( CUDA_OK )) || extra=(--train_epochs 1)
-if [[ ${GPU_CHECK_SMOKE_LIGHT:-0} == 1 ]]; then  # the suite's test of this script: its cheap steps only
+if (( LIGHT )); then  # the suite's test of this script: its cheap steps only
   say "== main job: left out (GPU_CHECK_SMOKE_LIGHT=1)"
 else
 run_step "main job: bash scripts/ddp_forecast.sh" "$(budget 90 330)" "$MAIN_LOG" \
@@ -163,9 +216,10 @@ fi
 grep -E "data (on|off) the GPU|error|Traceback|peak GPU memory" "$MAIN_LOG" | head -n 8 >>"$SUMMARY"
 fi
 
-# ------------------------------------------------------------------ 3. the GPU test tier
+# ------------------------------------------------------------------ part tier: the GPU test tier
 PYTEST_LOG=$OUT/pytest.log
-# cheap files first, so a time-out still leaves most tests with a known outcome; -v: one line per test as it ends
+# cheap files first, so a time-out still leaves most tests with a known outcome (the releases ran in their own
+# part, test_gpu_releases.py); -v: one line per test as it ends
 FILES=(test_gpu_dropout.py test_gpu_placement.py test_gpu_records.py test_gpu_sync_bn.py test_gpu_resume.py
        test_gpu_compile.py test_gpu_evaluation.py test_gpu_failing_rank.py test_gpu_amp.py)
 PYTEST_ARGS=(-m gpu -v -rfEs -p no:cacheprovider --maxfail=8 --durations=12 --junitxml="$WORK/pytest_gpu_junit.xml")
@@ -183,24 +237,26 @@ else  # the smoke: without CUDA the tier must refuse (a usage error, exit 4), ne
   grep -E "^ERROR" "$PYTEST_LOG" | head -n 1 >>"$SUMMARY"
   if (( rc == 4 )); then say "== pytest -m gpu without CUDA: refused (exit 4), as it must"; else say "== pytest -m gpu without CUDA: exit $rc, expected 4"; FAILED=1; fi
 fi
+fi
 
-# ------------------------------------------------------------------ 4. probe
+# ------------------------------------------------------------------ part rest: the probe's other checks
 PROBE_LOG=$OUT/probe.log
+if part rest; then
 if (( CUDA_OK )); then
   run_step "probe (host syncs, hashed masks, keyed-dropout cost, TimesNet eval, pinned workers)" "$(budget 90 75)" \
-    "$PROBE_LOG" "$PY" scripts/gpu_probe.py
+    "$PROBE_LOG" "$PY" scripts/gpu_probe.py --only others
 else
-  run_step "probe (CPU dry run of its code paths)" "$(budget 90 45)" "$PROBE_LOG" "$PY" scripts/gpu_probe.py --cpu
+  run_step "probe (CPU dry run of its code paths)" "$(budget 90 45)" "$PROBE_LOG" "$PY" scripts/gpu_probe.py --cpu --only others
 fi
 grep -E '^\{' "$PROBE_LOG" | cut -c1-400 >>"$SUMMARY"
 
-# ------------------------------------------------------------------ 5. speed benchmark
+# ------------------------------------------------------------------ part rest: speed benchmark
 BENCH_LOG=$OUT/bench.log
 if (( CUDA_OK )); then
   run_step "bench_models --device cuda" "$(budget 110 15)" "$BENCH_LOG" \
     "$PY" benchmarks/bench_models.py --device cuda --models DLinear iTransformer PatchTST TimeMixer \
     --variants eager,unkeyed,amp --steps 10 --rounds 2 --no_shares --out "$WORK/bench_models_gpu.md" --overwrite
-elif [[ ${GPU_CHECK_SMOKE_LIGHT:-0} == 1 ]]; then
+elif (( LIGHT )); then
   say "== bench_models: left out (GPU_CHECK_SMOKE_LIGHT=1)"
 else
   run_step "bench_models --device cpu (smoke)" "$(budget 60 15)" "$BENCH_LOG" \
@@ -210,6 +266,8 @@ fi
 if [[ -f $WORK/bench_models_gpu.md ]]; then
   grep -E '^\|' "$WORK/bench_models_gpu.md" >>"$SUMMARY"
 fi
+fi
+(( CUDA_OK )) || say "# on a GPU this check measures, per release: ms per eval batch and per fine-tuning step in fp32 and bf16, peak memory (torch.cuda.max_memory_allocated), host syncs (torch.cuda.set_sync_debug_mode), the fp32 forecast against the CPU's, and 1 against 2 processes under NCCL where 2 GPUs are present"
 
 # ------------------------------------------------------------------ pack the rest
 rm -rf "$WORK/inductor" "$WORK/main/checkpoints" "$WORK/bin"

@@ -1,18 +1,24 @@
-"""GPU probe (scripts/gpu_check.sh's step 4): the checks of the CUDA path that the CPU suite cannot make. Run from
+"""GPU probe (scripts/gpu_check.sh's steps): the checks of the CUDA path that the CPU suite cannot make. Run from
 the project root.
 
   python scripts/gpu_probe.py            # on a CUDA machine
-  python scripts/gpu_probe.py --cpu      # dry run of the same code paths on the CPU (no sync checks, no timings)
+  python scripts/gpu_probe.py --cpu      # dry run of the same code paths on the CPU (syncs counted on meta)
+  options: --only releases|others (one part), --releases A,B or none (default: every release)
 
+0. every release (tests/test_foundation.py's RELEASES) zero-shot and fine-tuned, fp32 and bf16 (autocast) on one
+   device: ms per eval batch and per optimizer step, peak memory, host syncs (torch.cuda.set_sync_debug_mode;
+   on the CPU, the meta recorder of tests/test_host_syncs.py), the fp32 forecast against the CPU's; a release
+   whose package is missing is skipped in one line. One summary line per release;
 1. host syncs inside training steps (torch.cuda.set_sync_debug_mode), the loader's next() included, for
    table data (randperm order) and for the O(1)-memory Feistel order (univariate / corpus kinds);
 2. keyed (hashed) dropout masks on the GPU against the CPU hash, and their cost against F.dropout;
 3. TimesNet evaluation with per-window periods (the default) against batch periods;
 4. --num_workers: worker-gathered global steps through the DataLoader's pin-memory thread, then a training step.
-Every check prints one JSON line; a failure in one check never stops the others. Expected on a GPU: 0 host syncs
-a training step for every model and order but TimesNet (its grid shapes need the periods on the host: .tolist()
-per block, the positive control); the same masks as the CPU hash; TimesNet's window periods within a small factor
-of batch periods (one host copy a block); pinned worker batches.
+Every check prints one JSON line; a failure in one check never stops the others. Expected on a GPU: no more host
+syncs than a release's row allows (`syncs`, 0 once all are removed), 0 a training step for every zoo model and
+order but TimesNet (its grid shapes need the periods on the host: .tolist() per block, the positive control); the
+same masks as the CPU hash; TimesNet's window periods within a small factor of batch periods (one host copy a
+block); pinned worker batches. Exit status 1 when any check reports SYNCS, MISMATCH, ERROR or FAILED.
 """
 import json
 import os
@@ -92,8 +98,9 @@ def first_sync_site(steps_iter, exp, optimizer):
 
 
 @guarded
-def host_syncs(model, *extra, feistel=False, steps=4):
-    """Synchronising CUDA calls in `steps` training steps (loader's next() included), after 2 warm-up steps."""
+def host_syncs(model, *extra, feistel=False, steps=4, expected=False):
+    """Synchronising CUDA calls in `steps` training steps (loader's next() included), after 2 warm-up steps;
+    `expected`: a positive control, which must show some (else the count itself is broken: MISMATCH)."""
     exp = experiment("--model", model, "--batch_size", "16", *extra)
     loader = train_loader(exp, feistel)
     optimizer = exp.make_optimizer()
@@ -116,7 +123,8 @@ def host_syncs(model, *extra, feistel=False, steps=4):
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     site = first_sync_site(it, exp, optimizer) if syncs else None
     report(f"host_syncs {model} {' '.join(extra)}{' feistel' if feistel else ''}",
-           syncs_per_step=len(syncs) / steps, first_site=site, status="ok" if not syncs else "SYNCS")
+           syncs_per_step=len(syncs) / steps, first_site=site,
+           status=("ok" if bool(syncs) == expected else "MISMATCH" if expected else "SYNCS"))
 
 
 @guarded
@@ -205,12 +213,181 @@ def loader_workers_pinned():
            pinned=pinned, status="ok" if ok else "FAILED")
 
 
+# ------------------------------------------------------------------ the releases, as users run them
+_ETTH1 = {}
+
+
+def _measured(fn, repeats):
+    """(ms per call, peak MiB (CUDA) or None, synchronising CUDA calls per call or None) of `fn` after one warm-up
+    call: the syncs counted by torch.cuda.set_sync_debug_mode."""
+    fn()
+    if not CUDA:
+        started = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return 1e3 * (time.perf_counter() - started) / repeats, None, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        started = time.perf_counter()
+        try:
+            for _ in range(repeats):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+    ms = 1e3 * (time.perf_counter() - started) / repeats
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return ms, torch.cuda.max_memory_allocated() / 2 ** 20, syncs / repeats
+
+
+def _release_run(argv, amp, batches=4, steps=3):
+    """One release at one precision: (zero-shot (ms, peak, syncs) per eval batch, its first batch's forecast on
+    the host, fine-tuning (ms, peak, syncs) per optimizer step). The eval batch's syncs: an evaluation of
+    `batches` batches less one of a single batch (the evaluation's end reads its sums once)."""
+    from data_provider.data_factory import data_provider
+    from exp.adaptation import load_pretrained
+    from exp.forward import forward
+    from test_host_syncs import FirstBatches
+
+    exp = experiment_of(argv, amp)
+    load_pretrained(exp.raw_model, exp.args.pretrain_model_path, exp.device)  # zero-shot: the release's weights
+    test = data_provider(exp.args, "test", exp.device)[1]
+    loaders = {n: FirstBatches(test, n, exp.device) for n in (1, batches)}
+    with torch.no_grad(), exp.autocast():
+        exp.raw_model.eval()
+        first = forward(exp.raw_model, loaders[1].batches[0], exp.args, "test", exp.device)[0].float().cpu()
+    one = _measured(lambda: exp.evaluate(loaders[1], "test"), 1)
+    many = _measured(lambda: exp.evaluate(loaders[batches], "test"), 1)
+    zero_shot = ((many[0] - one[0]) / (batches - 1), many[1],
+                 None if many[2] is None else (many[2] - one[2]) / (batches - 1))
+    train = data_provider(exp.args, "train", exp.device)[1]
+    train.set_epoch(1)
+    step_list = list(zip(range(steps + 1), train.steps()))
+    optimizer = exp.make_optimizer()
+    exp.model.train()
+    order = iter(step for _, step in step_list * 2)
+    tune = _measured(lambda: exp.train_step(next(order), optimizer), steps)
+    return zero_shot, first, tune
+
+
+def experiment_of(argv, amp):
+    from helpers import make_args, make_experiment
+
+    amp_args = ("--use_amp", "--amp_dtype", "bf16") if amp else ()
+    return make_experiment(make_args(*argv, *amp_args, "--use_gpu", "false" if CPU else "true"))
+
+
+@guarded
+def release(name):
+    """A release zero-shot (eval batches) and fine-tuned (optimizer steps) in fp32 and bf16 on one device, from
+    its tests' folder (tests/test_foundation.py's row): ms, peak memory and host syncs of each; on a GPU its fp32
+    forecast against the CPU's (MISMATCH past 1e-4, a sampling release excepted: its draws are the device's).
+    Without a GPU the same code runs on the CPU and the syncs are counted on the meta device
+    (tests/test_host_syncs.py's recorder)."""
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+    from helpers import write_etth1_shaped
+    from test_foundation import RELEASES
+    from test_host_syncs import argv_of, count_on_meta, syncs_of
+
+    row = RELEASES[name]
+    if "etth1" not in _ETTH1:
+        _ETTH1["etth1"] = write_etth1_shaped(Path(tempfile.mkdtemp(prefix="gpu_probe_")) / "etth1")
+    try:
+        argv = [str(a) for a in argv_of(name, _ETTH1["etth1"], Path(tempfile.mkdtemp(prefix="gpu_probe_")) / "r")]
+    except pytest.skip.Exception as exc:  # an optional package (chronos, timesfm, tirex ...) is missing
+        report(f"release {name}", status="skipped", reason=str(exc))
+        print(f"release {name}: skipped ({exc})", flush=True)
+        return
+    runs = {precision: _release_run(argv, amp=precision == "bf16") for precision in ("fp32", "bf16")}
+    bound = row.syncs  # the syncs it is known to make still (its row's `syncs`)
+    if CUDA:
+        syncs = {f"{p} {part}": m[2] for p, run in runs.items() for part, m in (("batch", run[0]), ("step", run[2]))}
+        cpu_first = _cpu_forecast(argv)
+        diff = float((runs["fp32"][1] - cpu_first).abs().max())
+        sampled = "--num_samples" in argv
+        mismatch = not sampled and not diff <= 1e-4 * (1 + float(cpu_first.abs().max()))
+    else:
+        found = count_on_meta(argv)
+        syncs = {"meta step + batch": syncs_of(found)}
+        diff, mismatch = None, False
+    too_many = any(count is not None and count > bound for count in syncs.values())
+    finite = all(bool(torch.isfinite(run[1]).all()) for run in runs.values())
+    status = ("MISMATCH" if mismatch or not finite else "SYNCS" if too_many else "ok" if CUDA else "dry-run ok")
+    fields = {f"{p}_{what}": value for p, run in runs.items()
+              for what, value in (("zero_shot_ms", round(run[0][0], 2)), ("tune_ms", round(run[2][0], 2)),
+                                  ("peak_mib", None if run[2][1] is None else round(max(run[0][1], run[2][1]))))}
+    report(f"release {name}", **fields, syncs=syncs, known_syncs=bound, fp32_vs_cpu=diff, finite=finite,
+           status=status)
+    where = "GPU" if CUDA else "this CPU (on a GPU: torch.cuda's ms, peak memory and set_sync_debug_mode's syncs)"
+    print(f"release {name}: zero-shot {runs['fp32'][0][0]:.1f} / {runs['bf16'][0][0]:.1f} ms per eval batch, "
+          f"fine-tuning {runs['fp32'][2][0]:.1f} / {runs['bf16'][2][0]:.1f} ms per step (fp32 / bf16) on {where}; "
+          f"peak {fields['fp32_peak_mib']} / {fields['bf16_peak_mib']} MiB; syncs {syncs} (known {bound}); {status}",
+          flush=True)
+
+
+def _cpu_forecast(argv):
+    """The first test batch's fp32 forecast on the CPU, the reference of the GPU's."""
+    from data_provider.data_factory import data_provider
+    from exp.adaptation import load_pretrained
+    from exp.forward import forward
+    from helpers import make_args, make_experiment
+
+    exp = make_experiment(make_args(*argv, "--use_gpu", "false"))
+    load_pretrained(exp.raw_model, exp.args.pretrain_model_path, exp.device)
+    batch = next(iter(data_provider(exp.args, "test", exp.device)[1]))
+    with torch.no_grad():
+        return forward(exp.raw_model.eval(), batch, exp.args, "test", exp.device)[0].float()
+
+
+def releases(names):
+    for name in names:
+        release(name)
+
+
+FAILING = ("SYNCS", "MISMATCH", "ERROR", "FAILED")
+
+
+def option(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv[:-1] else default
+
+
 def main():
+    """Exit status 1 when a check reports SYNCS, MISMATCH, ERROR or FAILED, else 0. --only releases|others runs
+    one part (scripts/gpu_check.sh's steps); --releases A,B (or none) names the releases (default: every row of
+    tests/test_foundation.py's RELEASES)."""
+    from test_foundation import RELEASES
+
+    only = option("--only", "all")
+    chosen = option("--releases", ",".join(RELEASES))
+    names = [] if chosen == "none" else chosen.split(",")
+    unknown = sorted(set(names) - set(RELEASES))
+    if unknown or only not in ("all", "releases", "others"):
+        print(f"gpu_probe: --releases takes none or names of {', '.join(RELEASES)} ({', '.join(unknown)} unknown); "
+              "--only takes releases or others", file=sys.stderr)
+        return 2
     report("environment", torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(),
-           device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, dry_run=CPU, status="ok")
+           gpus=torch.cuda.device_count(), device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           dry_run=CPU, status="ok")
     if not CUDA and not CPU:
         report("probe", status="SKIPPED", reason="no CUDA device (run with --cpu for a dry run of the code paths)")
         return 0
+    if only in ("all", "releases"):  # first: what users run, before the zoo's own checks
+        releases(names)
+    if only in ("all", "others"):
+        others()
+    bad = [r for r in RESULTS if r.get("status") in FAILING]
+    print(f"# probe: {len(RESULTS)} results, {len(bad)} failing ({', '.join(r['check'] for r in bad) or 'none'})",
+          flush=True)
+    return 1 if bad else 0
+
+
+def others():
     hashed_masks_match_cpu()
     # host syncs per training step: expected 0 except TimesNet (.tolist() of its periods, a positive control)
     host_syncs("DLinear")
@@ -225,7 +402,7 @@ def main():
     # batches gathered in host memory (a corpus's case: the order on the host, each batch pinned, then copied)
     host_syncs("DLinear", "--data_on_device", "never")
     host_syncs("TimerXL", "--data_on_device", "never", feistel=True)
-    host_syncs("TimesNet")  # positive control: .tolist() per TimesBlock
+    host_syncs("TimesNet", expected=True)  # positive control: .tolist() per TimesBlock
     # what keying the masks costs on the device (launch-bound small models vs a wider one)
     keyed_dropout_cost("iTransformer")
     if CUDA:  # GPU-sized settings (a CPU dry run only checks the code path above)
@@ -238,9 +415,6 @@ def main():
                            "--d_model", "64", "--n_heads", "8", "--e_layers", "1")
     timesnet_eval_periods()
     loader_workers_pinned()
-    bad = [r for r in RESULTS if r.get("status") not in ("ok", "dry-run ok")]
-    print(f"# probe: {len(RESULTS)} results, {len(bad)} not ok", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

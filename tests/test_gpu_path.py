@@ -231,4 +231,59 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     checks = [json.loads(line) for line in (tmp_path / "smoke" / "probe.log").read_text().splitlines()
               if line.startswith("{")]
     assert len(checks) > 10 and all(c["status"] in ("ok", "dry-run ok") for c in checks), checks
-    assert {"summary.txt", "pytest.log", "probe.log", "extras.tar.gz"} <= set(os.listdir(tmp_path / "smoke"))
+    # the releases first: one on the CPU in the light smoke, its summary line naming what a GPU measures
+    released = [line for line in summary.splitlines() if line.startswith("release ")]
+    assert len(released) == 1 and released[0].endswith("dry-run ok") and "set_sync_debug_mode" in released[0], summary
+    assert summary.index("release ") < summary.index("pytest -m gpu without CUDA")
+    assert "on a GPU this check measures, per release" in summary and "releases under NCCL: left out" in summary
+    assert {"summary.txt", "releases.log", "pytest.log", "probe.log", "extras.tar.gz"} <= set(os.listdir(tmp_path /
+                                                                                                         "smoke"))
+
+
+def _probe(monkeypatch, *argv):
+    """scripts/gpu_probe.py as a module, its command line `argv` (a dry run: --cpu)."""
+    import importlib.util
+    import sys
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_probe", REPO / "scripts" / "gpu_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    monkeypatch.setattr(sys, "argv", ["gpu_probe.py", "--cpu", *argv])
+    spec.loader.exec_module(probe)
+    return probe
+
+
+def test_the_probe_fails_on_syncs_a_mismatch_or_an_error_and_skips_a_missing_package_in_a_line(monkeypatch,
+                                                                                                capsys):
+    """scripts/gpu_probe.py ends 1 when a check reports SYNCS, MISMATCH, ERROR or FAILED (it ended 0 whatever it
+    found), 0 otherwise; a release whose optional package is missing is one `skipped` line, never a failure; an
+    unknown --releases name or --only part is a usage error (2)."""
+    import pytest
+
+    import test_host_syncs
+
+    for status, code in (("ok", 0), ("skipped", 0), ("SYNCS", 1), ("MISMATCH", 1), ("ERROR", 1), ("FAILED", 1)):
+        probe = _probe(monkeypatch, "--only", "releases")
+        monkeypatch.setattr(probe, "releases", lambda names, probe=probe, status=status: probe.report("x", status=status))
+        assert probe.main() == code, status
+    probe = _probe(monkeypatch, "--only", "releases")
+    monkeypatch.setattr(probe, "report", lambda name, **fields: probe.RESULTS.append({"check": name, **fields}))
+
+    def missing(case, etth1, root):
+        raise pytest.skip.Exception(f"{case}'s package is not installed")
+
+    monkeypatch.setattr(test_host_syncs, "argv_of", missing)
+    probe._ETTH1["etth1"] = None  # no data is read before the package is found missing
+    capsys.readouterr()
+    probe.releases([next(iter(probe_rows()))])
+    out = capsys.readouterr().out.splitlines()
+    assert [r["status"] for r in probe.RESULTS] == ["skipped"] and len([l for l in out if "skipped" in l]) == 1, out
+    for argv in (("--releases", "NoSuchRelease"), ("--only", "everything")):
+        assert _probe(monkeypatch, *argv).main() == 2
+
+
+def probe_rows():
+    from test_foundation import RELEASES
+
+    return RELEASES

@@ -83,23 +83,28 @@ def test_a_module_step_without_reads_records_none():
 
 
 # ------------------------------------------------------------------ a training step and eval batches on meta
-class OneStep:
-    """The training loader's first global step, on meta, as train_epoch reads a loader."""
+def moved(batch, device):
+    return tuple(t.to(device) if torch.is_tensor(t) else t for t in batch)
 
-    def __init__(self, loader):
+
+class OneStep:
+    """The training loader's first global step, on `device` (meta), as train_epoch reads a loader."""
+
+    def __init__(self, loader, device=DEVICE):
         self.sampler, self.steps_per_epoch = loader.sampler, 1
-        self.step = next(iter(loader.steps(0))).map(to_meta)
+        self.step = next(iter(loader.steps(0))).map(lambda batch: moved(batch, device))
 
     def steps(self, windows):
         return iter([self.step])
 
 
 class FirstBatches:
-    """The test loader's first `n` batches, on meta before the evaluation begins (as a split kept on the GPU)."""
+    """The test loader's first `n` batches, on `device` (meta) before the evaluation begins (as a split kept on
+    the GPU)."""
 
-    def __init__(self, loader, n):
+    def __init__(self, loader, n, device=DEVICE):
         self.dataset, self.n = loader.dataset, n
-        self.batches = [to_meta(batch) for _, batch in zip(range(n), loader)]
+        self.batches = [moved(batch, device) for _, batch in zip(range(n), loader)]
         self.indices = [indices for _, indices in zip(range(n), loader.batch_indices())]
 
     def __len__(self):
