@@ -160,6 +160,9 @@ class HostSyncRecorder(TorchDispatchMode):
         if func in _SIZED_BY_DATA and _on_device(args[0]):
             self.log("d2h", func)
             return self._stand_in(func, args, kwargs)
+        if func in _INDEX | _INDEX_PUT and _on_device(args[0]) and any(
+                isinstance(i, torch.Tensor) and not _on_device(i) for i in args[1]):
+            self.log("h2d", func)  # host indices (a Python list, a CPU tensor): CUDA copies them over first
         if func in _INDEX and _on_device(args[0]) and any(
                 isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
             self.log("d2h", func)  # a boolean mask index: CUDA runs nonzero on the mask first
@@ -209,6 +212,9 @@ class _Built(TorchFunctionMode):
                 self.recorder.log("h2d", f"{func.__name__} from Python data")
                 with contextlib.suppress(Exception):
                     self.recorder.remember(result, torch.tensor(data, dtype=result.dtype))
+        elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _on_device(args[0]) and any(
+                isinstance(i, list) for i in (args[1] if isinstance(args[1], tuple) else (args[1],))):
+            self.recorder.log("h2d", f"{func.__name__} with a Python list")  # the list becomes a device tensor
         return result
 
 
