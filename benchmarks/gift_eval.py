@@ -3,6 +3,8 @@
     python -m benchmarks.gift_eval --model seasonal_naive --data_root DIR [--terms short,medium,long]
         [--datasets electricity/H hospital ...] [--out DIR] [--batch_size 512]
     python -m utils.launch --nproc_per_node 3 -m benchmarks.gift_eval --ddp ...   # the same CSV, byte for byte
+    [--use_gpu false] [--gpu N]   # run.py's: a model forecasts on the GPU when there is one (one per process
+                                  # under --ddp, nccl), else on the CPU (gloo); scores are summed on the host
     (utils.launch is torchrun with one line on a bad input; plain torchrun works too)
 
 DIR holds GIFT-Eval's data as published (huggingface.co/datasets/Salesforce/GiftEval: a folder per data set
@@ -40,6 +42,7 @@ import numpy as np
 from benchmarks import gift_eval_data as data
 from benchmarks import gift_eval_scores as scores
 from utils import distributed, worker
+from utils.arguments import add_device_arguments
 from utils.errors import UserError, require
 from utils.files import atomic_write
 from utils.metrics import seasonality
@@ -112,6 +115,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="output folder (default results/gift_eval/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="windows forecast at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the windows across the processes")
+    add_device_arguments(p)  # run.py's --use_gpu / --no_use_gpu / --gpu (a baseline computes on the host anyway)
     p.add_argument("--num_threads", type=int, default=0, help="torch threads per process (default: 1, or "
                    "OMP_NUM_THREADS; never the cores split between processes, so the CSV does not depend on their number)")
     for field, default in (("model_type", None), ("model_dtype", "float32"), ("model_link", ""),
@@ -122,6 +126,7 @@ def parse_args(argv=None):
     require(args.model not in BASELINES or not run_argv,
             f"--model {args.model} is a baseline here and takes none of {' '.join(run_argv)}")
     args.run_argv = run_argv
+    args.device = None  # where a model forecasts: main's distributed.setup decides (None: the CPU)
     require(args.batch_size >= 1, f"--batch_size must be at least 1, got {args.batch_size}")
     terms = [t.strip() for t in args.terms.split(",") if t.strip()]
     bad = [t for t in terms if t not in data.TERMS]
@@ -197,7 +202,8 @@ def forecast_batch(args, histories, config, keys):
         from benchmarks.gift_eval_models import ModelForecaster
 
         args.forecaster = ModelForecaster(["--model", args.model, "--num_threads", str(args.num_threads),
-                                           *args.run_argv], distributed.world_size())
+                                           "--use_gpu", str(args.use_gpu), *args.run_argv], distributed.world_size(),
+                                          args.device)
     return args.forecaster.forecast(histories, config["horizon"], impute)
 
 
@@ -342,13 +348,18 @@ def _geometric_mean(ratios):
 
 
 def main(argv=None):
+    from exp.settings import check_gpu_choice
+
     code = 0
     worker.die_with_launcher()
     try:
         args = parse_args(argv)
         # threads that do not follow the number of processes: a model's float32 sums can depend on the count
         args.num_threads = same_on_any_world_size(args.num_threads)
-        distributed.setup(args.ddp, use_gpu=False, gpu=None, timeout_s=1800, threads=args.num_threads)
+        check_gpu_choice(args.ddp, args.gpu)
+        # run.py's device: CUDA (--gpu's, or LOCAL_RANK's under --ddp; nccl) where --use_gpu and a GPU is
+        # visible, else the CPU (gloo); each batch's forecasts come back to the host, where they are scored
+        args.device = distributed.setup(args.ddp, args.use_gpu, args.gpu, timeout_s=1800, threads=args.num_threads)
         run(args)
     except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
         if distributed.env_rank() == 0:

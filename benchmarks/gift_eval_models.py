@@ -33,9 +33,10 @@ class ModelForecaster:
     """forecast(histories, horizon) -> (point [B, P], quantiles [B, 9, P] or None, elements whose quantiles
     crossed before the rule was applied)."""
 
-    def __init__(self, run_argv, world_size):
+    def __init__(self, run_argv, world_size, device=None):
         self.run_argv = [str(a) for a in run_argv]
         self.world_size = world_size
+        self.device = torch.device("cpu") if device is None else torch.device(device)  # where the model forecasts
         self.models = {}  # horizon built for -> (model, args)
         self.fixed_horizon = self._value("--checkpoint") is not None
 
@@ -60,7 +61,7 @@ class ModelForecaster:
             weights = args.checkpoint or args.pretrain_model_path
             require(weights, f"--model {args.model}: give its weights, --pretrain_model_path or --checkpoint")
             load_weights(model, weights)
-            self.models[horizon] = (model.eval(), args)
+            self.models[horizon] = (model.to(self.device).eval(), args)
         return self.models[horizon]
 
     def forecast(self, histories, horizon, impute):
@@ -73,19 +74,20 @@ class ModelForecaster:
         if not series_as_given(model, args):
             loc, scale = contexts.mean(1, keepdims=True), contexts.std(1, keepdims=True)
             scale = np.where(scale > 1e-8, scale, 1.0)
-        x = torch.tensor((contexts - loc) / scale, dtype=torch.float32)[..., None]  # [B, seq_len, 1]
+        # [B, seq_len, 1] on the model's device
+        x = torch.tensor((contexts - loc) / scale, dtype=torch.float32, device=self.device)[..., None]
         points, quantiles, crossed = [], [], 0
         steps = args.test_pred_len if args.autoregressive else args.pred_len
         for _ in range(math.ceil(horizon / steps)):
-            point, levels, crossings = _one_call(model, args, x, horizon - steps * len(points))
+            point, levels, crossings = _one_call(model, args, x, horizon - steps * len(points), self.device)
             points.append(point)
             quantiles.append(levels)
             crossed += crossings
             x = torch.cat([x, point[..., None].to(x.dtype)], 1)[:, -args.seq_len:]
-        point = torch.cat(points, 1)[:, :horizon].double().numpy() * scale + loc
+        point = torch.cat(points, 1)[:, :horizon].cpu().double().numpy() * scale + loc
         if quantiles[0] is None:
             return point, None, 0
-        q = torch.cat(quantiles, 1)[:, :horizon].double().numpy()  # [B, P, 9]
+        q = torch.cat(quantiles, 1)[:, :horizon].cpu().double().numpy()  # [B, P, 9]
         return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None], crossed
 
 
@@ -95,7 +97,7 @@ def _context(history, length):
     return np.concatenate([np.full(length - len(history), history[0]), history])
 
 
-def _one_call(model, args, x, wanted):
+def _one_call(model, args, x, wanted, device):
     """(point [B, steps], quantiles [B, steps, 9] or None, how many of the first `wanted` steps' elements had
     crossing quantiles before the rule) of one forward as exp.forward runs the test."""
     from exp.forward import forward
@@ -106,7 +108,7 @@ def _one_call(model, args, x, wanted):
     if args.autoregressive:
         y = x.new_zeros(batch, steps, 1)
     with torch.no_grad():
-        pred, _ = forward(model, (x, y, None, None), args, "test", torch.device("cpu"))
+        pred, _ = forward(model, (x, y, None, None), args, "test", device)
     if pred.dim() == 3:  # a point forecast
         return pred[..., 0], None, 0
     objective = args.objective

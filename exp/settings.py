@@ -484,8 +484,13 @@ def _check_devices(args):
     require(not (args.data_on_device == "always" and args.num_workers > 0),
             f"--data_on_device always gathers batches on the GPU, which --num_workers {args.num_workers} loader "
             "processes cannot do; drop --num_workers, or use --data_on_device auto or never")
-    require(not (args.ddp and args.gpu is not None),
-            f"--gpu {args.gpu} picks the GPU of a single-process run; under --ddp each process uses the GPU of "
+    check_gpu_choice(args.ddp, args.gpu)
+
+
+def check_gpu_choice(ddp, gpu):
+    """--gpu names a single process's GPU: refused under --ddp (run.py's and benchmarks.gift_eval's check)."""
+    require(not (ddp and gpu is not None),
+            f"--gpu {gpu} picks the GPU of a single-process run; under --ddp each process uses the GPU of "
             "its LOCAL_RANK: drop --gpu (set CUDA_VISIBLE_DEVICES to choose which GPUs the job sees)")
 
 

@@ -449,3 +449,108 @@ def test_seasonal_naive_rows_equal_gift_evals_own_pipeline(tmp_path):
         for column in scores.COLUMNS:
             assert float(row[f"eval_metrics/{column}"]) == pytest.approx(expected[column], rel=1e-6), \
                 (row["dataset"], column)
+
+
+# ------------------------------------------------------------------ the device: run.py's options and choice
+@pytest.mark.parametrize("given,use_gpu,gpu", [([], True, None), (["--use_gpu", "false"], False, None),
+                                               (["--no_use_gpu"], False, None), (["--use_gpu"], True, None),
+                                               (["--gpu", "1"], True, 1)])
+def test_the_device_options_parse_as_run_pys(tmp_path, given, use_gpu, gpu):
+    """--use_gpu / --no_use_gpu / --gpu are run.py's (utils.arguments.add_device_arguments), for a baseline too,
+    and are not handed on as the model's run arguments (a stored result's identity does not name the device)."""
+    from utils.arguments import parse_args as run_parse_args
+
+    for model in ("seasonal_naive", "DLinear"):
+        args = harness_args(tmp_path, tmp_path / "out", "--model", model, *given)
+        assert (args.use_gpu, args.gpu, args.run_argv, args.device) == (use_gpu, gpu, [], None)
+    ran = run_parse_args(["--model", "DLinear", *given])
+    assert (ran.use_gpu, ran.gpu) == (use_gpu, gpu)
+
+
+def _main_in_process(monkeypatch, argv):
+    """gift_eval.main here, its exit code returned (main ends its process otherwise)."""
+    from utils import distributed, worker
+
+    codes = []
+    monkeypatch.setattr(worker, "die_with_launcher", lambda: None)
+    monkeypatch.setattr(distributed, "exit_process", codes.append)
+    gift_eval.main([str(a) for a in argv])
+    return codes[0]
+
+
+def test_a_gpu_the_machine_lacks_is_refused_with_run_pys_line(tmp_path, monkeypatch, capsys):
+    """One CUDA GPU shown (monkeypatched): --gpu 2 is refused by run.py's device choice (utils.distributed.setup),
+    the same line from the harness and from run.py; --gpu under --ddp with run.py's line too. Without CUDA,
+    --use_gpu falls back to the CPU as run.py does: test_a_model_forecasts_on_the_cpu_without_cuda."""
+    import torch
+
+    import run as run_py
+
+    write_synthetic_sets(tmp_path / "data")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    harness = ["--model", "seasonal_naive", "--data_root", tmp_path / "data", "--out", tmp_path / "out", "--datasets",
+               "hospital", "--num_threads", 1]
+    assert _main_in_process(monkeypatch, [*harness, "--gpu", 2]) == 2
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert run_py.main([str(a) for a in ("--model", "DLinear", "--data", "synthetic", "--synthetic_rows", 1000, "--gpu",
+                                         2, "--num_threads", 1, "--checkpoints", tmp_path / "ck", "--results_dir",
+                                         tmp_path / "r")]) == 2
+    assert line == [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert line == ["error: --gpu 2 is not a GPU of this machine: it shows 1 GPU(s), numbered 0 to 0; choose one of "
+                    "those"]
+    assert _main_in_process(monkeypatch, [*harness, "--ddp", "--gpu", 0]) == 2
+    assert [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")] == [
+        "error: --gpu 0 picks the GPU of a single-process run; under --ddp each process uses the GPU of its "
+        "LOCAL_RANK: drop --gpu (set CUDA_VISIBLE_DEVICES to choose which GPUs the job sees)"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_forecasts_on_the_cpu_without_cuda(tmp_path):
+    """No CUDA here: --use_gpu (the default) and --gpu 3 compute on the CPU, as run.py's device choice does, and
+    write the CSV that --use_gpu false writes, byte for byte."""
+    write_synthetic_sets(tmp_path / "data")
+    _, checkpoint = _dlinear_checkpoint(tmp_path / "dlinear.pth")
+    texts = []
+    for device in (["--use_gpu", "false"], ["--use_gpu", "--gpu", "3"]):
+        out = tmp_path / "_".join(device).strip("-")
+        proc = run_command([sys.executable, "-m", "benchmarks.gift_eval", "--model", "DLinear", "--checkpoint",
+                            str(checkpoint), *DLINEAR, "--data_root", str(tmp_path / "data"), "--out", str(out),
+                            "--datasets", "hospital", "--num_threads", "1", *device])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        texts.append((out / "all_results.csv").read_text())
+    assert texts[0] == texts[1]
+
+
+def test_the_model_and_its_inputs_are_on_the_device_setup_chose(tmp_path, monkeypatch, capsys):
+    """The device distributed.setup returns (the meta device stands in for a GPU) reaches the model's weights,
+    its input windows and exp.forward's device argument; the forecasts come back to the host to be scored.
+    Planted: ModelForecaster leaving the model on the CPU, or the windows built on the CPU: fails here."""
+    import torch
+
+    import exp.forward
+    from utils import distributed
+
+    write_synthetic_sets(tmp_path / "data")
+    _, checkpoint = _dlinear_checkpoint(tmp_path / "dlinear.pth")
+    meta = torch.device("meta")
+    chosen = []
+
+    def setup(ddp, use_gpu, gpu, timeout_s, threads):
+        chosen.append((ddp, use_gpu, gpu))
+        return meta
+
+    seen = []
+
+    def forward(model, batch, args, stage, device):  # meta has no values: record where things are, then stop
+        seen.append({next(model.parameters()).device, batch[0].device, batch[1].device, device})
+        raise UserError("stopped where the model forecasts")
+
+    monkeypatch.setattr(distributed, "setup", setup)
+    monkeypatch.setattr(exp.forward, "forward", forward)
+    code = _main_in_process(monkeypatch, ["--model", "DLinear", "--checkpoint", checkpoint, *DLINEAR, "--data_root",
+                                          tmp_path / "data", "--out", tmp_path / "out", "--datasets", "hospital",
+                                          "--num_threads", 1, "--gpu", 0])
+    assert code == 2 and "error: stopped where the model forecasts" in capsys.readouterr().err
+    assert chosen == [(False, True, 0)] and seen == [{meta}]

@@ -156,8 +156,9 @@ def test_quantiles_never_cross():
 
 # Student-t's inverse CDF is computed on the tensors' device (utils.probabilistic.student_t_icdf); scipy's stdtrit is
 # the reference. Agreement: |ours - scipy| <= 1e-6 max(1, |scipy|), relative where |t| >= 1 and absolute below
-# (stdtrit itself is off by 4e-5 relative at p 0.500001). Every level of GIFT-Eval and of --quantiles' default, the
-# tails a sample may reach (2^-53: torch.rand's smallest step), small df (1, 2, 2.5), large ones (the expansion from 1e4).
+# (stdtrit itself is off by 4e-5 relative at p 0.500001). Every level of GIFT-Eval and of --quantiles' default,
+# the tails a sample may reach (2^-53: torch.rand's smallest step), small df (1, 2, 2.5), large ones (the
+# expansion from 1e4).
 T_DFS = (1.0, 1.5, 2.0, 2.0001, 2.5, 3.0, 4.0, 5.0, 7.3, 10.0, 30.0, 100.0, 1e3, 9999.0, 1e4, 1e5, 1e6)
 T_LEVELS = sorted({2.0 ** -53, 1e-12, 1e-8, 1e-4, 0.001, 0.01, 0.025, *DEFAULT_LEVELS, *GIFT_EVAL_LEVELS, 0.499999,
                    0.5, 0.500001, 0.99, 0.999, 1 - 1e-8, 1 - 2.0 ** -53, *np.linspace(0.001, 0.999, 37).tolist()})

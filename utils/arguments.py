@@ -99,6 +99,16 @@ def str2bool(value):
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0), got '{value}'")
 
 
+def add_device_arguments(g):
+    """--use_gpu, --no_use_gpu and --gpu, which utils.distributed.setup turns into the device (run.py's, and
+    benchmarks.gift_eval's)."""
+    g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
+    g.add_argument("--no_use_gpu", dest="use_gpu", action="store_false", default=argparse.SUPPRESS,
+                   help="TSLib's spelling of --use_gpu false")
+    g.add_argument("--gpu", type=non_negative_int, default=None,
+                   help="the GPU of a single-process run (default 0); under --ddp each process uses its LOCAL_RANK's")
+
+
 def build_parser():
     # allow_abbrev=False: an unknown TSLib flag must never be taken for a prefix of one of ours
     p = Parser(description="Time-series forecasting with exact DistributedDataParallel",
@@ -313,11 +323,7 @@ def build_parser():
     g.add_argument("--extra_tag", default="", help="TSLib's augmentation tag")
 
     g = p.add_argument_group("devices and DDP")
-    g.add_argument("--use_gpu", type=str2bool, nargs="?", const=True, default=True, help="use CUDA when available")
-    g.add_argument("--no_use_gpu", dest="use_gpu", action="store_false", default=argparse.SUPPRESS,
-                   help="TSLib's spelling of --use_gpu false")
-    g.add_argument("--gpu", type=non_negative_int, default=None,
-                   help="the GPU of a single-process run (default 0); under --ddp each process uses its LOCAL_RANK's")
+    add_device_arguments(g)
     g.add_argument("--gpu_type", default="cuda", choices=("cuda", "mps"),
                    help="TSLib's: cuda (GPUs, or the CPU without one); mps is refused (DDP has no MPS backend)")
     g.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun, or local workers)")
