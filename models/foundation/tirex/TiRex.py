@@ -184,7 +184,8 @@ class Model(nn.Module):
         key = None
         if not torch.is_grad_enabled():
             device = padding.device.type
-            autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)
+            autocast = (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+                        and torch.get_autocast_dtype(device))
             weights = tuple((p.data_ptr(), p._version) for p in self.parameters())
             made = (weights, self.training, padding.device, padding.dtype, autocast)  # training: float32 recurrence
             if self._prefix_weights != made:

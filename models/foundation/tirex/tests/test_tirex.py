@@ -122,6 +122,15 @@ def test_the_padding_prefix_runs_once_in_evaluation_and_forecasts_alike(released
     assert torch.equal(trained, model(windows).detach())
 
 
+def test_an_eval_forecast_runs_on_the_meta_device():
+    """Shapes only (the device the host-sync recorder runs on, which has no autocast state): the kept padding
+    states are keyed without asking it."""
+    with torch.device("meta"):
+        model = TiRex.Model(configs(None, 96, 40)).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(2, 96, 3, device="meta")).shape == (2, 40, 3, 9)
+
+
 def test_the_recurrence_off_cuda_is_the_packages(released):
     """GraphedRecurrence, the cells' recurrence, is the package's slstm_forward itself on a CPU (no graph kept)."""
     from tirex.models.slstm.cell import sLSTMCellTorch
