@@ -11,7 +11,8 @@ its dependencies (numpy, safetensors, huggingface_hub) sit beside torch 2.13 and
 under DDP and trains (plain nn.Modules, no dropout). transformers' port reads another checkpoint
 (google/timesfm-2.5-200m-transformers, renamed keys) and would tie the model to transformers' release cadence.
 The package's own decode runs under torch.no_grad with an in-place KV cache, so it cannot train: the forecast
-here is written with the module's forward over the whole sequence instead, which is the same function.
+here runs the module's layers (transformer_layer, the package's Transformer with keys and values in and out) and
+keeps the keys and values functionally (concatenated), so a roll-out step runs only its new patches and trains.
 
 What forward computes is the package's TimesFM_2p5_200M_torch.compile(ForecastConfig(...)).forecast with the
 flags of FORECAST_FLAGS (the package's recommended ones), on all channels of the batch in one forward:
@@ -19,7 +20,8 @@ flags of FORECAST_FLAGS (the package's recommended ones), on all channels of the
   pads to max_context = seq_len rounded up to 32); seq_len + pred_len (each rounded up) must fit 16384;
 - normalize_inputs: the padded series is z-scored (mean, unbiased std) before the model, undone after;
 - horizons past 128 steps are rolled out as the package's decode does: the median of the last 128 steps is fed
-  back as 4 new patches, its running statistics continued, until pred_len steps exist;
+  back as 4 new patches, its running statistics continued, which attend to the kept keys and values of all
+  patches before them, until pred_len steps exist;
 - use_continuous_quantile_head: quantiles other than the median are the median plus the quantile head's
   spread (1024 steps at most, so pred_len <= 1024);
 - force_flip_invariance: the forecast of -x, its quantiles mirrored, is averaged with that of x (both in one
@@ -34,6 +36,7 @@ place of 1280, 16, 20 and 1280. d_layers and dropout are not read (decoder-only,
 import dataclasses
 import math
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -152,44 +155,97 @@ class Model(nn.Module):
     def decode(self, values, masks):
         """The package module's decode, differentiable: [M, context] normalised values and pad masks ->
         ([M, 128 * (1 + decode_steps), 10] forecasts, [M, 1024, 10] quantile spreads of the last input patch).
-        Each roll-out step runs the module over the whole sequence, which its causal attention makes the same as
-        the package's KV-cached step."""
+        As the package's decode, each roll-out step runs only its 4 new patches through the layers, attending to
+        the keys and values kept from the patches before them (the module's causal attention makes that the pass
+        over the whole sequence)."""
         rows = values.shape[0]
         patches, patch_masks = values.reshape(rows, -1, PATCH), masks.reshape(rows, -1, PATCH)
         stats = SimpleNamespace(n=values.new_zeros(rows), mu=values.new_zeros(rows), sigma=values.new_zeros(rows))
         mu, sigma = running_stats(stats, patches, patch_masks)
         tokens = torch.where(patch_masks, 0.0, util.revin(patches, mu, sigma))
-        point, spread = self.last_outputs(tokens, patch_masks, spread=True)
+        point, spread, cache = self.last_outputs(tokens, patch_masks, spread=True)
         spread = util.revin(spread, mu[:, -1], sigma[:, -1], reverse=True).reshape(rows, QUANTILE_HORIZON, -1)
         steps = [util.revin(point, mu[:, -1], sigma[:, -1], reverse=True).reshape(rows, OUTPUT_PATCH, -1)]
         for _ in range(self.decode_steps):
             fed = steps[-1][..., MEDIAN].reshape(rows, -1, PATCH)
             fed_masks = torch.zeros_like(fed, dtype=torch.bool)
             mu, sigma = running_stats(stats, fed, fed_masks)
-            tokens = torch.cat([tokens, util.revin(fed, mu, sigma)], dim=1)
-            patch_masks = torch.cat([patch_masks, fed_masks], dim=1)
-            point, _ = self.last_outputs(tokens, patch_masks, spread=False)
+            point, _, cache = self.last_outputs(util.revin(fed, mu, sigma), fed_masks, spread=False, cache=cache)
             steps.append(util.revin(point, mu[:, -1], sigma[:, -1], reverse=True).reshape(rows, OUTPUT_PATCH, -1))
         return torch.cat(steps, dim=1), spread
 
-    def last_outputs(self, tokens, masks, spread):
-        """The module's forward, its output heads on the last patch only (the only one a forecast reads; the
-        package's forward runs them on every patch): (point [M, 1280], quantile spread [M, 10240] or None).
-        In half precision under autocast: the package's rotary positions are float32 and would meet
+    def last_outputs(self, tokens, masks, spread, cache=None):
+        """The module's forward on `tokens` [M, P, 32] after the `cache` of the patches before them (None: from the
+        first), its output heads on the last patch only (the only one a forecast reads; the package's forward runs
+        them on every patch): (point [M, 1280], quantile spread [M, 10240] or None, the cache with these
+        patches). In half precision under autocast: the package's rotary positions are float32 and would meet
         half-precision values in its attention."""
         if tokens.dtype not in (torch.float16, torch.bfloat16):
-            return self._last_outputs(tokens, masks, spread)
+            return self._last_outputs(tokens, masks, spread, cache)
         with torch.autocast(tokens.device.type, dtype=tokens.dtype):
-            outputs = self._last_outputs(tokens, masks, spread)
-        return tuple(None if out is None else out.to(tokens.dtype) for out in outputs)
+            point, spread, cache = self._last_outputs(tokens, masks, spread, cache)
+        return point.to(tokens.dtype), None if spread is None else spread.to(tokens.dtype), cache
 
-    def _last_outputs(self, tokens, masks, spread):
+    def _last_outputs(self, tokens, masks, spread, cache):
         module = self.timesfm
         hidden = module.tokenizer(torch.cat([tokens, masks.to(tokens.dtype)], dim=-1))
-        for layer in module.stacked_xf:
-            hidden, _ = layer(hidden, masks[..., -1])
+        patch_masks = masks[..., -1]
+        if cache is None:
+            cache = Cache(length=0, masked=torch.zeros_like(patch_masks[:, 0], dtype=torch.int32), layers=[])
+        masked = cache.masked + patch_masks.to(torch.int32).sum(-1)  # padding patches so far, as the package counts
+        layers = []
+        for n, layer in enumerate(module.stacked_xf):
+            hidden, kept = transformer_layer(layer, hidden, masked, cache.length,
+                                             cache.layers[n] if cache.layers else None)
+            layers.append(kept)
         last = hidden[:, -1]
-        return module.output_projection_point(last), module.output_projection_quantiles(last) if spread else None
+        point = module.output_projection_point(last)
+        return (point, module.output_projection_quantiles(last) if spread else None,
+                Cache(length=cache.length + tokens.shape[1], masked=masked, layers=layers))
+
+
+class Cache(NamedTuple):
+    """What the roll-out keeps of the patches so far: their number, each series' count of padding patches, and each
+    layer's (keys, values) [M, length, heads, head_dim]."""
+    length: int
+    masked: torch.Tensor
+    layers: list
+
+
+def transformer_layer(layer, x, masked, past, kept):
+    """The package's Transformer.forward (timesfm/torch/transformer.py) on patches at positions past, past + 1, ...
+    after the keys and values `kept` of the `past` patches before them (None: past is 0), with `masked` [M] padding
+    patches in all: (output, (keys, values) including these patches). The same modules and operations in the same
+    order as the package's forward over the whole sequence: tests/test_timesfm25.py holds it to layer(x, mask)."""
+    attended, kept = attention(layer.attn, layer.pre_attn_ln(x), masked, past, kept)
+    attended = layer.post_attn_ln(attended) + x
+    return layer.post_ff_ln(layer.ff1(layer.activation(layer.ff0(layer.pre_ff_ln(attended))))) + attended, kept
+
+
+def attention(attn, x, masked, past, kept):
+    """The package's MultiHeadAttention.forward over x's patches after the kept ones: queries of x only, keys and
+    values of all; each patch sees those up to itself that are not padding (padding comes first), and its rotary
+    position counts from the first patch that is not."""
+    batch, count, _ = x.shape
+    if attn.fuse_qkv:
+        query, key, value = torch.chunk(attn.qkv_proj(x), 3, dim=-1)
+    else:
+        query, key, value = attn.query(x), attn.key(x), attn.value(x)
+    query, key, value = (t.reshape(batch, count, attn.num_heads, attn.head_dim) for t in (query, key, value))
+    if attn.use_rotary_position_embeddings:
+        position = torch.arange(past, past + count, device=x.device)[None, :] - masked[:, None]
+        query = attn.rotary_position_embedding(query, position)
+        key = attn.rotary_position_embedding(key, position)
+    query, key = attn.query_ln(query), attn.key_ln(key)
+    if attn.use_per_dim_scale:
+        query = attn.per_dim_scale(query)
+    if kept is not None:
+        key, value = torch.cat([kept[0], key], dim=1), torch.cat([kept[1], value], dim=1)
+    seen = torch.arange(past + count, device=x.device)
+    allowed = torch.logical_and(torch.arange(past, past + count, device=x.device)[:, None] >= seen[None, :],
+                                seen[None, None, None, :] >= masked[:, None, None, None])  # [M, 1, count, all]
+    out = attn.attention_fn(query, key, value, mask=allowed)
+    return attn.out(out.reshape(batch, count, attn.in_features)), (key, value)
 
 
 def running_stats(stats, patches, masks):

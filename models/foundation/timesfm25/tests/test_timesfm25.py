@@ -74,9 +74,11 @@ def windows_to_forecast(seq_len, channels=3):
     return walk
 
 
-@pytest.mark.parametrize("seq_len, pred_len", [(48, 24), (96, 200)], ids=["padded-context", "rolled-out-horizon"])
+@pytest.mark.parametrize("seq_len, pred_len", [(48, 24), (96, 200), (40, 1000)],
+                         ids=["padded-context", "rolled-out-horizon", "padded-rolled-out-seven-steps"])
 def test_forecasts_equal_the_packages_compile_and_forecast(released, reduced_package, seq_len, pred_len):
-    """48 steps are front-padded to 64 with masked zeros; 200 steps are 128 and one roll-out step of 128."""
+    """48 steps are front-padded to 64 with masked zeros; 200 steps are 128 and one roll-out step of 128; 1000
+    steps from a padded context are seven roll-out steps on the kept keys and values."""
     windows = windows_to_forecast(seq_len)
     with torch.no_grad():
         got = ours(released, seq_len, pred_len)(windows)
@@ -84,6 +86,59 @@ def test_forecasts_equal_the_packages_compile_and_forecast(released, reduced_pac
     assert got.shape == want.shape == (4, pred_len, 3, 9)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     assert torch.all(got[1] >= 0) and torch.all(got[..., 1:] >= got[..., :-1])  # clamped, never crossing
+
+
+def test_a_layer_with_its_cache_is_the_packages_layer(released):
+    """TimesFM25.transformer_layer (the package's Transformer with keys and values in and out) is layer(x, mask) bit
+    for bit over a whole padded sequence, and its last patches run after the cache of the first are the whole's
+    last patches (to float32 rounding: on a CPU scaled_dot_product_attention and the matrix products sum a row in
+    an order that can depend on how many rows a call has)."""
+    model = ours(released, 96, 200)
+    layer = model.timesfm.stacked_xf[1]
+    x = torch.randn(6, 11, 32, generator=torch.Generator().manual_seed(2))
+    padding = torch.zeros(6, 11, dtype=torch.bool)
+    padding[:, :3] = True
+    masked = padding.to(torch.int32).sum(-1)
+    with torch.no_grad():
+        whole, kept = TimesFM25.transformer_layer(layer, x, masked, 0, None)
+        assert torch.equal(whole, layer(x, padding)[0])
+        head, kept = TimesFM25.transformer_layer(layer, x[:, :7], masked, 0, None)
+        tail, _ = TimesFM25.transformer_layer(layer, x[:, 7:], masked, 7, kept)
+    assert torch.equal(head, whole[:, :7]) or (head - whole[:, :7]).abs().max() <= 1e-6 * whole.abs().max()
+    assert (tail - whole[:, 7:]).abs().max() <= 1e-6 * whole.abs().max()
+
+
+def test_a_roll_out_step_runs_its_new_patches_only(released):
+    """Each roll-out step feeds the layers its 4 new patches (the kept keys and values stand for the rest), and
+    forecasts what a pass over the whole sequence does, to float32 rounding."""
+    model = ours(released, 96, 1000)  # 3 patches, then 7 steps of 4
+    seen = []
+    original = TimesFM25.transformer_layer
+
+    def counted(layer, x, *rest):
+        seen.append(x.shape[1])
+        return original(layer, x, *rest)
+
+    TimesFM25.transformer_layer = counted
+    try:
+        with torch.no_grad():
+            got = model(windows_to_forecast(96))
+    finally:
+        TimesFM25.transformer_layer = original
+    assert seen == [3] * 2 + [4] * 2 * 7  # 2 layers
+    whole = model.last_outputs
+    rerun = []
+
+    def without_cache(tokens, masks, spread, cache=None):  # the pass over all patches so far, every step
+        if cache is not None:
+            tokens, masks = torch.cat([rerun[-1][0], tokens], 1), torch.cat([rerun[-1][1], masks], 1)
+        rerun.append((tokens, masks))
+        return whole(tokens, masks, spread)
+
+    model.last_outputs = without_cache
+    with torch.no_grad():
+        want = model(windows_to_forecast(96))
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
 def test_the_reference_check_sees_a_changed_weight(released, reduced_package, tmp_path):
