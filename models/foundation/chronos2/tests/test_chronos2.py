@@ -8,10 +8,11 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 chronos = pytest.importorskip("chronos.chronos2", reason="the chronos extra (chronos-forecasting) is not installed")
 
-from models.foundation.chronos2.Chronos2 import Model  # noqa: E402
+from models.foundation.chronos2.Chronos2 import UNROLLED_QUANTILES, Model  # noqa: E402
 from models.foundation.chronos2 import adapter as chronos2  # noqa: E402
 from exp.export import load_weights  # noqa: E402
 from test_foundation import checkpoints  # noqa: E402
@@ -25,8 +26,8 @@ def release(tmp_path_factory):
     return write_chronos2(tmp_path_factory.mktemp("chronos-2") / "chronos-2")
 
 
-def ours(path, pred_len, seq_len=64, is_training=0):
-    model = Model(argparse.Namespace(pretrain_model_path=str(path), seq_len=seq_len, pred_len=pred_len, dropout=0.1,
+def ours(path, pred_len, seq_len=64, is_training=0, dropout=0.1):
+    model = Model(argparse.Namespace(pretrain_model_path=str(path), seq_len=seq_len, pred_len=pred_len, dropout=dropout,
                                      is_training=is_training))
     return load_weights(model, str(path)).eval()
 
@@ -75,6 +76,152 @@ def test_each_channel_is_its_own_series(release):
         whole = model(x)
         alone = model(x[2:3, :, 1:2])
     assert torch.allclose(alone[0, :, 0], whole[2, :, 1], rtol=1e-5, atol=1e-6)
+
+
+class Allocations(TorchDispatchMode):
+    """The ops run and the bytes of the largest storage any op's output holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.ops = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, [t.dtype for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def with_gaps(x):
+    """x with whole patches missing (a group attention row the package masks through) and partial ones."""
+    x = x.clone()
+    x[1, 8:40, 2] = float("nan")
+    x[3, :20, 0] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("case", ["one-pass", "rolled-out", "training", "training without dropout"])
+def test_memory_is_linear_in_windows_times_channels(release, case):
+    """N = windows x channels series: four times the windows, four times the largest tensor a forward (and
+    backward) allocates. The package's group mask over all of them ([time, 1, N, N], in training the weights
+    [time, heads, N, N]) grew sixteen-fold."""
+    pred_len = 40 if case == "rolled-out" else 24
+    training = case.startswith("training")
+    model = ours(release, pred_len, is_training=int(training), dropout=0.0 if case.endswith("dropout") else 0.1)
+    largest = []
+    for batch in (16, 64):
+        x = windows(batch=batch, channels=4)
+        with Allocations() as allocations:
+            if training:
+                model.train()
+                model(x).square().mean().backward()
+            else:
+                with torch.no_grad():
+                    model.eval()(x)
+        largest.append(allocations.largest)
+    assert largest[1] <= 4 * largest[0], largest
+
+
+def test_the_group_attention_in_closed_form_is_the_packages_bit_for_bit(release):
+    """Each series alone in its group: ours (closed form, memory linear) forecasts what the package's model forecasts
+    with its group mask over the whole batch, bit for bit, whole patches missing included."""
+    x = with_gaps(windows())
+    package = chronos.Chronos2Model.from_pretrained(str(release)).eval()
+    with torch.no_grad():
+        want = package(context=x.transpose(1, 2).reshape(-1, 64), num_output_patches=2).quantile_preds[..., :24]
+        assert torch.equal(ours(release, 24)(x), want.reshape(6, 3, len(LEVELS), 24).permute(0, 3, 1, 2))
+
+
+def dense_group_attention(self, query, key, value, mask):
+    """The group attention over the package's [time, 1, N, N] mask, its weights dropped by one keyed draw per
+    (series, head, step): what the closed form replaces."""
+    weights = torch.softmax((query @ key.transpose(-2, -1) + mask).float(), dim=-1).type_as(query)
+    if self.training and self.weights_dropout.p:
+        steps, heads, series = query.shape[:3]
+        weights = weights * self.weights_dropout(weights.new_ones(series, heads, steps, 1)).permute(2, 1, 0, 3)
+    return weights @ value, None
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_fine_tuning_gradients_are_the_dense_group_attentions(release, dropout):
+    """A training step's forecasts and gradients with the group attention in closed form equal the dense one's over
+    the package's mask: bit for bit with dropout; without, the package's own fused attention (SDPA) leaves a
+    rounding residue on the group attention's q and k gradients, exactly 0 here (2e-10 of the largest gradient)."""
+    import types
+
+    x = with_gaps(windows())
+    results = []
+    for dense in (False, True):
+        model = ours(release, 24, is_training=1, dropout=dropout).train()
+        if dense:
+            del model.chronos.encoder._construct_and_invert_group_time_mask  # the package's mask again
+            for module in model.chronos.modules():
+                if isinstance(module, chronos.layers.GroupSelfAttention):
+                    attention = module.self_attention
+                    if dropout:
+                        attention._sdpa_attention = types.MethodType(dense_group_attention, attention)
+                    else:
+                        del attention._sdpa_attention, attention._eager_attention  # the package's own
+        torch.manual_seed(5)
+        forecast = model(x)
+        forecast.square().mean().backward()
+        results.append((forecast, {k: p.grad for k, p in model.named_parameters()}))
+    (ours_forecast, ours_grads), (dense_forecast, dense_grads) = results
+    assert torch.equal(ours_forecast, dense_forecast)
+    assert all(v is not None for v in ours_grads.values()) and ours_grads.keys() == dense_grads.keys()
+    scale = max(float(grad.abs().max()) for grad in dense_grads.values())
+    for name, grad in ours_grads.items():
+        if dropout:
+            assert torch.equal(grad, dense_grads[name]), name
+        else:
+            assert float((grad - dense_grads[name]).abs().max()) <= 1e-7 * scale, name
+
+
+def packages_rollout(release, x, pred_len):
+    """Chronos2Pipeline's long-horizon rollout (_predict_batch, the package's model) on every channel of x."""
+    pipeline = chronos.Chronos2Pipeline.from_pretrained(str(release))
+    batch, length, channels = x.shape
+    series, count = x.transpose(1, 2).reshape(-1, length), batch * channels
+    out = pipeline._predict_batch(context=series, group_ids=torch.arange(count),
+                                  future_covariates=torch.full((count, pred_len), torch.nan),
+                                  unrolled_quantiles_tensor=torch.tensor(UNROLLED_QUANTILES), prediction_length=pred_len,
+                                  max_output_patches=2, target_idx_ranges=[(0, count)])[0]
+    return out.reshape(batch, channels, len(LEVELS), pred_len).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("pred_len", [40, 100])
+def test_the_long_horizon_rollout_is_the_packages_bit_for_bit(release, pred_len):
+    """Past one pass (2 patches here): the rollout on the input's device, integer cumulative masses, is the package's
+    on CPU bit for bit; tied samples (rounded, constant and periodic windows) included."""
+    x = windows(batch=4)
+    x[1] = x[1].round()
+    x[2] = 1.0
+    x[3, :, 0] = torch.arange(64.0) % 4
+    model = ours(release, pred_len)
+    with torch.no_grad():
+        assert torch.equal(model(x), packages_rollout(release, x, pred_len))
+
+
+def test_the_long_horizon_rollout_runs_deterministic_kernels_only(release):
+    """No float cumsum (no deterministic CUDA kernel: --deterministic would raise) and no op reading back to the
+    host: the cumulative masses are integer prefix sums."""
+    model = ours(release, 100)
+    with Allocations() as allocations, torch.no_grad():
+        model(windows())
+    cumsums = [dtypes for func, dtypes in allocations.ops if func.overloadpacket is torch.ops.aten.cumsum]
+    assert cumsums and all(not dtype.is_floating_point for dtypes in cumsums for dtype in dtypes), cumsums
+
+
+def test_the_long_horizon_rollout_makes_no_host_sync(release):
+    """On the meta device under utils.host_syncs' recorder: no host read and no host-to-device copy per batch."""
+    from utils.host_syncs import record_host_syncs, summary, to_meta
+
+    model, x = to_meta(ours(release, 100)), to_meta(windows())
+    with record_host_syncs() as recorder, torch.no_grad():
+        model(x)
+    assert recorder.syncs == [], summary(recorder)
 
 
 def test_an_export_is_read_by_the_package_and_forecasts_as_ours(tmp_path, release):
