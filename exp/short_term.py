@@ -55,18 +55,18 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
             for batch in loader:
                 with self.autocast():
                     pred, true = forward(self.raw_model, batch, self.args, stage, self.device)
-                preds.append(pred.float()[..., 0].cpu())
-                trues.append(true[..., 0].cpu())
+                preds.append(pred.float()[..., 0])  # kept on the device: one copy to the host after the loop
+                trues.append(true[..., 0])
                 progress.update()
         progress.close()
         horizon = self.args.pred_len
-        return (torch.cat(preds) if preds else torch.zeros(0, horizon)), (torch.cat(trues) if trues else torch.zeros(0, horizon))
+        return tuple(torch.cat(parts).cpu() if parts else torch.zeros(0, horizon) for parts in (preds, trues))
 
     def evaluate(self, loader, stage, original=None, keep_windows=False, scoring=None):
         """The global mean of the training loss over every series' horizon (TSLib's vali): each series' sum of
         loss terms alone (whatever batch or rank it is in), added in float64 over series and ranks."""
         pred, true = self.forecasts(loader, stage)
-        per_series = torch.stack([m4_loss(p, t, self.args.loss) for p, t in zip(pred, true)]) if len(pred) else pred
+        per_series = m4_loss(pred, true, self.args.loss, dim=-1)  # each series' own, on the host as before
         total, count = distributed.all_reduce_sum([float(per_series.double().sum()) * self.args.pred_len,
                                                    float(true.numel())])
         return LossSums(self.args.loss.lower(), total / count if count else float("nan"))

@@ -166,6 +166,36 @@ def test_m4_losses_are_tslibs_masked_means():
     assert torch.all(ours_grad[1, 4:] == 0)
 
 
+def test_validation_scores_every_series_in_one_pass_with_the_bits_of_each_alone():
+    """Validation's per-series losses (Exp_Short_Term_Forecast.evaluate: m4_loss over each row of [series,
+    horizon]) are, bit for bit, each series' loss computed alone, at every M4 horizon, NaN steps and 0 / 0
+    included. Planted: the mean over dim 0, or SMAPE's factor 200 taken inside the mean: fails."""
+    from utils import m4
+    from utils.metrics import m4_loss
+
+    g = torch.Generator().manual_seed(4)
+    for horizon in sorted(set(m4.HORIZONS.values())):
+        forecast = torch.randn(301, horizon, generator=g) * 100 + 1000
+        target = torch.randn(301, horizon, generator=g) * 100 + 1000
+        target[::7, -3:] = torch.nan
+        target[5, 1], forecast[5, 1], target[9, 0] = 0.0, 0.0, 0.0
+        for loss in ("SMAPE", "MAPE"):
+            alone = torch.stack([_series_loss(f, t, loss) for f, t in zip(forecast, target)])
+            assert torch.equal(m4_loss(forecast, target, loss, dim=-1), alone), (horizon, loss)
+            assert torch.equal(m4_loss(forecast[7], target[7], loss), alone[7])
+
+
+def _series_loss(forecast, target, loss):
+    """One series' loss as validation computed it series by series (TSLib's masked means, 0 / 0 counted 0)."""
+    kept = ~torch.isnan(target)
+    target = torch.where(kept, target, 0)
+    if loss == "SMAPE":
+        both = forecast.abs() + target.abs()
+        ratio = (forecast - target).abs() / torch.where(both == 0, 1, both)
+        return 200 * torch.where(kept & (both != 0), ratio, 0).mean()
+    return torch.where(kept & (target != 0), (forecast - target) / torch.where(target == 0, 1, target), 0).abs().mean()
+
+
 def test_training_windows_are_tslibs_and_follow_the_series_not_the_batch():
     """TSLib's Dataset_M4.__getitem__ layout at a cut point, the cut drawn in TSLib's range from (seed, epoch,
     series) alone: the same window whichever batch (or rank) gathers it; another epoch, other cuts."""

@@ -377,18 +377,21 @@ def batch_loss(pred, true, loss):
     return torch.nn.functional.l1_loss(pred, true)
 
 
-def m4_loss(pred, true, loss):
+def m4_loss(pred, true, loss, dim=None):
     """TSLib's M4 training losses (utils/losses.py: smape_loss, mape_loss): the mean over every element of
     200 |f - y| / (|f| + |y|) (the denominator not differentiated, as TSLib's forecast.data) or of |f - y| / |y|,
-    a 0 / 0 counted as 0; a NaN target is TSLib's mask 0 (a step past the series' end): 0, still counted."""
+    a 0 / 0 counted as 0; a NaN target is TSLib's mask 0 (a step past the series' end): 0, still counted.
+    `dim`: the mean over that dimension only (dim -1 of [series, horizon]: each series' own loss, the same bits as
+    the loss of that series alone)."""
     mask = ~torch.isnan(true)
     true = torch.where(mask, true, 0)
+    mean = (lambda t: t.mean()) if dim is None else (lambda t: t.mean(dim))
     if loss == "SMAPE":
         denominator = pred.detach().abs() + true.abs()
         ratio = (pred - true).abs() / torch.where(denominator == 0, 1, denominator)
-        return 200 * torch.where(mask & (denominator != 0), ratio, 0).mean()
+        return 200 * mean(torch.where(mask & (denominator != 0), ratio, 0))
     ratio = (pred - true) / torch.where(true == 0, 1, true)
-    return torch.where(mask & (true != 0), ratio, 0).abs().mean()
+    return mean(torch.where(mask & (true != 0), ratio, 0).abs())
 
 
 LOSSES = ("MSE", "MAE", "SMAPE", "MAPE")  # SMAPE, MAPE: M4 (data_provider.m4)
