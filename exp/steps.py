@@ -97,16 +97,22 @@ class RunningLoss:
 
     def global_record(self):
         """(mean train loss over every rank, mean gradient norm or None, global samples/s). A collective."""
-        total, count, samples = distributed.all_reduce_sum([self.loss_sum.item(), self.n_scored, self.samples])
+        loss_sum, norm_sum = self._read()
+        total, count, samples = distributed.all_reduce_sum([loss_sum, self.n_scored, self.samples])
         elapsed = time.perf_counter() - self.started
         # every rank clipped the same all-reduced gradients: its own mean norm is the global one
-        norm = self.norm_sum.item() / self.norm_steps if self.norm_steps else None
+        norm = norm_sum / self.norm_steps if self.norm_steps else None
         return (total / count if count else math.nan), norm, (samples / elapsed if elapsed else 0.0)
 
     def state_dict(self):
         """Exact values (Python floats hold float64) for last.pth."""
-        return {"loss_sum": self.loss_sum.item(), "norm_sum": self.norm_sum.item(), "n_scored": self.n_scored,
+        loss_sum, norm_sum = self._read()
+        return {"loss_sum": loss_sum, "norm_sum": norm_sum, "n_scored": self.n_scored,
                 "steps": self.steps, "samples": self.samples, "norm_steps": self.norm_steps}
+
+    def _read(self):
+        """(loss_sum, norm_sum) as Python floats: one read of the device for both."""
+        return tuple(torch.stack([self.loss_sum, self.norm_sum]).tolist())
 
     def load_state_dict(self, state):
         self.reset()
