@@ -17,8 +17,11 @@ What this file adds around it:
 - a horizon longer than chronos_config.prediction_length (64) is rolled out as ChronosBoltPipeline.predict does:
   each of the 9 quantile paths of the block so far is appended to the context, each of these 9 contexts is
   forecast, and the 81 forecasts a step are reduced to the 9 levels by torch.quantile; again until pred_len steps
-  exist (differentiable, so fine-tuning at such a horizon trains through it); the 9 paths are forwarded one after
-  another at the first block's batch size, not as one batch 9 times larger (`forecast`);
+  exist (differentiable, so fine-tuning at such a horizon trains through it); on the CPU the 9 paths are forwarded
+  one after another at the first block's batch size, on a device as one batch 9 times larger, the package's way
+  (`paths_in_one_batch`; the same forecasts);
+- nothing read back to the host or copied from it per forward off the CPU: the T5 stacks' masks are built from
+  the padding mask (`padding_mask`) and the decoder's one step keeps no key/value cache;
 - dropout that follows the sample: T5's nn.Dropout modules are keyed by the experiment as any model's, and its
   attention-weight dropout, a fused-kernel argument in transformers (sdpa's dropout_p), is moved to an nn.Dropout
   on each attention module through transformers' AttentionInterface (`keyed_attention` below), so fine-tuning is
@@ -60,8 +63,22 @@ def keyed_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     return out.transpose(1, 2).contiguous(), None
 
 
+READS_ARE_FREE = ("cpu",)  # devices whose tensors the host reads without waiting for a device
+
+
+def padding_mask(*args, attention_mask=None, **kwargs):
+    """transformers' sdpa mask. Its shortcut to no mask at all (allow_is_*_skip) reads on the host whether every
+    position is observed (padding_mask.all()): free on the CPU, where it stays, a device sync per T5 stack call
+    elsewhere, where the mask is built from the padding mask whenever there is one (without one, as in the
+    decoder's own step, the shortcut reads nothing and stays). A built mask joins T5's position bias as -inf where
+    unobserved: the same scores, a [B, heads, q, k] bias instead of one broadcast over the batch."""
+    if attention_mask is not None and attention_mask.device.type not in READS_ARE_FREE:
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
 AttentionInterface.register(KEYED_ATTENTION, keyed_attention)
-AttentionMaskInterface.register(KEYED_ATTENTION, sdpa_mask)
+AttentionMaskInterface.register(KEYED_ATTENTION, padding_mask)
 
 
 class Model(nn.Module):
@@ -91,6 +108,9 @@ class Model(nn.Module):
                              f"{self.context_length} or less")
         self.bolt = _package.ChronosBoltModelForForecasting(T5Config.from_dict(config))
         self.bolt.set_attn_implementation(KEYED_ATTENTION)
+        # one decoder step a forward: a key/value cache would be built (and its tensors copied from the host) for
+        # nothing; the decoder's own config (a copy of the release's), so an export's config.json is not touched
+        self.bolt.decoder.config.use_cache = False
         for module in self.bolt.modules():
             if isinstance(module, T5Attention):
                 module.weights_dropout = nn.Dropout(module.dropout)
@@ -104,20 +124,31 @@ class Model(nn.Module):
 
     def forecast(self, context):
         """[N, 9, pred_len] quantiles of N series' next pred_len steps, rolled out past the model's block as
-        ChronosBoltPipeline.predict does. The package forecasts the 9 quantile paths of a step as one batch of 9 * N
-        series; here they are 9 forwards of the first block's N series, one path after another: the same rows
-        through the same operations (on the CPU bit for bit the package's forecasts, as the crosscheck measures),
-        at the first block's memory instead of 9 times it, which on the CPU also spares most page faults of the
-        large batch's fresh activations (glibc serves allocations above 32 MB from new pages each time)."""
+        ChronosBoltPipeline.predict does: each of the 9 quantile paths of the block so far appended to the context,
+        each of these 9 contexts forecast, the 81 forecasts a step reduced to the 9 levels (`paths_in_one_batch`)."""
         prediction = self.bolt(context=context).quantile_preds  # [N, 9, block]
         blocks, remaining = [prediction], self.pred_len - prediction.shape[-1]
         contexts = [context] * len(self.quantile_levels)  # one context per quantile path
+        one_batch = self.paths_in_one_batch(context)
         while remaining > 0:
             contexts = [torch.cat([path_context, path.to(context.dtype)], dim=-1)[..., -self.context_length:]
                         for path_context, path in zip(contexts, prediction.unbind(1))]
-            # [N, 9 paths, 9 levels, block] -> [N, 81, block]: the package's order (series, path, level)
-            paths = torch.stack([self.bolt(context=c).quantile_preds for c in contexts], dim=1).flatten(1, 2)
+            if one_batch:  # (series, path) order, as the package's batch of 9 * N series
+                paths = self.bolt(context=torch.stack(contexts, dim=1).flatten(0, 1)).quantile_preds
+                paths = paths.unflatten(0, (-1, len(contexts))).flatten(1, 2)
+            else:
+                paths = torch.stack([self.bolt(context=c).quantile_preds for c in contexts], dim=1).flatten(1, 2)
+            # paths [N, 81, block]: the package's order (series, path, level)
             prediction = torch.quantile(paths, q=self.levels.to(paths.dtype), dim=1).transpose(0, 1)
             blocks.append(prediction)
             remaining -= prediction.shape[-1]
         return torch.cat(blocks, dim=-1)[..., :self.pred_len]
+
+    @staticmethod
+    def paths_in_one_batch(context):
+        """Whether a rolled-out block forecasts its 9 paths as one batch of 9 * N series, as the package does (on a
+        device: one forward instead of 9), or as 9 forwards of the first block's N series, one path after another
+        (on the CPU: the first block's memory instead of 9 times it, which also spares most page faults of the
+        large batch's fresh activations, as glibc serves allocations above 32 MB from new pages each time). The
+        same rows through the same operations: on the CPU the same bits either way, the package's (crosscheck)."""
+        return context.device.type != "cpu"

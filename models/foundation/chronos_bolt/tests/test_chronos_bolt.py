@@ -14,8 +14,10 @@ chronos = pytest.importorskip("chronos", reason="the chronos extra (pip install 
 from helpers import make_args, run_command  # noqa: E402
 from test_foundation import checkpoints  # noqa: E402
 from models.foundation.chronos_bolt import adapter as chronos_bolt  # noqa: E402
+from models.foundation.chronos_bolt import ChronosBolt as chronos_bolt_model  # noqa: E402
 from models.foundation.chronos_bolt.tests.writer import BLOCK, write as write_chronos_bolt  # noqa: E402
 from exp.export import export, load_weights  # noqa: E402
+from utils.host_syncs import record_host_syncs, summary, to_meta  # noqa: E402
 
 TOLERANCE = 1e-5
 
@@ -106,6 +108,41 @@ def test_a_window_does_not_depend_on_its_batch_mates_or_the_channel_order(fixtur
         reversed_channels = model(x.flip(-1)).flip(2)
     assert relative_difference(alone, together) <= TOLERANCE
     assert relative_difference(reversed_channels, together) <= TOLERANCE
+
+
+def with_gaps(x):
+    """Windows with unobserved (NaN) steps: a patch all NaN, a part of one, a whole channel."""
+    x = x.clone()
+    x[0, :20, 1], x[2, 5:40, 0], x[3, :, 2] = float("nan"), float("nan"), float("nan")
+    return x
+
+
+def test_the_device_forms_forecast_the_cpu_forms_bits(fixture_folder, monkeypatch):
+    """Off the CPU the 9 paths of a rolled-out block are one batch and the T5 masks are built from the padding mask;
+    on the CPU the paths go one after another and transformers reads whether a mask is needed. Forced on the CPU,
+    the device forms give the same bits, with gaps in the windows and without, through two rolled-out blocks."""
+    x = windows(batch=5)
+    model = our_model(fixture_folder, x.shape[1], 2 * BLOCK + 8)
+    with torch.no_grad():
+        cpu = [model(x), model(with_gaps(x))]
+        monkeypatch.setattr(type(model), "paths_in_one_batch", staticmethod(lambda context: True))
+        monkeypatch.setattr(chronos_bolt_model, "READS_ARE_FREE", ())
+        device = [model(x), model(with_gaps(x))]
+    for mine, theirs in zip(device, cpu):
+        assert torch.equal(mine, theirs)
+
+
+def test_a_rolled_out_forecast_reads_nothing_back_off_the_cpu(fixture_folder):
+    """On a device a forecast (two rolled-out blocks, gaps in the windows) neither reads a value back to the host nor
+    copies one from it (counted on the meta device: utils.host_syncs), and forwards each block once."""
+    x = to_meta(with_gaps(windows(batch=4)))
+    model = to_meta(our_model(fixture_folder, x.shape[1], 2 * BLOCK + 8))
+    calls = []
+    model.bolt.register_forward_hook(lambda module, args, out: calls.append(1))
+    with record_host_syncs() as rec, torch.no_grad():
+        model(x)
+    assert rec.syncs == [], summary(rec)
+    assert len(calls) == 3
 
 
 def test_an_export_is_read_by_the_package_and_predicts_as_ours(tmp_path, fixture_folder):
