@@ -3,40 +3,43 @@
 # Run from the project root:
 #
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine, every part in turn
-#   OUT=... bash scripts/gpu_check.sh --part releases                 # one part, each under 8 minutes:
-#                                                                     # releases, tier, rest (GPU_CHECK_PART)
+#   OUT=... bash scripts/gpu_check.sh --part releases                 # one part under its own 8 minutes:
+#                                                                     # releases, rest, tier, amp (GPU_CHECK_PART)
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh --cpu-smoke   # (or GPU_CHECK_CPU_SMOKE=1) this script's
 #                                                                     # steps at toy size on a CPU
 #
-# What it does, each step under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default 445 s, so a part ends
-# inside 8 minutes whatever hangs; --part all, the default, runs the parts in order under that one deadline, so a
-# step that does not fit leaves the ones before it measured: the releases come first):
+# Each step runs under `timeout` inside one deadline (GPU_CHECK_LIMIT_S, default 445 s, so a run ends inside 8
+# minutes whatever hangs). --part all (the default) runs the parts in the order below under that one deadline,
+# each step leaving time for the ones after it, the tier taking what is left: the releases are always measured.
+# A machine lent by the command runs the parts one by one, each under its own deadline.
 #   versions: nvidia-smi (GPU, driver), torch / CUDA / cuDNN / NCCL, Triton, a C compiler, key packages; then
 #      the install: torch with CUDA only if the importable torch has none (README: "install the CUDA build of
 #      your choice first"), the project (pip install -e . offline when its dependencies are there, else -e ".[test]")
-#   part releases:
+#   part releases (what users run, first):
 #   1. every release zero-shot and one fine-tuning step, fp32 and bf16, on 1 GPU (scripts/gpu_probe.py --only
 #      releases): one summary line per release (ms per eval batch and per step, peak memory, host syncs, the fp32
 #      forecast against the CPU's); a release whose package (chronos, timesfm, tirex ...) is missing: one line
 #   2. where 2 GPUs are present, every release under NCCL (torchrun, 2 processes) against 1 process at equal
-#      --eval_batch_size (tests/gpu/test_gpu_releases.py); on one GPU a line says it is left out
-#   part tier:
-#   3. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
-#   4. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first, the zoo's
-#      AMP runs last)
+#      --eval_batch_size, and a bf16 fine-tuning step on 2 (tests/gpu/test_gpu_releases.py); else one line
 #   part rest:
-#   5. scripts/gpu_probe.py --only others: host syncs per training step (torch.cuda.set_sync_debug_mode) for table
+#   3. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
+#   4. scripts/gpu_probe.py --only others: host syncs per training step (torch.cuda.set_sync_debug_mode) for table
 #      and O(1)-order data; hashed dropout masks against the CPU's; keyed vs plain dropout step time and peak
 #      memory; TimesNet per-window evaluation; pinned worker batches
-#   6. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
-#   then every log in $OUT: summary.txt, releases.log, main_job.log, metrics.json, pytest.log, probe.log,
-#   bench.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main job's results)
+#   5. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
+#   part tier:
+#   6. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first)
+#   part amp:
+#   7. every zoo model one epoch under bf16 and fp16 autocast (tests/gpu/test_gpu_amp.py; pytest_amp.log)
+#   then every log in $OUT: summary.txt, releases.log, main_job.log, metrics.json, probe.log, bench.log,
+#   pytest.log, pytest_amp.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main
+#   job's results)
 # Without CUDA (and without the smoke flag) it says so in one line and exits 3. The smoke skips the install, runs
-# the releases on the CPU (their syncs counted on the meta device), the main job for one epoch, checks that the
-# GPU tier refuses to pass without CUDA (exit 4), dry-runs the probe's code paths and a two-step benchmark of
-# DLinear, on the CPU, and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase)
-# and leaves out the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0
-# (gpu_probe.py ends 1 on SYNCS, MISMATCH or ERROR), else 1; 2 for a usage error.
+# the releases on the CPU (their syncs counted on the meta device), the main job for one epoch, dry-runs the
+# probe's code paths and a two-step benchmark of DLinear, checks that the GPU tier refuses to pass without CUDA
+# (exit 4), and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase) and leaves out
+# the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0 (gpu_probe.py
+# ends 1 on SYNCS, MISMATCH or ERROR), else 1; 2 for a usage error.
 set -uo pipefail
 
 PART=${GPU_CHECK_PART:-all}
@@ -44,13 +47,13 @@ while (( $# )); do
   case $1 in
     --cpu-smoke) GPU_CHECK_CPU_SMOKE=1 ;;
     --part) PART=${2-}; shift ;;
-    *) echo "gpu_check: unknown argument $1 (takes --cpu-smoke and --part releases|tier|rest|all)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument $1 (takes --cpu-smoke and --part releases|rest|tier|amp|all)" >&2; exit 2 ;;
   esac
   shift
 done
 case $PART in
-  all|releases|tier|rest) ;;
-  *) echo "gpu_check: --part $PART: give releases, tier, rest or all" >&2; exit 2 ;;
+  all|releases|rest|tier|amp) ;;
+  *) echo "gpu_check: --part $PART: give releases, rest, tier, amp or all" >&2; exit 2 ;;
 esac
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
 LIGHT=${GPU_CHECK_SMOKE_LIGHT:-0}
@@ -173,16 +176,16 @@ RELEASES_LOG=$OUT/releases.log
 if part releases; then
   if (( CUDA_OK )); then
     run_step "releases: zero-shot and a fine-tuning step, fp32 and bf16, 1 GPU (gpu_probe.py --only releases)" \
-      "$(budget 200 120)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --only releases
+      "$(budget 150 230)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --only releases
   else  # the smoke: the same code on the CPU, syncs counted on meta; the light smoke one release
     releases=()
     (( LIGHT )) && releases=(--releases TimerBase)
     run_step "releases on the CPU (smoke; a GPU measures ms, peak memory and syncs with torch.cuda)" \
-      "$(budget 200 100)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --cpu --only releases ${releases[@]+"${releases[@]}"}
+      "$(budget 150 200)" "$RELEASES_LOG" "$PY" scripts/gpu_probe.py --cpu --only releases ${releases[@]+"${releases[@]}"}
   fi
   grep -E "^release |^# probe" "$RELEASES_LOG" >>"$SUMMARY"
   if (( GPUS >= 2 )); then
-    run_step "releases under NCCL: 2 processes against 1 (tests/gpu/test_gpu_releases.py)" "$(budget 240 60)" \
+    run_step "releases under NCCL: 2 processes against 1 (tests/gpu/test_gpu_releases.py)" "$(budget 240 200)" \
       "$RELEASES_LOG" "$PY" -m pytest -m gpu -v -rfEs -p no:cacheprovider tests/gpu/test_gpu_releases.py
     grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$RELEASES_LOG" | grep test_gpu_releases | tail -n 20 >>"$SUMMARY"
   else
@@ -190,15 +193,15 @@ if part releases; then
   fi
 fi
 
-# ------------------------------------------------------------------ part tier: the README's main job
+# ------------------------------------------------------------------ part rest: the README's main job
 MAIN_LOG=$OUT/main_job.log
-if part tier; then
+if part rest; then
 extra=()
 (( CUDA_OK )) || extra=(--train_epochs 1)
 if (( LIGHT )); then  # the suite's test of this script: its cheap steps only
   say "== main job: left out (GPU_CHECK_SMOKE_LIGHT=1)"
 else
-run_step "main job: bash scripts/ddp_forecast.sh" "$(budget 90 330)" "$MAIN_LOG" \
+run_step "main job: bash scripts/ddp_forecast.sh" "$(budget 90 190)" "$MAIN_LOG" \
   bash scripts/ddp_forecast.sh --checkpoints "$WORK/main/checkpoints" --results_dir "$WORK/main/results" ${extra[@]+"${extra[@]}"}
 metrics=$(find "$WORK/main/results" -name metrics.json 2>/dev/null | head -n1)
 if [[ -n $metrics ]]; then
@@ -215,57 +218,72 @@ else
 fi
 grep -E "data (on|off) the GPU|error|Traceback|peak GPU memory" "$MAIN_LOG" | head -n 8 >>"$SUMMARY"
 fi
-
-# ------------------------------------------------------------------ part tier: the GPU test tier
-PYTEST_LOG=$OUT/pytest.log
-# cheap files first, so a time-out still leaves most tests with a known outcome (the releases ran in their own
-# part, test_gpu_releases.py); -v: one line per test as it ends
-FILES=(test_gpu_dropout.py test_gpu_placement.py test_gpu_records.py test_gpu_sync_bn.py test_gpu_resume.py
-       test_gpu_compile.py test_gpu_evaluation.py test_gpu_failing_rank.py test_gpu_amp.py)
-PYTEST_ARGS=(-m gpu -v -rfEs -p no:cacheprovider --maxfail=8 --durations=12 --junitxml="$WORK/pytest_gpu_junit.xml")
-if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=180); fi
-if (( CUDA_OK )); then
-  say "pytest collects $("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/gpu 2>/dev/null | tail -n1)"
-  run_step "pytest -m gpu (tests/gpu)" "$(budget 250 150)" "$PYTEST_LOG" \
-    "$PY" -m pytest "${PYTEST_ARGS[@]}" "${FILES[@]/#/tests/gpu/}"
-  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" "$PYTEST_LOG" | tail -n 40 >>"$SUMMARY"
-  say "per test: $(grep -cE ' PASSED' "$PYTEST_LOG") passed, $(grep -cE ' FAILED' "$PYTEST_LOG") failed, $(grep -cE ' SKIPPED' "$PYTEST_LOG") skipped, $(grep -cE ' ERROR' "$PYTEST_LOG") errors (from -v lines)"
-else  # the smoke: without CUDA the tier must refuse (a usage error, exit 4), never pass by skipping
-  say "== pytest -m gpu without CUDA (smoke): expecting the tier's one-line refusal, exit 4"
-  timeout -k 5 "$(budget 60 60)" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_placement.py >>"$PYTEST_LOG" 2>&1
-  rc=$?
-  grep -E "^ERROR" "$PYTEST_LOG" | head -n 1 >>"$SUMMARY"
-  if (( rc == 4 )); then say "== pytest -m gpu without CUDA: refused (exit 4), as it must"; else say "== pytest -m gpu without CUDA: exit $rc, expected 4"; FAILED=1; fi
-fi
 fi
 
 # ------------------------------------------------------------------ part rest: the probe's other checks
 PROBE_LOG=$OUT/probe.log
 if part rest; then
 if (( CUDA_OK )); then
-  run_step "probe (host syncs, hashed masks, keyed-dropout cost, TimesNet eval, pinned workers)" "$(budget 90 75)" \
+  run_step "probe (host syncs, hashed masks, keyed-dropout cost, TimesNet eval, pinned workers)" "$(budget 90 130)" \
     "$PROBE_LOG" "$PY" scripts/gpu_probe.py --only others
 else
-  run_step "probe (CPU dry run of its code paths)" "$(budget 90 45)" "$PROBE_LOG" "$PY" scripts/gpu_probe.py --cpu --only others
+  run_step "probe (CPU dry run of its code paths)" "$(budget 90 100)" "$PROBE_LOG" "$PY" scripts/gpu_probe.py --cpu --only others
 fi
 grep -E '^\{' "$PROBE_LOG" | cut -c1-400 >>"$SUMMARY"
 
 # ------------------------------------------------------------------ part rest: speed benchmark
 BENCH_LOG=$OUT/bench.log
 if (( CUDA_OK )); then
-  run_step "bench_models --device cuda" "$(budget 110 15)" "$BENCH_LOG" \
+  run_step "bench_models --device cuda" "$(budget 110 60)" "$BENCH_LOG" \
     "$PY" benchmarks/bench_models.py --device cuda --models DLinear iTransformer PatchTST TimeMixer \
     --variants eager,unkeyed,amp --steps 10 --rounds 2 --no_shares --out "$WORK/bench_models_gpu.md" --overwrite
 elif (( LIGHT )); then
   say "== bench_models: left out (GPU_CHECK_SMOKE_LIGHT=1)"
 else
-  run_step "bench_models --device cpu (smoke)" "$(budget 60 15)" "$BENCH_LOG" \
+  run_step "bench_models --device cpu (smoke)" "$(budget 60 40)" "$BENCH_LOG" \
     "$PY" benchmarks/bench_models.py --device cpu --models DLinear --variants eager,unkeyed --steps 2 --rounds 1 \
     --no_shares --out "$WORK/bench_models_gpu.md" --overwrite
 fi
 if [[ -f $WORK/bench_models_gpu.md ]]; then
   grep -E '^\|' "$WORK/bench_models_gpu.md" >>"$SUMMARY"
 fi
+fi
+
+# ------------------------------------------------------------------ part tier: the GPU test tier, last (what is left)
+PYTEST_LOG=$OUT/pytest.log
+# cheap files first, so a time-out still leaves most tests with a known outcome (the releases ran in their own
+# part, test_gpu_releases.py; the zoo's AMP runs, test_gpu_amp.py, are the part after); -v: one line per test
+FILES=(test_gpu_dropout.py test_gpu_placement.py test_gpu_records.py test_gpu_sync_bn.py test_gpu_resume.py
+       test_gpu_compile.py test_gpu_evaluation.py test_gpu_failing_rank.py)
+PYTEST_ARGS=(-m gpu -v -rfEs -p no:cacheprovider --maxfail=8 --durations=12 --junitxml="$WORK/pytest_gpu_junit.xml")
+if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTEST_ARGS+=(--timeout=180); fi
+if part tier; then
+if (( CUDA_OK )); then
+  say "pytest collects $("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/gpu 2>/dev/null | tail -n1)"
+  run_step "pytest -m gpu (tests/gpu)" "$(budget 420 10)" "$PYTEST_LOG" \
+    "$PY" -m pytest "${PYTEST_ARGS[@]}" "${FILES[@]/#/tests/gpu/}"
+  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" "$PYTEST_LOG" | tail -n 40 >>"$SUMMARY"
+  say "per test: $(grep -cE ' PASSED' "$PYTEST_LOG") passed, $(grep -cE ' FAILED' "$PYTEST_LOG") failed, $(grep -cE ' SKIPPED' "$PYTEST_LOG") skipped, $(grep -cE ' ERROR' "$PYTEST_LOG") errors (from -v lines)"
+else  # the smoke: without CUDA the tier must refuse (a usage error, exit 4), never pass by skipping
+  say "== pytest -m gpu without CUDA (smoke): expecting the tier's one-line refusal, exit 4"
+  timeout -k 5 "$(budget 60 10)" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_placement.py >>"$PYTEST_LOG" 2>&1
+  rc=$?
+  grep -E "^ERROR" "$PYTEST_LOG" | head -n 1 >>"$SUMMARY"
+  if (( rc == 4 )); then say "== pytest -m gpu without CUDA: refused (exit 4), as it must"; else say "== pytest -m gpu without CUDA: exit $rc, expected 4"; FAILED=1; fi
+fi
+fi
+
+# ------------------------------------------------------------------ part amp: every zoo model under bf16 and fp16
+AMP_LOG=$OUT/pytest_amp.log
+if part amp; then
+  if (( CUDA_OK )); then
+    run_step "pytest -m gpu tests/gpu/test_gpu_amp.py (the zoo under AMP)" "$(budget 420 10)" "$AMP_LOG" \
+      "$PY" -m pytest "${PYTEST_ARGS[@]/--junitxml=*/--junitxml=$WORK/pytest_amp_junit.xml}" tests/gpu/test_gpu_amp.py
+    grep -E "[0-9]+ (passed|failed|skipped|error)" "$AMP_LOG" | tail -n 1 >>"$SUMMARY"
+    say "per test: $(grep -cE ' PASSED' "$AMP_LOG") passed, $(grep -cE ' FAILED' "$AMP_LOG") failed (from -v lines)"
+  else
+    say "== the zoo under AMP (tests/gpu/test_gpu_amp.py): needs CUDA; its refusal without CUDA is the tier's"
+  fi
 fi
 (( CUDA_OK )) || say "# on a GPU this check measures, per release: ms per eval batch and per fine-tuning step in fp32 and bf16, peak memory (torch.cuda.max_memory_allocated), host syncs (torch.cuda.set_sync_debug_mode), the fp32 forecast against the CPU's, and 1 against 2 processes under NCCL where 2 GPUs are present"
 

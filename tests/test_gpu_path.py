@@ -221,6 +221,9 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
                              env={**env, "OUT": str(tmp_path / "refused")})
     assert refused.returncode == 3 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused
     assert "no CUDA device here" in refused.stderr
+    usage = subprocess.run(["bash", "scripts/gpu_check.sh", "--part", "everything"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60, env={**env, "OUT": str(tmp_path / "usage")})
+    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1 and "--part everything" in usage.stderr
     smoke = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-smoke"], cwd=REPO, capture_output=True, text=True,
                            timeout=300, env={**env, "OUT": str(tmp_path / "smoke"), "GPU_CHECK_SMOKE_LIGHT": "1"})
     summary = (tmp_path / "smoke" / "summary.txt").read_text()
