@@ -16,7 +16,8 @@ whole tokens (the padding's mask 0); the flow head starts S paths from N(0, 1) n
 `num_sampling_steps` Euler steps, x += (v(x, t) - noise) / steps with t = i / steps (the network predicts the
 clean sample, so v - noise is the straight path's velocity). A horizon past one output token (720) rolls out:
 the samples' (lower) median is appended to the normalised context and the decoder reads the longer series again
-(the reference keeps a key-value cache; the same tokens, the same attention). The samples are scaled back, and
+(the reference keeps a key-value cache; the same tokens, the same attention). The median is read from the sorted
+samples (lower_median: torch.median's values), as median(dim) has no deterministic CUDA kernel (--deterministic). The samples are scaled back, and
 the model returns their quantiles at `quantile_levels`: [B, pred_len, C, 9]. The experiment scores the 0.5 level
 as the point forecast; the paper scores the samples' mean (README.md here).
 
@@ -95,6 +96,8 @@ class Model(nn.Module):
         self.flow = FlowNetwork(self.output_len, hidden, hidden, int(config["flow_loss_depth"]))
         self.rotary = Rotary(hidden // heads)
         self.register_buffer(release.FIELDS_KEY, release.fields_tensor(config))  # config.json's other fields
+        # moved with the model once, no key: not built and copied to the device every batch
+        self.register_buffer("levels", torch.tensor(QUANTILE_LEVELS), persistent=False)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Weights of another head count load (no weight shows it) and attend wrongly: refused."""
@@ -127,7 +130,9 @@ class Model(nn.Module):
                 future = target.transpose(1, 2).reshape(batch * channels, -1)
                 return self.loss(series, future).view(batch, channels).mean(1)  # [B]: each window's loss
             samples = self.samples(series).float()  # [B * C, S, pred_len]; quantile needs float32 or 64
-        levels = torch.tensor(QUANTILE_LEVELS, device=samples.device)  # not a buffer: a bfloat16 copy would round it
+        levels = self.levels  # float32, as torch.quantile needs; a model cast to another dtype builds them anew
+        if levels.dtype != torch.float32:
+            levels = torch.tensor(QUANTILE_LEVELS, device=samples.device)
         quantiles = torch.quantile(samples, levels, dim=1).to(x_enc.dtype)  # [Q, B * C, pred_len]
         return quantiles.view(-1, batch, channels, self.pred_len).permute(1, 3, 2, 0)  # [B, pred_len, C, Q]
 
@@ -144,7 +149,7 @@ class Model(nn.Module):
             blocks.append(block)
             remaining -= block.shape[-1]
             if remaining > 0:  # roll out: the samples' lower median extends the context
-                context = torch.cat([context, block.median(dim=1).values], dim=-1)
+                context = torch.cat([context, lower_median(block, dim=1)], dim=-1)
         return torch.cat(blocks, dim=-1) * stdev.unsqueeze(1) + means.unsqueeze(1)
 
     # ------------------------------------------------------------ training
@@ -183,6 +188,14 @@ class Model(nn.Module):
         whole = torch.ones(tokens, dtype=context.dtype, device=context.device)
         whole[0] = 1.0 if pad == 0 else 0.0  # a token part padding is not scored (sktime's collator)
         return targets, scored, whole
+
+
+def lower_median(x, dim):
+    """torch.median(x, dim).values (the lower of the two middle values of an even count; NaN where the slice holds
+    one) from a sort, which CUDA runs deterministically."""
+    ordered = x.sort(dim=dim).values  # NaN sorts last
+    last = ordered.select(dim, -1)
+    return torch.where(last.isnan(), last, ordered.select(dim, (x.shape[dim] - 1) // 2))
 
 
 def content_keys(x_enc):
@@ -277,11 +290,14 @@ class FlowNetwork(nn.Module):
         self.input_proj = nn.Linear(channels, width)
         self.res_blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
         self.final_layer = FinalLayer(width, channels)
+        # the embedding's frequencies, computed on the host as the reference does and moved with the model once
+        self.register_buffer("frequencies", frequencies(torch.float32), persistent=False)
 
     def time(self, t):
         """The sinusoidal embedding of t (already * 1000) through the time MLP: [R] -> [R, width]."""
-        half = FREQUENCY_DIM // 2
-        freqs = torch.exp(-math.log(10000) * torch.arange(0, half, dtype=t.dtype) / half).to(t.device)
+        freqs = self.frequencies
+        if freqs.dtype != t.dtype:  # computed in t's dtype, as the reference does (a cast of float32's would round)
+            freqs = frequencies(t.dtype).to(t.device)
         angles = t[:, None] * freqs[None]
         return self.time_embed.mlp(torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1))
 
@@ -309,6 +325,12 @@ class FlowNetwork(nn.Module):
             t = torch.full((1,), float(i), dtype=z.dtype, device=z.device) / steps
             x = torch.add(x, self.velocity(x, self.time(t * TIME_SCALE) + condition) - start, alpha=dt)
         return x
+
+
+def frequencies(dtype):
+    """The sinusoidal time embedding's FREQUENCY_DIM / 2 frequencies in `dtype`, on the host (the reference's)."""
+    half = FREQUENCY_DIM // 2
+    return torch.exp(-math.log(10000) * torch.arange(0, half, dtype=dtype) / half)
 
 
 class ResBlock(nn.Module):

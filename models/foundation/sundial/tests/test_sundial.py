@@ -7,12 +7,14 @@ tokens, rolled out twice) and flow-matching loss; an export of ours writes the r
 back. What every release shares (zero-shot and fine-tuning on several processes, the export's layout, the bad
 inputs) is tests/test_foundation.py's contract."""
 import json
+import math
 from argparse import Namespace
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("safetensors")
 from safetensors.torch import load_file  # noqa: E402
@@ -82,6 +84,82 @@ def test_the_forecast_is_the_quantiles_of_the_samples(reference):
     want = torch.quantile(reference["samples"], torch.tensor(Sundial.QUANTILE_LEVELS), dim=1)  # [9, 6, 30]
     assert forecast.shape == (3, 30, 2, 9)
     assert close(forecast, want.view(9, 3, 2, 30).permute(1, 3, 2, 0))
+
+
+@pytest.mark.parametrize("count", [5, 6, 20])
+def test_the_lower_median_is_torch_medians_values(count):
+    """The rollout's median from a sort (torch.median(dim) has no deterministic CUDA kernel): torch.median's values,
+    the lower middle of an even count, ties and NaN (a slice holding one gives NaN) included, along each dim."""
+    generator = torch.Generator().manual_seed(count)
+    x = torch.randn(4, count, 7, generator=generator)
+    x[0] = x[0].round()  # ties
+    x[1, :, :3] = 2.0
+    x[2, 1, 4] = float("nan")
+    x[3, :, 5] = float("nan")
+    for dim in range(3):
+        want = x.median(dim=dim).values
+        got = Sundial.lower_median(x, dim)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), dim
+
+
+class Ops(TorchDispatchMode):
+    """The aten ops run."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_rollout_runs_no_median_with_indices(reference):
+    """30 steps rolled out over three output tokens of 12: the samples' median read from a sort, not median(dim),
+    which raises under --deterministic on CUDA; the samples are generate's as before (the check above)."""
+    model = ours(30, 30)
+    randn, rand = given([reference[f"sampler_noise_{i}"] for i in range(3)])
+    with randn, rand, torch.no_grad(), Ops() as ops:
+        model.samples(reference["context"])
+    assert torch.ops.aten.sort in ops.ops and torch.ops.aten.median not in ops.ops
+
+
+def meta_draws():
+    """layers.noise's draws as plain torch.randn / rand on the draw's device (the meta device has no generator to
+    key): what the recorder needs to run Sundial's sampler and loss."""
+    plain = lambda sampler: (lambda rows, *shape, device=None, dtype=torch.float32:  # noqa: E731
+                             sampler(rows, *shape, device=device, dtype=dtype))
+    return (mock.patch.object(noise, "randn", plain(torch.randn)), mock.patch.object(noise, "rand", plain(torch.rand)),
+            mock.patch.object(noise, "keyed", lambda: True))
+
+
+def test_an_eval_batch_and_a_training_step_copy_nothing_to_the_device():
+    """On the meta device under utils.host_syncs' recorder, a rolled-out forecast (3 sampling steps per output
+    token) and a training step: the time embedding's frequencies and the quantile levels are buffers moved with the
+    model, not built on the host and copied per step or batch; no host read either."""
+    from utils.host_syncs import record_host_syncs, summary, to_meta
+
+    model = to_meta(ours(30, 30))
+    x, future = to_meta(torch.randn(3, 30, 2)), to_meta(torch.randn(3, 30, 2))
+    randn, rand, keyed = meta_draws()
+    with randn, rand, keyed, record_host_syncs() as recorder:
+        with torch.no_grad():
+            model.eval()(x)
+        model.train()(x, target=future).mean().backward()
+    assert recorder.syncs == [], summary(recorder)
+    assert "frequencies" not in model.flow.state_dict() and "levels" not in model.state_dict()  # the layout as it was
+
+
+def test_the_time_embedding_in_another_dtype_is_computed_in_it():
+    """The frequencies buffer is float32's; a time in float64 gets them computed in float64, as the reference does."""
+    flow = ours(30, 30).flow
+    t = torch.tensor([0.0, 250.0, 999.0], dtype=torch.float64)
+    half = Sundial.FREQUENCY_DIM // 2
+    freqs = torch.exp(-math.log(10000) * torch.arange(0, half, dtype=torch.float64) / half)
+    angles = t[:, None] * freqs[None]
+    with torch.no_grad():
+        want = flow.time_embed.mlp.double()(torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1))
+        assert torch.equal(flow.time(t), want)
 
 
 def test_the_flow_matching_loss_equals_the_references(reference):
