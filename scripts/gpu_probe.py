@@ -371,9 +371,10 @@ def main():
         print(f"gpu_probe: --releases takes none or names of {', '.join(RELEASES)} ({', '.join(unknown)} unknown); "
               "--only takes releases or others", file=sys.stderr)
         return 2
-    report("environment", torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(),
-           gpus=torch.cuda.device_count(), device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           dry_run=CPU, status="ok")
+    cuda = torch.cuda.is_available()
+    report("environment", torch=torch.__version__, cuda_build=torch.version.cuda, cuda_available=cuda,
+           gpus=torch.cuda.device_count(), device=torch.cuda.get_device_name(0) if cuda else None, dry_run=CPU,
+           status="ok")
     if not CUDA and not CPU:
         report("probe", status="SKIPPED", reason="no CUDA device (run with --cpu for a dry run of the code paths)")
         return 0

@@ -268,7 +268,7 @@ def test_the_probe_fails_on_syncs_a_mismatch_or_an_error_and_skips_a_missing_pac
 
     for status, code in (("ok", 0), ("skipped", 0), ("SYNCS", 1), ("MISMATCH", 1), ("ERROR", 1), ("FAILED", 1)):
         probe = _probe(monkeypatch, "--only", "releases")
-        monkeypatch.setattr(probe, "releases", lambda names, probe=probe, status=status: probe.report("x", status=status))
+        monkeypatch.setattr(probe, "releases", lambda names, p=probe, status=status: p.report("x", status=status))
         assert probe.main() == code, status
     probe = _probe(monkeypatch, "--only", "releases")
     monkeypatch.setattr(probe, "report", lambda name, **fields: probe.RESULTS.append({"check": name, **fields}))

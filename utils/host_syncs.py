@@ -13,7 +13,9 @@ run on the device.
 Meta tensors carry device, dtype and shape but no data, so the ops whose result depends on the data (.item(),
 nonzero, a boolean index, unique, bincount ...) cannot run there; the recorder logs them and hands back a
 plausible stand-in (a check passes, other scalars are 0, a mask is taken as all true, counts spread evenly) so
-the rest of the step runs and its later syncs are found too. The stand-in's values are remembered, so reading
+the rest of the step runs and its later syncs are found too. Host data reaching the device is logged too: a
+tensor built from Python data there, .to(device) without non_blocking, indexing with a Python list or host
+indices. The stand-in's values are remembered, so reading
 one back (.tolist() of a bincount) gives the same values its shape was built from.
 
 Code that picks its path by `device.type == "cuda"` takes its non-CUDA path on meta (one asking `!= "cpu"` its
@@ -37,10 +39,11 @@ _THIS_FILE = os.path.abspath(__file__)
 _ROOT = os.path.dirname(os.path.dirname(_THIS_FILE)) + os.sep
 
 # Ops whose CUDA kernel reads device memory on the host to size its output (or to return a Python value).
+# bincount reads the input's max whatever minlength says; repeat_interleave only without output_size.
 _SIZED_BY_DATA = {
     aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
-    aten.unique_consecutive.default, aten._unique.default, aten.bincount.default, aten.equal.default, aten.allclose.default,
-    aten.repeat_interleave.Tensor,
+    aten.unique_consecutive.default, aten._unique.default, aten.bincount.default, aten.equal.default,
+    aten.allclose.default, aten.repeat_interleave.Tensor,
 }
 _INDEX = {aten.index.Tensor}
 _INDEX_PUT = {aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
@@ -157,7 +160,7 @@ class HostSyncRecorder(TorchDispatchMode):
         if func is aten._local_scalar_dense.default and _on_device(args[0]):  # .item(), .tolist(), bool(), int()
             self.log("d2h", func)
             return self._read_back(args[0]).item()
-        if func in _SIZED_BY_DATA and _on_device(args[0]):
+        if func in _SIZED_BY_DATA and _on_device(args[0]) and kwargs.get("output_size") is None:
             self.log("d2h", func)
             return self._stand_in(func, args, kwargs)
         if func in _INDEX | _INDEX_PUT and _on_device(args[0]) and any(
