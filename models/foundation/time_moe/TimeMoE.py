@@ -202,11 +202,12 @@ class SparseExperts(nn.Module):
         fixed (so one graph under torch.compile), experts / top_k times the experts' arithmetic of `grouped`. A
         row's expert outputs, their products with the weights and their sum in expert order are `grouped`'s, so the
         forecasts are its bits where a projection's rows do not depend on how many it is given (the CPU here)."""
+        # [tokens, experts, 1] each: the weight a row gives each expert (its slot's, copied), whether it chose it
+        gates = x.new_zeros(x.shape[0], len(self.experts)).scatter(1, chosen, weights).unsqueeze(-1)
+        picked = chosen.new_zeros(gates.shape[:2], dtype=torch.bool).scatter(1, chosen, True).unsqueeze(-1)
         out = None
-        for index, expert in enumerate(self.experts):
-            hit = chosen == index  # [tokens, top_k]: at most one slot per row
-            weight = torch.where(hit, weights, 0).sum(1, keepdim=True)  # the chosen slot's weight, exactly
-            term = torch.where(hit.any(1, keepdim=True), expert(x) * weight, 0)  # where: an unchosen inf stays out
+        for expert, gate, hit in zip(self.experts, gates.unbind(1), picked.unbind(1)):
+            term = torch.where(hit, expert(x) * gate, 0)  # where, not the product by 0: an unchosen inf stays out
             out = term if out is None else out + term  # + 0 where the row did not choose it: exact
         return out
 
