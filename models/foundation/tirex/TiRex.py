@@ -246,7 +246,9 @@ class GraphedRecurrence:
     def __call__(self, x, states, kernel, bias):
         if x.device.type != "cuda" or torch.is_grad_enabled() or torch.cuda.is_current_stream_capturing():
             return slstm_forward(x, states, kernel, bias)
-        key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in (x, states, kernel, bias))
+        # inference mode in the key: its static buffers would refuse the in-place copies outside it
+        key = (torch.is_inference_mode_enabled(), *((t.shape, t.stride(), t.dtype, t.device)
+                                                    for t in (x, states, kernel, bias)))
         if key not in self.graphs:
             if len(self.graphs) >= self.LIMIT:
                 self.graphs.clear()
