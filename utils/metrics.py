@@ -31,10 +31,11 @@ def _where(condition, a, b):
     return torch.where(condition, a, b) if torch.is_tensor(condition) else np.where(condition, a, b)
 
 
-def vector_like(values, like):
-    """A 1-D tensor of `values` in `like`'s dtype on its device, filled there: no blocking host-to-device copy, and
-    the same values as torch.tensor(values, dtype=like.dtype)."""
-    return torch.stack([like.new_full((), float(v)) for v in values])
+def vector_like(values, like, dtype=None):
+    """A 1-D tensor of `values` in `like`'s dtype (or `dtype`) on its device, filled there: no blocking
+    host-to-device copy, and the same values as torch.tensor(values, dtype=...)."""
+    dtype = like.dtype if dtype is None else dtype
+    return torch.stack([like.new_full((), float(v) if dtype.is_floating_point else v, dtype=dtype) for v in values])
 
 
 def _as_float(mask, like):
@@ -110,10 +111,12 @@ class Elements:
     lacks is None, and the sums that need it are not computed (Sum.needs)."""
 
     def __init__(self, y, median, quantiles=None, tau=(), levels=(), wql_levels=(), mean=None, scale=None,
-                 sq_scale=None, low=None, high=None, alpha=None):
+                 sq_scale=None, low=None, high=None, alpha=None, wql_index=None):
         self.y, self.median, self.q, self.tau, self.levels = y, median, quantiles, tau, tuple(levels)
         self.mean = median if mean is None else mean
-        self.wql_index = [self.levels.index(level) for level in wql_levels]
+        # the positions of wql_levels among levels; given as a tensor on the quantiles' device, a pick by them copies
+        # nothing from the host
+        self.wql_index = [self.levels.index(level) for level in wql_levels] if wql_index is None else wql_index
         self.scale, self.sq_scale, self.low, self.high, self.alpha = scale, sq_scale, low, high, alpha
         self._cache = {}
 
@@ -510,6 +513,7 @@ class ProbabilisticSums:
         self._pending = []  # per batch, a float64 tensor of the sums of _summed: no host sync in the loop
         self._windows = [] if keep_windows else None  # per batch, [B, window_fields]
         self._tau = {}
+        self._wql_at = {}  # device -> _wql_index there
 
     def update(self, quantiles, true, scale=None, sq_scale=None):
         """quantiles [B, P, C, L] sorted along L; true [B, P, C]; scale None or [B, C]: each window's
@@ -526,6 +530,8 @@ class ProbabilisticSums:
         tau = self._tau.get((q.dtype, q.device))
         if tau is None:  # made once per dtype and device
             tau = self._tau[(q.dtype, q.device)] = vector_like(self.levels, q)
+        if q.device not in self._wql_at:
+            self._wql_at[q.device] = vector_like(self._wql_index, q, dtype=torch.long)
         if scale is not None:
             if tuple(scale.shape) != (windows, true.shape[2]):
                 raise ValueError(f"scale {tuple(scale.shape)} is not [B, C] = {(windows, true.shape[2])}")
@@ -536,7 +542,7 @@ class ProbabilisticSums:
             raise ValueError("sq_scale needs scale: RMSSE leaves out the elements whose seasonal error is 0")
         low, high = (None, None) if self._msis_ends is None else (q[..., i] for i in self._msis_ends)
         e = Elements(true, median, q, tau, self.levels, self.wql_levels, scale=scale, sq_scale=sq_scale, low=low,
-                     high=high, alpha=self.msis_alpha)
+                     high=high, alpha=self.msis_alpha, wql_index=self._wql_at[q.device])
         parts = {}
         for definition in self._sums:
             if definition.available(e):
