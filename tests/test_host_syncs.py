@@ -15,7 +15,6 @@ HOST_SYNCS_REPORT=<file> writes every case's call sites there (markdown).
 """
 import json
 import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -61,6 +60,7 @@ def test_the_recorder_logs_each_blocking_read_and_copy_and_keeps_the_step_runnin
         counts = torch.bincount(x.flatten().long(), minlength=4)
         assert counts.tolist() == [3, 3, 3, 3]  # spread evenly, read back as built
         torch.unique(x)
+        torch.repeat_interleave(counts, output_size=12)  # sized by the caller: no read
         x[x > 0] = 0.0  # a Python number: masked_fill_ on CUDA, no sync
         x[[0, 2]]  # a Python list: a tensor of it copied to the device
         x[torch.tensor([1, 3])]  # host indices, copied to the device
@@ -131,14 +131,14 @@ def argv_of(case, etth1, root):
 
 
 def count_on_meta(argv):
-    """{"train_step": recorder of one training step, "eval_batch": (syncs, copies, op counts) of one eval batch}
-    of the experiment `argv` builds on the meta device."""
+    """{"train_step": ..., "eval_batch": ...} of the experiment `argv` builds on the meta device, each (syncs,
+    non-blocking copies, op counts) as Counters: of one training step, and of one eval batch."""
     from data_provider.data_factory import data_provider
     from exp.exp_forecast import Exp_Forecast
     from exp.scoring import ProbabilisticScoring
     from exp.settings import resolve_args
-    from utils.checkpoint import TrainingState
     from exp.steps import RunningLoss
+    from utils.checkpoint import TrainingState
     from utils.tools import EarlyStopping
 
     args = make_args(*argv)
