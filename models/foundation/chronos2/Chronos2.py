@@ -109,7 +109,8 @@ def _time_attention(self, query, key, value, mask, package=None):
 
 def _singleton_group_mask(group_ids, attention_mask, floating_type):
     """The encoder's group mask when every series is its own group: the diagonal of the package's
-    [time, 1, N, N] mask, [time, 1, N, 1] (each series' own entry, by its time mask)."""
+    [time, 1, N, N] mask, [time, 1, N, 1] (each series' own entry, by its time mask). `group_ids` is not read:
+    Model never groups (it passes none, so the package numbers the series 0..N-1)."""
     if torch.is_floating_point(attention_mask):  # the package's rule: the mask's dtype when it is a float
         floating_type = attention_mask.dtype
     return (1.0 - attention_mask.transpose(0, 1)[:, None, :, None]) * torch.finfo(floating_type).min
@@ -183,8 +184,8 @@ def _rollout_constants(quantiles, unrolled):
     unrolled levels from the model's quantiles; the 9 x 21 samples' probability masses (Chronos2Pipeline's
     trapezoidal masses, normalised) as integers `masses` = mass * 2^shift, exact, whose prefix sums are the
     cumulative masses exactly."""
-    quantiles = torch.tensor(quantiles, dtype=torch.float32)
-    unrolled = torch.tensor(unrolled, dtype=torch.float32)
+    quantiles = torch.tensor(quantiles, dtype=torch.float32, device="cpu")  # on the host whatever device builds
+    unrolled = torch.tensor(unrolled, dtype=torch.float32, device="cpu")
     lower, upper, weight = _interpolation(quantiles, unrolled)
     masses = torch.outer(Chronos2Pipeline._get_prob_mass_per_quantile_level(unrolled),
                          Chronos2Pipeline._get_prob_mass_per_quantile_level(quantiles)).reshape(-1)

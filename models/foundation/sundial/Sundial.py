@@ -97,7 +97,7 @@ class Model(nn.Module):
         self.rotary = Rotary(hidden // heads)
         self.register_buffer(release.FIELDS_KEY, release.fields_tensor(config))  # config.json's other fields
         # moved with the model once, no key: not built and copied to the device every batch
-        self.register_buffer("levels", torch.tensor(QUANTILE_LEVELS), persistent=False)
+        self.register_buffer("levels", torch.tensor(QUANTILE_LEVELS, device="cpu"), persistent=False)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Weights of another head count load (no weight shows it) and attend wrongly: refused."""
@@ -330,7 +330,7 @@ class FlowNetwork(nn.Module):
 def frequencies(dtype):
     """The sinusoidal time embedding's FREQUENCY_DIM / 2 frequencies in `dtype`, on the host (the reference's)."""
     half = FREQUENCY_DIM // 2
-    return torch.exp(-math.log(10000) * torch.arange(0, half, dtype=dtype) / half)
+    return torch.exp(-math.log(10000) * torch.arange(0, half, dtype=dtype, device="cpu") / half)
 
 
 class ResBlock(nn.Module):
