@@ -67,6 +67,8 @@ class _Plan:
         self.scale, self.is_causal = scale, is_causal
         self.bool_mask = None
         self.autocast = None  # the forward's (device type, dtype, enabled), for backward
+        self.kept = None  # fused, in one block: the forward's (keep mask, factor), for backward
+        self.backward_follows = False  # whether some input needs a gradient
 
 
 def _autocast_state(device_type):
@@ -85,6 +87,7 @@ class _KeyedWeightsAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, additive, plan):
         ctx.plan = plan
         plan.autocast = _autocast_state(query.device.type)
+        plan.backward_follows = any(ctx.needs_input_grad[:4])
         ctx.save_for_backward(query, key, value, additive)
         out = torch.empty(*query.shape[:-1], value.shape[-1], dtype=value.dtype, device=value.device)
         for rows, blocks, noise_of in _parts(query, key, plan):
@@ -141,7 +144,7 @@ def _parts(query, key, plan):
     blocks = [slice(start, min(start + block, queries)) for start in range(0, queries, block)]
     if plan.block_keep is not None:
         sample_shape = (per_sample, *query.shape[1:-1], keys_)
-        yield slice(0, query.shape[0]), blocks, _fused_noise(plan, sample_shape, query)
+        yield slice(0, query.shape[0]), blocks, _fused_noise(plan, sample_shape, query, len(blocks) == 1)
         return
     for sample in range(plan.samples):
         yield slice(sample * per_sample, (sample + 1) * per_sample), blocks, _noise(plan, sample, query)
@@ -190,12 +193,19 @@ def _noise(plan, sample, query):
     return noise
 
 
-def _fused_noise(plan, sample_shape, query):
-    """_noise for all samples at once: a block's keep mask over every row, hashed for that block alone."""
+def _fused_noise(plan, sample_shape, query, single):
+    """_noise for all samples at once: a block's keep mask over every row, hashed for that block alone; a call
+    that is `single` block keeps its bool mask (a byte a weight, within FUSED_BLOCK_ELEMENTS) for backward
+    rather than hash it again: a dozen launches fewer where launches cost more than the bytes."""
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
 
     def noise(block):
-        keep, factor = plan.block_keep(block, sample_shape)
+        if plan.kept is not None:  # backward, after a single block's forward
+            (keep, factor), plan.kept = plan.kept, None
+        else:
+            keep, factor = plan.block_keep(block, sample_shape)
+            if single and plan.backward_follows:
+                plan.kept = keep, factor
         return keep.to(dtype).mul_(factor)
 
     return noise
