@@ -17,9 +17,9 @@ whole tokens (the padding's mask 0); the flow head starts S paths from N(0, 1) n
 clean sample, so v - noise is the straight path's velocity). A horizon past one output token (720) rolls out:
 the samples' (lower) median is appended to the normalised context and the decoder reads the longer series again
 (the reference keeps a key-value cache; the same tokens, the same attention). The median is read from the sorted
-samples (lower_median: torch.median's values), as median(dim) has no deterministic CUDA kernel (--deterministic). The samples are scaled back, and
-the model returns their quantiles at `quantile_levels`: [B, pred_len, C, 9]. The experiment scores the 0.5 level
-as the point forecast; the paper scores the samples' mean (README.md here).
+samples (lower_median: torch.median's values), as median(dim) has no deterministic CUDA kernel (--deterministic).
+The samples are scaled back, and the model returns their quantiles at `quantile_levels`: [B, pred_len, C, 9].
+The experiment scores the 0.5 level as the point forecast; the paper scores the samples' mean (README.md here).
 
 Randomness follows the window: every draw (the sampler's noise, the flow-matching noise and times) goes through
 layers.noise, rows window-major ((window, channel, sample) order), so samples and metrics are the same on any
@@ -296,8 +296,8 @@ class FlowNetwork(nn.Module):
     def time(self, t):
         """The sinusoidal embedding of t (already * 1000) through the time MLP: [R] -> [R, width]."""
         freqs = self.frequencies
-        if freqs.dtype != t.dtype:  # computed in t's dtype, as the reference does (a cast of float32's would round)
-            freqs = frequencies(t.dtype).to(t.device)
+        if not freqs.dtype == t.dtype == torch.float32:  # computed in t's dtype as the reference does (the buffer
+            freqs = frequencies(t.dtype).to(t.device)    # is float32's; cast with the model it would be rounded)
         angles = t[:, None] * freqs[None]
         return self.time_embed.mlp(torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1))
 

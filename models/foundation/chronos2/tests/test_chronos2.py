@@ -186,8 +186,8 @@ def packages_rollout(release, x, pred_len):
     series, count = x.transpose(1, 2).reshape(-1, length), batch * channels
     out = pipeline._predict_batch(context=series, group_ids=torch.arange(count),
                                   future_covariates=torch.full((count, pred_len), torch.nan),
-                                  unrolled_quantiles_tensor=torch.tensor(UNROLLED_QUANTILES), prediction_length=pred_len,
-                                  max_output_patches=2, target_idx_ranges=[(0, count)])[0]
+                                  unrolled_quantiles_tensor=torch.tensor(UNROLLED_QUANTILES),
+                                  prediction_length=pred_len, max_output_patches=2, target_idx_ranges=[(0, count)])[0]
     return out.reshape(batch, channels, len(LEVELS), pred_len).permute(0, 3, 1, 2)
 
 

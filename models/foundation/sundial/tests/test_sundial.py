@@ -151,14 +151,15 @@ def test_an_eval_batch_and_a_training_step_copy_nothing_to_the_device():
 
 
 def test_the_time_embedding_in_another_dtype_is_computed_in_it():
-    """The frequencies buffer is float32's; a time in float64 gets them computed in float64, as the reference does."""
-    flow = ours(30, 30).flow
+    """The frequencies buffer is float32's; a flow network cast to float64 (its buffer cast too, rounded float32
+    values) computes them in float64 for a float64 time, as the reference does."""
+    flow = ours(30, 30).flow.double()
     t = torch.tensor([0.0, 250.0, 999.0], dtype=torch.float64)
     half = Sundial.FREQUENCY_DIM // 2
     freqs = torch.exp(-math.log(10000) * torch.arange(0, half, dtype=torch.float64) / half)
     angles = t[:, None] * freqs[None]
     with torch.no_grad():
-        want = flow.time_embed.mlp.double()(torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1))
+        want = flow.time_embed.mlp(torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1))
         assert torch.equal(flow.time(t), want)
 
 
