@@ -358,8 +358,10 @@ def main(argv=None):
         args.num_threads = same_on_any_world_size(args.num_threads)
         check_gpu_choice(args.ddp, args.gpu)
         # run.py's device: CUDA (--gpu's, or LOCAL_RANK's under --ddp; nccl) where --use_gpu and a GPU is
-        # visible, else the CPU (gloo); each batch's forecasts come back to the host, where they are scored
-        args.device = distributed.setup(args.ddp, args.use_gpu, args.gpu, timeout_s=1800, threads=args.num_threads)
+        # visible, else the CPU (gloo); each batch's forecasts come back to the host, where they are scored. A
+        # baseline computes on the host: no GPU taken, so it runs on as many processes as there are cores
+        use_gpu = args.use_gpu and args.model not in BASELINES
+        args.device = distributed.setup(args.ddp, use_gpu, args.gpu, timeout_s=1800, threads=args.num_threads)
         run(args)
     except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
         if distributed.env_rank() == 0:

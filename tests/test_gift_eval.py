@@ -490,8 +490,8 @@ def test_a_gpu_the_machine_lacks_is_refused_with_run_pys_line(tmp_path, monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    harness = ["--model", "seasonal_naive", "--data_root", tmp_path / "data", "--out", tmp_path / "out", "--datasets",
-               "hospital", "--num_threads", 1]
+    harness = ["--model", "DLinear", "--checkpoint", tmp_path / "dlinear.pth", *DLINEAR, "--data_root", tmp_path / "data",
+               "--out", tmp_path / "out", "--datasets", "hospital", "--num_threads", 1]
     assert _main_in_process(monkeypatch, [*harness, "--gpu", 2]) == 2
     line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert run_py.main([str(a) for a in ("--model", "DLinear", "--data", "synthetic", "--synthetic_rows", 1000, "--gpu",
@@ -554,3 +554,8 @@ def test_the_model_and_its_inputs_are_on_the_device_setup_chose(tmp_path, monkey
                                           "--num_threads", 1, "--gpu", 0])
     assert code == 2 and "error: stopped where the model forecasts" in capsys.readouterr().err
     assert chosen == [(False, True, 0)] and seen == [{meta}]
+    # a baseline computes on the host: it takes no GPU (so it runs on as many processes as there are cores)
+    monkeypatch.setattr(distributed, "setup", lambda ddp, use_gpu, *rest, **kw: chosen.append((ddp, use_gpu)))
+    assert _main_in_process(monkeypatch, ["--model", "seasonal_naive", "--data_root", tmp_path / "data", "--out",
+                                          tmp_path / "naive", "--datasets", "hospital", "--num_threads", 1]) == 0
+    assert chosen[1:] == [(False, False)] and (tmp_path / "naive" / "all_results.csv").is_file()
