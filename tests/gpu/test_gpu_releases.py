@@ -1,14 +1,16 @@
 """Every release (tests/test_foundation.py's RELEASES, its tests' folder) on 2 GPUs under NCCL, as users run it:
-zero-shot metrics on 2 processes equal to 1 process's at the same --eval_batch_size, bit for bit (each process
-evaluates whole batches dealt out in order, so every batch holds the windows it holds on one process: the same
-shapes, so the same kernels on identical GPUs; docs/foundation.md#on-a-gpu), and a bf16 fine-tuning step on 2
-processes with finite losses. scripts/gpu_check.sh runs this file first where 2 GPUs are present."""
+zero-shot on 2 processes as on 1 at the same --eval_batch_size: every window's errors (window_errors.csv) bit for
+bit, since each process evaluates whole batches dealt out in order, so every batch holds the windows it holds on
+one process (the same shapes, so the same kernels on identical GPUs; docs/foundation.md#how-they-run-here), and
+the metrics to float64's last digits (their sums group by process); and a bf16 fine-tuning step on 2 processes
+with finite losses. scripts/gpu_check.sh runs this file first where 2 GPUs are present."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from gpu_helpers import run_gpu
+from gpu_helpers import run_gpu, window_errors
 from helpers import assert_ok, records, write_etth1_shaped
 from test_foundation import RELEASES, SCORES, TUNE, needs, released_folder, run_args
 
@@ -32,8 +34,10 @@ def test_a_release_scores_alike_on_1_and_2_gpus_and_fine_tunes_under_bf16(name, 
     assert_ok(run_gpu(tmp_path / "two", *zero_shot, "--ddp", nproc=2))
     one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
     assert two["world_size"] == 2 and one["world_size"] == 1
+    alone, shared = (window_errors(tmp_path / run, record["setting"]) for run, record in (("one", one), ("two", two)))
+    assert alone.shape == shared.shape and np.array_equal(alone, shared), f"{name}: window errors differ"
     for key in SCORES:
-        assert one.get(key) == two.get(key), f"{name} zero-shot {key}: 1 GPU {one.get(key)!r}, 2 GPUs {two.get(key)!r}"
+        assert two.get(key) == pytest.approx(one.get(key), rel=1e-12), f"{name} zero-shot {key}"
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16 (compute capability < 8.0): the fine-tuning step needs one")
     tuned = [*argv, *TUNE, *row.tune, "--train_steps", 1, "--use_amp", "--amp_dtype", "bf16", "--ddp"]
