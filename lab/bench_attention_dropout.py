@@ -2,6 +2,7 @@
 
     python lab/bench_attention_dropout.py                 # 1 280 tokens, the table to results/
     python lab/bench_attention_dropout.py --tokens 640 --batch_size 2
+    python lab/bench_attention_dropout.py --release_step           # keyed attention's paths in a ChronosBolt step
 
 One optimizer step as Exp_Forecast.train_step takes it (bench_models.OursStep), univariate synthetic data,
 --input_token_len 24 so that --tokens tokens are seq_len = 24 x tokens steps, dropout 0.1. Variants, each in
@@ -16,6 +17,11 @@ a fresh process:
   (what training under --compile, or a model that declares randomness_follows_sample = False, runs);
 - `no_dropout`: --dropout 0, for scale. On the CPU every variant forms the weights: its flash kernel takes no
   dropout and no mask that needs a gradient (Timer-XL's learned variable bias is one).
+
+`--release_step` (attention_paths): a Chronos-Bolt training step at the base release's layer counts (12 + 12
+layers, 12 heads; --d_model 64), 32 windows, horizon 96, each keyed attention path against the unkeyed step:
+SDPA calls and aten ops of one step, and the median over interleaved rounds of each round's median step.
+`--device cuda` measures what a GPU runs (its `keyed` is the fused path).
 
 Peak: the process's VmHWM during the steps after a warm-up step (reset by /proc/self/clear_refs), less its
 VmRSS just before, with glibc's mmap threshold fixed at 64 KiB so that freed tensors leave the resident
@@ -99,8 +105,97 @@ def script_step_times(models, rounds, steps, data_root):
     return times
 
 
+ATTENTION_PATHS = {  # keyed attention's paths: (KeyedDropout.per_sample_attention, .fused_attention)
+    "blocks": (False, False),  # a sample's query blocks, its masks from its generator (the CPU's)
+    "per_sample": (True, None),  # one SDPA per sample under its seed
+    "fused": (False, True),  # query blocks over all samples, masks hashed (what other devices run)
+}
+RELEASE_STEP = ["--model", "ChronosBolt", "--data", "synthetic", "--features", "S", "--synthetic_rows", 3000,
+                "--pred_len", 96, "--label_len", 0, "--d_model", 64, "--d_ff", 128, "--e_layers", 12, "--d_layers", 12,
+                "--n_heads", 12, "--dropout", 0.1, "--batch_size", 32]
+
+
+def _counted(step):
+    """(SDPA calls, aten ops other than views) of one call of `step`."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchFunctionMode):
+        sdpa = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.sdpa += func is torch.nn.functional.scaled_dot_product_attention
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):
+        FREE = {"view", "unsqueeze", "expand", "_unsafe_view", "alias", "detach", "as_strided", "t", "transpose",
+                "slice", "select", "permute", "squeeze"}
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += func.overloadpacket.__name__ not in self.FREE
+            return func(*args, **(kwargs or {}))
+
+    with Calls() as calls, Ops() as ops:
+        step()
+    return calls.sdpa, ops.ops
+
+
+def attention_paths(argv, device, rounds=3, steps=3, paths=tuple(ATTENTION_PATHS)):
+    """{variant: (SDPA calls a step, aten ops a step, median step in s)} for the unkeyed step ("plain") and each
+    keyed attention path, one model per keyedness, the variants alternating round by round in this process."""
+    keyed = OursStep([str(a) for a in argv], device, steps)
+    plain = OursStep([str(a) for a in argv], device, steps, keyed=False)
+    variants = {"plain": (plain, (None, None)), **{path: (keyed, ATTENTION_PATHS[path]) for path in paths}}
+    layer = dropout_module.KeyedDropout
+    counts, medians = {}, {name: [] for name in variants}
+    try:
+        for name, (step, (layer.per_sample_attention, layer.fused_attention)) in variants.items():
+            step()  # warm-up
+            counts[name] = _counted(step)
+        for _ in range(rounds):
+            for name, (step, (layer.per_sample_attention, layer.fused_attention)) in variants.items():
+                taken = []
+                for _ in range(steps):
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    step()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    taken.append(time.perf_counter() - start)
+                medians[name].append(statistics.median(taken))
+    finally:
+        layer.per_sample_attention = layer.fused_attention = None
+    return {name: (*counts[name], statistics.median(medians[name])) for name in variants}
+
+
+def release_step_table(device, seq_len, rounds, steps):
+    argv = [*RELEASE_STEP, "--seq_len", seq_len, "--num_threads", torch.get_num_threads(),
+            "--use_gpu", str(device.type == "cuda").lower()]
+    paths = tuple(ATTENTION_PATHS) if device.type == "cpu" else ("per_sample", "fused")
+    found = attention_paths(argv, device, rounds, steps, paths)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = [f"| {name} | {sdpa} | {ops} | {seconds * 1e3:.1f} | {seconds / found['plain'][2]:.2f} |"
+            for name, (sdpa, ops, seconds) in found.items()]
+    return "\n".join([
+        f"# Chronos-Bolt training step (base's layer counts), keyed attention's paths, {device.type}",
+        "",
+        f"`python lab/bench_attention_dropout.py --release_step --seq_len {seq_len} --device {device.type}`: "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"thread(s), 1-minute load average {load:.1f} at the end; 32 windows, horizon 96; median of {rounds} "
+        f"interleaved rounds of {steps} steps.",
+        "",
+        "| variant | SDPA calls a step | aten ops a step | step (ms) | / plain |",
+        "|---|---|---|---|---|",
+        *rows, ""])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--release_step", action="store_true", help="keyed attention's paths in a ChronosBolt step")
+    parser.add_argument("--seq_len", type=int, default=512, help="with --release_step")
+    parser.add_argument("--device", default="cpu", help="with --release_step")
     parser.add_argument("--tokens", type=int, default=1280)
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--d_model", type=int, default=64)
@@ -113,6 +208,13 @@ def main():
     parser.add_argument("--variant", choices=VARIANTS, help="measure one variant in this process (JSON out)")
     parser.add_argument("--out", default=str(REPO / "lab" / "results" / "bench_attention_dropout_cpu.md"))
     args = parser.parse_args()
+    if args.release_step:
+        torch.set_num_threads(1)
+        table = release_step_table(torch.device(args.device), args.seq_len, args.rounds, args.steps)
+        print(table)
+        if args.out != parser.get_default("out"):
+            Path(args.out).write_text(table)
+        return
     shape = (args.tokens, args.batch_size, args.steps, args.d_model, args.n_heads)
     if args.variant:
         print(json.dumps(measure(args.variant, *shape)))
