@@ -144,7 +144,11 @@ if (( GPU_PRESENT )) && [[ $TORCH_STATE == missing || $TORCH_STATE == cpu-build 
   run_step "pip install torch (CUDA build)" "$(budget 210 250)" "$INSTALL_LOG" "$PY" -m pip install --retries 1 torch
 fi
 torch_info | tee -a "$SUMMARY"
-CUDA_OK=$(timeout 120 "$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+CUDA_OK=0
+[[ $TORCH_STATE == cuda ]] && CUDA_OK=1
+if [[ -s $INSTALL_LOG ]]; then  # torch was installed above: ask the new one
+  CUDA_OK=$(timeout 120 "$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+fi
 if (( ! CUDA_OK )) && [[ $SMOKE != 1 ]]; then
   echo "gpu_check: torch sees no CUDA device here ($TORCH_STATE; nvidia-smi lists a GPU: $GPU_PRESENT): run it on a GPU machine, or with --cpu-smoke to try the script on the CPU; details in $SUMMARY" >&2
   exit 3
