@@ -89,8 +89,13 @@ class _KeyedWeightsAttention(torch.autograd.Function):
         plan.autocast = _autocast_state(query.device.type)
         plan.backward_follows = any(ctx.needs_input_grad[:4])
         ctx.save_for_backward(query, key, value, additive)
+        parts = list(_parts(query, key, plan))
+        if _whole(parts, query):  # one block of every row and query: the product is the output
+            rows, (block,), noise_of = parts[0]
+            weights, _ = _weights(query, key, additive, plan, rows, block, noise_of)
+            return (weights @ value).to(value.dtype)
         out = torch.empty(*query.shape[:-1], value.shape[-1], dtype=value.dtype, device=value.device)
-        for rows, blocks, noise_of in _parts(query, key, plan):
+        for rows, blocks, noise_of in parts:
             for block in blocks:
                 weights, _ = _weights(query, key, additive, plan, rows, block, noise_of)
                 out[rows][..., block, :] = weights @ value[rows]
@@ -102,35 +107,57 @@ class _KeyedWeightsAttention(torch.autograd.Function):
         query, key, value, additive = ctx.saved_tensors
         plan = ctx.plan
         inputs = (query, key, value, additive)
-        grads = [torch.zeros_like(t, dtype=_summed_in(t)) if need else None
+        parts = list(_parts(query, key, plan))
+        whole = _whole(parts, query)
+        grads = [None if not need else _WHOLE if whole else torch.zeros_like(t, dtype=_summed_in(t))
                  for t, need in zip(inputs, ctx.needs_input_grad)]
         autocast = torch.autocast(*plan.autocast[:2], enabled=plan.autocast[2]) if plan.autocast else None
         with autocast or contextlib.nullcontext():
-            _backward(grad_out, query, key, value, additive, plan, grads)
+            _backward(grad_out, query, key, value, additive, plan, parts, grads)
         return (*(g if g is None or g.dtype == t.dtype else g.to(t.dtype) for g, t in zip(grads, inputs)), None)
 
 
-def _backward(grad_out, query, key, value, additive, plan, grads):
-    """The gradients of a call, added into `grads` (those of query, key, value and the additive mask, or None)."""
-    grad_query, grad_key, grad_value, grad_additive = grads
-    for rows, blocks, noise_of in _parts(query, key, plan):
+_WHOLE = object()  # a gradient of a call in one block: set by its only part rather than summed into zeros
+
+
+def _whole(parts, query):
+    """Whether the call is one block of every row and every query (fused within its budget, or one sample)."""
+    return (len(parts) == 1 and parts[0][0] == slice(0, query.shape[0]) and len(parts[0][1]) == 1
+            and parts[0][1][0] == slice(0, query.shape[-2]))
+
+
+def _sum_into(grads, i, part, view=lambda grad: grad):
+    """Adds a block's `part` into the view of gradient i (in place: no copy back), or sets it, _WHOLE."""
+    if grads[i] is _WHOLE:
+        grads[i] = part
+    else:
+        view(grads[i]).add_(part)
+
+
+def _backward(grad_out, query, key, value, additive, plan, parts, grads):
+    """The gradients of a call, added into `grads` (those of query, key, value and the additive mask: a tensor,
+    _WHOLE or None)."""
+    for rows, blocks, noise_of in parts:
         for block in blocks:
             weights, (probabilities, noise) = _weights(query, key, additive, plan, rows, block, noise_of)
             grad_rows = grad_out[rows][..., block, :]
-            if grad_value is not None:
-                grad_value[rows] += weights.transpose(-2, -1) @ grad_rows
+            if grads[2] is not None:
+                _sum_into(grads, 2, weights.transpose(-2, -1) @ grad_rows, lambda grad: grad[rows])
             # in the weights' dtype, as autograd hands an autocast product's gradient back through its cast
             grad_weights = (grad_rows @ value[rows].transpose(-2, -1)).to(noise.dtype).mul_(noise)
             # softmax's backward: p * (g - sum(g * p)) along the keys
             grad_scores = grad_weights.sub_((grad_weights * probabilities).sum(-1, keepdim=True))
             grad_scores.mul_(probabilities)
-            if grad_additive is not None:
-                _add_to_mask(grad_additive, grad_scores, rows, block, query)
+            if grads[3] is _WHOLE:  # (a copy where nothing is summed: grad_scores is scaled in place below)
+                total = grad_scores.sum_to_size(_mask_part(additive, rows, block, query).shape)
+                grads[3] = (total.clone() if total.shape == grad_scores.shape else total).view(additive.shape)
+            elif grads[3] is not None:
+                _add_to_mask(grads[3], grad_scores, rows, block, query)
             grad_scores.mul_(plan.scale)
-            if grad_query is not None:
-                grad_query[rows][..., block, :] += grad_scores @ key[rows]
-            if grad_key is not None:
-                grad_key[rows] += grad_scores.transpose(-2, -1) @ query[rows][..., block, :]
+            if grads[0] is not None:
+                _sum_into(grads, 0, grad_scores @ key[rows], lambda grad: grad[rows][..., block, :])
+            if grads[1] is not None:
+                _sum_into(grads, 1, grad_scores.transpose(-2, -1) @ query[rows][..., block, :], lambda grad: grad[rows])
 
 
 def _parts(query, key, plan):
