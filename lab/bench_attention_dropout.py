@@ -2,7 +2,7 @@
 
     python lab/bench_attention_dropout.py                 # 1 280 tokens, the table to results/
     python lab/bench_attention_dropout.py --tokens 640 --batch_size 2
-    python lab/bench_attention_dropout.py --release_step           # keyed attention's paths in a ChronosBolt step
+    python lab/bench_attention_dropout.py --release_step MODEL     # keyed attention's paths in a release's step
 
 One optimizer step as Exp_Forecast.train_step takes it (bench_models.OursStep), univariate synthetic data,
 --input_token_len 24 so that --tokens tokens are seq_len = 24 x tokens steps, dropout 0.1. Variants, each in
@@ -18,10 +18,11 @@ a fresh process:
 - `no_dropout`: --dropout 0, for scale. On the CPU every variant forms the weights: its flash kernel takes no
   dropout and no mask that needs a gradient (Timer-XL's learned variable bias is one).
 
-`--release_step` (attention_paths): a Chronos-Bolt training step at the base release's layer counts (12 + 12
-layers, 12 heads; --d_model 64), 32 windows, horizon 96, each keyed attention path against the unkeyed step:
-SDPA calls and aten ops of one step, and the median over interleaved rounds of each round's median step.
-`--device cuda` measures what a GPU runs (its `keyed` is the fused path).
+`--release_step MODEL` (attention_paths): a training step of --model MODEL built at TSLib's sizes with a base
+release's layer counts (12 + 12 layers, 12 heads; --d_model 64; Chronos-Bolt's --model for
+lab/results/bench_attention_dropout_release_cpu.md), 32 windows, horizon 96, each keyed attention path against
+the unkeyed step: SDPA calls and aten ops of one step, and the median over interleaved rounds of each round's
+median step. `--device cuda` measures what a GPU runs (there keyed attention takes the fused path).
 
 Peak: the process's VmHWM during the steps after a warm-up step (reset by /proc/self/clear_refs), less its
 VmRSS just before, with glibc's mmap threshold fixed at 64 KiB so that freed tensors leave the resident
@@ -110,7 +111,7 @@ ATTENTION_PATHS = {  # keyed attention's paths: (KeyedDropout.per_sample_attenti
     "per_sample": (True, None),  # one SDPA per sample under its seed
     "fused": (False, True),  # query blocks over all samples, masks hashed (what other devices run)
 }
-RELEASE_STEP = ["--model", "ChronosBolt", "--data", "synthetic", "--features", "S", "--synthetic_rows", 3000,
+RELEASE_STEP = ["--data", "synthetic", "--features", "S", "--synthetic_rows", 3000,
                 "--pred_len", 96, "--label_len", 0, "--d_model", 64, "--d_ff", 128, "--e_layers", 12, "--d_layers", 12,
                 "--n_heads", 12, "--dropout", 0.1, "--batch_size", 32]
 
@@ -170,8 +171,8 @@ def attention_paths(argv, device, rounds=3, steps=3, paths=tuple(ATTENTION_PATHS
     return {name: (*counts[name], statistics.median(medians[name])) for name in variants}
 
 
-def release_step_table(device, seq_len, rounds, steps):
-    argv = [*RELEASE_STEP, "--seq_len", seq_len, "--num_threads", torch.get_num_threads(),
+def release_step_table(model, device, seq_len, rounds, steps):
+    argv = ["--model", model, *RELEASE_STEP, "--seq_len", seq_len, "--num_threads", torch.get_num_threads(),
             "--use_gpu", str(device.type == "cuda").lower()]
     paths = tuple(ATTENTION_PATHS) if device.type == "cpu" else ("per_sample", "fused")
     found = attention_paths(argv, device, rounds, steps, paths)
@@ -179,9 +180,10 @@ def release_step_table(device, seq_len, rounds, steps):
     rows = [f"| {name} | {sdpa} | {ops} | {seconds * 1e3:.1f} | {seconds / found['plain'][2]:.2f} |"
             for name, (sdpa, ops, seconds) in found.items()]
     return "\n".join([
-        f"# Chronos-Bolt training step (base's layer counts), keyed attention's paths, {device.type}",
+        f"# {model} training step (base's layer counts), keyed attention's paths, {device.type}",
         "",
-        f"`python lab/bench_attention_dropout.py --release_step --seq_len {seq_len} --device {device.type}`: "
+        f"`python lab/bench_attention_dropout.py --release_step {model} --seq_len {seq_len} --rounds {rounds} "
+        f"--steps {steps} --device {device.type}`: "
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} "
         f"thread(s), 1-minute load average {load:.1f} at the end; 32 windows, horizon 96; median of {rounds} "
         f"interleaved rounds of {steps} steps.",
@@ -193,7 +195,7 @@ def release_step_table(device, seq_len, rounds, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release_step", action="store_true", help="keyed attention's paths in a ChronosBolt step")
+    parser.add_argument("--release_step", metavar="MODEL", help="keyed attention's paths in a step of this --model")
     parser.add_argument("--seq_len", type=int, default=512, help="with --release_step")
     parser.add_argument("--device", default="cpu", help="with --release_step")
     parser.add_argument("--tokens", type=int, default=1280)
@@ -210,7 +212,7 @@ def main():
     args = parser.parse_args()
     if args.release_step:
         torch.set_num_threads(1)
-        table = release_step_table(torch.device(args.device), args.seq_len, args.rounds, args.steps)
+        table = release_step_table(args.release_step, torch.device(args.device), args.seq_len, args.rounds, args.steps)
         print(table)
         if args.out != parser.get_default("out"):
             Path(args.out).write_text(table)

@@ -203,15 +203,22 @@ def test_keyed_attention_trains_under_bf16_autocast(fused):
         torch.testing.assert_close(amp, full, rtol=0.05, atol=0.05 * full.abs().max().item())
 
 
-@pytest.mark.parametrize("name", ["ChronosBolt", "Chronos2", "Moirai2", "TimeMoE"])
+def _keyed_attention_releases():
+    """The releases whose fine-tuning run in tests/test_foundation.py keys attention dropout (by its row)."""
+    from test_foundation import RELEASES
+
+    return [name for name, row in RELEASES.items() if row.keyed or row.tune_folder]
+
+
+@pytest.mark.parametrize("name", _keyed_attention_releases())
 def test_a_release_fine_tunes_under_bf16_amp_with_keyed_attention_dropout(name, tmp_path):
     """A fine-tuning step of a release whose attention dropout is keyed, under --use_amp on the CPU (its first
     step raised in keyed attention's backward), from the tiny folders tests/test_foundation.py writes."""
     from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
 
     row = needs(RELEASES[name])
-    dropout_on = {**row.tune_folder, **({"attention_dropout": 0.1} if name == "TimeMoE" else {})}
-    folder = released_folder(row, tmp_path / "release", **({"edit_config": dropout_on} if dropout_on else {}))
+    folder = released_folder(row, tmp_path / "release", **({"edit_config": row.tune_folder} if row.tune_folder
+                                                             else {}))
     argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, *row.tune, "--use_amp",
             "--dropout", 0.1]
     assert_ok(run_cli(tmp_path / "runs", *argv))
