@@ -85,7 +85,8 @@ def _global_batch_norm(layer, x, contributes=True):
     dims = [d for d in range(x.dim()) if d != 1]
     shape = [1, -1] + [1] * (x.dim() - 2)
     dtype, x = x.dtype, x.float()  # a float32 input stays the very tensor
-    sums = all_reduce(torch.cat([x.sum(dims), x.new_tensor([x.numel() / x.shape[1]])]) * weight)
+    # the count filled on the device (a tensor from Python data would be a blocking host-to-device copy)
+    sums = all_reduce(torch.cat([x.sum(dims), x.new_full((1,), x.numel() / x.shape[1])]) * weight)
     count = sums[-1]
     mean = sums[:-1] / count
     centred = x - mean.view(shape)
