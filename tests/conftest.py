@@ -1,3 +1,4 @@
+import logging
 import os
 import re
 import sys
@@ -45,3 +46,13 @@ def launch_variables_untouched():
         for name, (value, _) in changed.items():  # the next test starts clean either way
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         pytest.fail(f"the test left launcher variables changed (before, after): {changed}")
+
+
+@pytest.fixture(autouse=True)
+def tsl_logger_restored():
+    """An in-process run.main configures the "tsl" logger (a stdout handler, propagate off): left so, a later
+    test's caplog sees nothing and its handler writes to a closed capture. Each test gets the logger it found."""
+    logger = logging.getLogger("tsl")
+    before = logger.handlers[:], logger.propagate, logger.level
+    yield
+    logger.handlers[:], logger.propagate, logger.level = before[0], before[1], before[2]
