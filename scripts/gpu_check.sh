@@ -39,7 +39,7 @@
 # probe's code paths and a two-step benchmark of DLinear, checks that the GPU tier refuses to pass without CUDA
 # (exit 4), and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase) and leaves out
 # the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0 (gpu_probe.py
-# ends 1 on SYNCS, MISMATCH or ERROR), else 1; 2 for a usage error.
+# ends 1 on SYNCS, MISMATCH, ERROR or SLOW), else 1; 2 for a usage error.
 set -uo pipefail
 
 PART=${GPU_CHECK_PART:-all}

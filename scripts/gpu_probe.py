@@ -11,14 +11,16 @@ the project root.
    whose package is missing is skipped in one line. One summary line per release;
 1. host syncs inside training steps (torch.cuda.set_sync_debug_mode), the loader's next() included, for
    table data (randperm order) and for the O(1)-memory Feistel order (univariate / corpus kinds);
-2. keyed (hashed) dropout masks on the GPU against the CPU hash, and their cost against F.dropout;
+2. keyed (hashed) dropout masks on the GPU against the CPU hash, and their cost against F.dropout; a release's
+   training step with keyed attention dropout (fused, and one SDPA per sample) against its unkeyed step: SLOW past
+   1.2x on a GPU;
 3. TimesNet evaluation with per-window periods (the default) against batch periods;
 4. --num_workers: worker-gathered global steps through the DataLoader's pin-memory thread, then a training step.
 Every check prints one JSON line; a failure in one check never stops the others. Expected on a GPU: no more host
 syncs than a release's row allows (`syncs`, 0 once all are removed), 0 a training step for every zoo model and
 order but TimesNet (its grid shapes need the periods on the host: .tolist() per block, the positive control); the
 same masks as the CPU hash; TimesNet's window periods within a small factor of batch periods (one host copy a
-block); pinned worker batches. Exit status 1 when any check reports SYNCS, MISMATCH, ERROR or FAILED.
+block); pinned worker batches. Exit status 1 when any check reports SYNCS, MISMATCH, ERROR, FAILED or SLOW.
 """
 import json
 import math
@@ -176,6 +178,31 @@ def keyed_dropout_cost(model, *extra):
     (k_ms, k_mib), (f_ms, f_mib) = out["keyed"], out["fused"]
     report(f"keyed_dropout_cost {model} {' '.join(extra)}", keyed_ms=round(k_ms, 3), fused_ms=round(f_ms, 3),
            slowdown=round(k_ms / f_ms, 2), keyed_peak_mib=k_mib, fused_peak_mib=f_mib, status="ok")
+
+
+KEYED_STEP_TARGET = 1.2  # a keyed training step of a release against its unkeyed step, on a GPU
+
+
+@guarded
+def keyed_attention_release_step(model="ChronosBolt"):
+    """A release's training step at its base layer counts (lab/bench_attention_dropout.py's setting: 32 windows,
+    horizon 96) with keyed attention dropout on the fused path (every sample in one call) and one SDPA per sample,
+    against the unkeyed step; SLOW when the fused step exceeds KEYED_STEP_TARGET x the unkeyed one on a GPU."""
+    from lab import bench_attention_dropout as bench
+
+    device = torch.device("cuda") if CUDA else torch.device("cpu")
+    argv = ["--model", model, *bench.RELEASE_STEP, "--seq_len", 512 if CUDA else 64,
+            "--use_gpu", str(CUDA).lower()]
+    if not CUDA:  # the code path only: one layer each side, two windows
+        argv += ["--e_layers", 1, "--d_layers", 1, "--batch_size", 2, "--pred_len", 16]
+    found = bench.attention_paths(argv, device, rounds=3 if CUDA else 1, steps=5 if CUDA else 1,
+                                  paths=("per_sample", "fused"))
+    ratio = found["fused"][2] / found["plain"][2]
+    report(f"keyed_attention_release_step {model}", **{
+        name: {"sdpa_calls": sdpa, "aten_ops": ops, "ms": round(seconds * 1e3, 2)}
+        for name, (sdpa, ops, seconds) in found.items()},
+        fused_over_plain=round(ratio, 2), target=KEYED_STEP_TARGET,
+        status=("SLOW" if ratio > KEYED_STEP_TARGET else "ok") if CUDA else "dry-run ok")
 
 
 @guarded
@@ -354,7 +381,7 @@ def releases(names):
         release(name)
 
 
-FAILING = ("SYNCS", "MISMATCH", "ERROR", "FAILED")
+FAILING = ("SYNCS", "MISMATCH", "ERROR", "FAILED", "SLOW")
 
 
 def option(name, default):
@@ -362,7 +389,7 @@ def option(name, default):
 
 
 def main():
-    """Exit status 1 when a check reports SYNCS, MISMATCH, ERROR or FAILED, else 0. --only releases|others runs
+    """Exit status 1 when a check reports SYNCS, MISMATCH, ERROR, FAILED or SLOW, else 0. --only releases|others runs
     one part (scripts/gpu_check.sh's steps); --releases A,B (or none) names the releases (default: every row of
     tests/test_foundation.py's RELEASES)."""
     from test_foundation import RELEASES
@@ -418,6 +445,7 @@ def others():
         # and int64 hash temporaries, where F.scaled_dot_product_attention's fused kernel keeps O(S) per query
         keyed_dropout_cost("TimerXL", "--batch_size", "16", "--synthetic_channels", "64", "--seq_len", "480",
                            "--d_model", "64", "--n_heads", "8", "--e_layers", "1")
+    keyed_attention_release_step()
     timesnet_eval_periods()
     loader_workers_pinned()
 

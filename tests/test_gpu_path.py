@@ -259,14 +259,15 @@ def _probe(monkeypatch, *argv):
 
 def test_the_probe_fails_on_syncs_a_mismatch_or_an_error_and_skips_a_missing_package_in_a_line(monkeypatch,
                                                                                                 capsys):
-    """scripts/gpu_probe.py ends 1 when a check reports SYNCS, MISMATCH, ERROR or FAILED (it ended 0 whatever it
-    found), 0 otherwise; a release whose optional package is missing is one `skipped` line, never a failure; an
+    """scripts/gpu_probe.py ends 1 when a check reports SYNCS, MISMATCH, ERROR, FAILED or SLOW (it ended 0
+    whatever it found), 0 otherwise; a release whose optional package is missing is one `skipped` line, never a failure; an
     unknown --releases name or --only part is a usage error (2)."""
     import pytest
 
     import test_host_syncs
 
-    for status, code in (("ok", 0), ("skipped", 0), ("SYNCS", 1), ("MISMATCH", 1), ("ERROR", 1), ("FAILED", 1)):
+    for status, code in (("ok", 0), ("skipped", 0), ("SYNCS", 1), ("MISMATCH", 1), ("ERROR", 1), ("FAILED", 1),
+                         ("SLOW", 1)):
         probe = _probe(monkeypatch, "--only", "releases")
         monkeypatch.setattr(probe, "releases", lambda names, p=probe, status=status: p.report("x", status=status))
         assert probe.main() == code, status
