@@ -222,6 +222,15 @@ class WindowLoader:
         order = torch.tensor(list(self.sampler), dtype=torch.long)[start:end].to(device)
         return order.split(size) if len(order) else ()  # a rank with no windows runs no batch
 
+    def batch_positions(self, start=0):
+        """The same batches as batch_indices, as int64 arrays on the host: what a window's host-side key (its number
+        in the split) is read from, with no copy back from a split kept on the GPU."""
+        size, end = self.batch_size, len(self.sampler)
+        if hasattr(self.sampler, "indices"):  # ShardSampler's ranges, ShuffledShards' permutation
+            return (self.sampler.indices(b, min(b + size, end)) for b in range(start, end, size))
+        order = np.fromiter(self.sampler, dtype=np.int64)[start:end]
+        return (order[b:b + size] for b in range(0, len(order), size))
+
     def batches(self, start=0):
         """The epoch's batches from position `start` of this rank's share on: a run resumed mid-epoch
         continues exactly where it stopped."""

@@ -239,14 +239,14 @@ class Exp_Forecast(Exp_Basic):
         truths = loader.original_targets() if original is not None else None  # batch by batch, as the loader's
         draws = window_draws(self.args.seed, stage, loader.dataset)  # a model's own random draws follow the window
         with eval_mode(model):
-            for batch, indices in zip(loader, loader.batch_indices()):
-                with self.autocast(), draws(indices):
+            for batch, indices, positions in zip(loader, loader.batch_indices(), loader.batch_positions()):
+                with self.autocast(), draws(positions):
                     pred, true = forward(model, batch, self.args, stage, self.device)
                 # the scored part of the file's own values: the horizon's last steps, the last channels
                 truth = None if original is None else next(truths)[:, -true.shape[1]:, -true.shape[-1]:].to(true.device)
                 if losses is not None:  # a probabilistic forecast: its loss, quantiles and median
                     losses.update(pred, true)
-                    pred = (scoring.update(pred, true, indices, truth) if scoring is not None
+                    pred = (scoring.update(pred, true, indices, truth, positions) if scoring is not None
                             else self.objective.point(pred))
                 sums.update(pred, true)
                 if original is not None:

@@ -45,14 +45,14 @@ def training_loss(model, batch, args, device, loss):
 
 
 def window_draws(seed, stage, dataset):
-    """For each evaluation batch's window positions, the context in which a model's own random draws
-    (layers.noise: a sampler's noise) follow each window's number in the split, not its rank or batch."""
+    """For each evaluation batch's window positions (host integers: the loader's batch_positions), the context in
+    which a model's own random draws (layers.noise: a sampler's noise) follow each window's number in the split,
+    not its rank or batch."""
     numbers = split_numbering(dataset)[0]
 
-    def draws(indices):
-        def keys():  # at the first draw only: no host copy of the indices for a model that draws nothing
-            positions = np.asarray(indices.cpu() if torch.is_tensor(indices) else indices)
-            return window_keys(seed, f"{stage} draws", numbers[positions])
+    def draws(positions):
+        def keys():  # at the first draw only: nothing to compute for a model that draws nothing
+            return window_keys(seed, f"{stage} draws", numbers[np.asarray(positions)])
         return noise.draws_follow_windows(keys)
     return draws
 

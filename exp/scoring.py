@@ -112,12 +112,15 @@ class ProbabilisticScoring:
         self._all_windows = None  # after all_reduce, on rank 0: every window's own sums (window_columns)
         self.crossed = torch.zeros((), dtype=torch.int64, device=device)  # elements whose quantiles cross
 
-    def update(self, params, true, indices, original_truth=None):
-        """Score one batch (`indices`: its windows' positions in the loader's data set); returns the median."""
+    def update(self, params, true, indices, original_truth=None, positions=None):
+        """Score one batch (`indices`: its windows' positions in the loader's data set, where the data is;
+        `positions`: the same on the host, the loader's batch_positions, else read back from `indices`); returns
+        the median."""
         keys = None
         if self.objective.samples:  # a window's samples are seeded by its number: a host value
-            keys = window_keys(self.args.seed, "test", self.numbers[np.asarray(
-                indices.cpu() if torch.is_tensor(indices) else indices)])
+            if positions is None:
+                positions = indices.cpu() if torch.is_tensor(indices) else indices
+            keys = window_keys(self.args.seed, "test", self.numbers[np.asarray(positions)])
         self.crossed += self.objective.crossed(params)  # before the rule (sorted, or as forecast) is applied
         quantiles = self.objective.quantiles(params, keys)
         where = (indices if torch.is_tensor(indices) else torch.as_tensor(np.asarray(indices, dtype=np.int64)))

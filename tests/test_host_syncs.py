@@ -108,7 +108,8 @@ class FirstBatches:
     def __init__(self, loader, n, device=DEVICE):
         self.dataset, self.n = loader.dataset, n
         self.batches = [moved(batch, device) for _, batch in zip(range(n), loader)]
-        self.indices = [indices for _, indices in zip(range(n), loader.batch_indices())]
+        self.indices = [indices.to(device) for _, indices in zip(range(n), loader.batch_indices())]
+        self.positions = [positions for _, positions in zip(range(n), loader.batch_positions())]
 
     def __len__(self):
         return self.n
@@ -118,6 +119,9 @@ class FirstBatches:
 
     def batch_indices(self):
         return iter(self.indices)
+
+    def batch_positions(self):
+        return iter(self.positions)
 
 
 def argv_of(case, etth1, root):

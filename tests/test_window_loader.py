@@ -120,6 +120,27 @@ def test_an_epochs_batch_indices_live_where_the_split_does(subset):
     assert {part.device.type for batch in loader for part in batch if part is not None} == {"meta"}
 
 
+@pytest.mark.parametrize("sampler", ["shard", "a plain order"])
+def test_batch_positions_are_the_batch_indices_on_the_host(sampler):
+    """Evaluation reads each window's host-side key (sampled quantiles, a model's own draws) from
+    batch_positions: the very windows of batch_indices, as host arrays, also when the split lives on the
+    device (meta here), so no index crosses back from a GPU."""
+    import numpy as np
+
+    args = make_args("--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24,
+                     "--eval_batch_size", 7)
+    make_experiment(args)
+    dataset, loader = data_provider(args, "test")
+    if sampler == "a plain order":
+        loader.sampler = list(range(3, len(dataset)))[::-1]
+    want = [indices.numpy() for indices in loader.batch_indices()]
+    dataset.to("meta")
+    got = list(loader.batch_positions())
+    assert len(got) == len(want) > 2 and all(isinstance(p, np.ndarray) and p.dtype == np.int64 for p in got)
+    assert all(np.array_equal(p, w) for p, w in zip(got, want))
+    assert np.array_equal(np.concatenate(list(loader.batch_positions(start=10))), np.concatenate(want)[10:])
+
+
 @pytest.fixture
 def a_gpu_with(monkeypatch):
     """A CUDA device whose free memory the test sets; moving a split there is recorded, not done."""
