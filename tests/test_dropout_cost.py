@@ -27,20 +27,27 @@ def written_out(query, key, value, p, attn_mask, is_causal, scale):
     return keyed.dropout(scores.softmax(-1), p, True) @ value
 
 
-def _attend(how, q, k, v, mask, p, causal, samples, first=3):
-    """Output and gradients (q, k, v, an additive mask) of keyed attention, `how`: the layer or written_out."""
+def _output_and_gradients(attend, q, k, v, mask, samples, first):
+    """attend(q, k, v, mask)'s output and the gradients of q, k, v (and of an additive mask), its masks keyed by
+    `samples` samples from position `first` on."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.detach().clone().requires_grad_()
     with masks_follow_samples(77, first, samples):
+        out = attend(q, k, v, mask)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)).sum().backward()
+    return [out, q.grad, k.grad, v.grad] + ([mask.grad] if mask is not None and mask.dtype != torch.bool else [])
+
+
+def _attend(how, q, k, v, mask, p, causal, samples, first=3):
+    """Output and gradients (q, k, v, an additive mask) of keyed attention, `how`: the layer or written_out."""
+    def attend(q, k, v, mask):
         if how == "layer":
             layer = KeyedDropout(p).train()
             layer.per_sample_attention = False
-            out = layer.attend(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3)
-        else:
-            out = written_out(q, k, v, p, mask, causal, 0.3)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)).sum().backward()
-    return [out, q.grad, k.grad, v.grad] + ([mask.grad] if mask is not None and mask.dtype != torch.bool else [])
+            return layer.attend(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3)
+        return written_out(q, k, v, p, mask, causal, 0.3)
+    return _output_and_gradients(attend, q, k, v, mask, samples, first)
 
 
 # (p, queries, rows per sample, heads, causal, mask, dtype, weights per block): p 0.1 on samples of 8 192
@@ -190,20 +197,15 @@ def _attend_paths(path, q, k, v, mask, p, causal, samples, first=3):
     "per_sample" (a sample at a time, the same hashed masks drawn per sample, as a GPU ran it before)."""
     from layers import keyed_attention
 
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.detach().clone().requires_grad_()
-    with masks_follow_samples(77, first, samples):
+    def attend(q, k, v, mask):
         if path == "fused":
             layer = KeyedDropout(p).train()
             layer.fused_attention = True
-            out = layer.attend(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3)
-        else:
-            shape = (q.shape[0] // samples, *q.shape[1:-1], k.shape[-2])
-            sample_mask = keyed._sample_masks(shape, p, keyed._noise_dtype(q), q.device, hashed=True)
-            out = keyed_attention.weights_attention(q, k, v, samples, sample_mask, mask, causal, 0.3)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)).sum().backward()
-    return [out, q.grad, k.grad, v.grad] + ([mask.grad] if mask is not None and mask.dtype != torch.bool else [])
+            return layer.attend(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3)
+        shape = (q.shape[0] // samples, *q.shape[1:-1], k.shape[-2])
+        sample_mask = keyed._sample_masks(shape, p, keyed._noise_dtype(q), q.device, hashed=True)
+        return keyed_attention.weights_attention(q, k, v, samples, sample_mask, mask, causal, 0.3)
+    return _output_and_gradients(attend, q, k, v, mask, samples, first)
 
 
 @pytest.mark.parametrize("p, queries, rows, heads, causal, mask_kind, dtype, fused_block", [
