@@ -363,6 +363,11 @@ class TrainLoader:
         """This rank's micro-batches of the epoch as index tensors, on the data's device."""
         return [indices for step in self.sampler.steps(start, self.dataset.device) for indices in step]
 
+    def batch_positions(self, start=0):
+        """The same micro-batches as int64 arrays on the host (WindowLoader.batch_positions), read back from
+        batch_indices: only a check that evaluates the training split asks, never a training step."""
+        return [indices.cpu().numpy() for indices in self.batch_indices(start)]
+
     def __iter__(self):
         """This rank's micro-batches, one by one (a stand-in is none)."""
         for step in self.steps():

@@ -184,11 +184,15 @@ KEYED_STEP_TARGET = 1.2  # a keyed training step of a release against its unkeye
 
 
 @guarded
-def keyed_attention_release_step(model="ChronosBolt"):
-    """A release's training step at its base layer counts (lab/bench_attention_dropout.py's setting: 32 windows,
-    horizon 96) with keyed attention dropout on the fused path (every sample in one call) and one SDPA per sample,
-    against the unkeyed step; SLOW when the fused step exceeds KEYED_STEP_TARGET x the unkeyed one on a GPU."""
+def keyed_attention_release_step():
+    """The first release of tests/test_foundation.py's RELEASES (the encoder-decoder whose base layer counts
+    lab/bench_attention_dropout.py's RELEASE_STEP builds: 12 + 12 layers, 12 heads, 32 windows, horizon 96), a
+    training step with keyed attention dropout on the fused path (every sample in one call) and with one SDPA per
+    sample, against the unkeyed step; SLOW when the fused step exceeds KEYED_STEP_TARGET x the unkeyed one on a GPU."""
     from lab import bench_attention_dropout as bench
+    from test_foundation import RELEASES
+
+    model = next(iter(RELEASES))
 
     device = torch.device("cuda") if CUDA else torch.device("cpu")
     argv = ["--model", model, *bench.RELEASE_STEP, "--seq_len", 512 if CUDA else 64,
