@@ -176,3 +176,9 @@ ADAPTERS = (CHRONOS2,)  # export --to chronos2
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("Chronos-2's release (amazon/chronos-2)", "Chronos2",
                lambda files, config: named(config, "Chronos2Model")),)
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": RELEASED_CORE["d_model"], "d_ff": RELEASED_CORE["d_ff"],
+                            "e_layers": RELEASED_CORE["num_layers"], "n_heads": RELEASED_CORE["num_heads"]},
+                   "120M", "config.json: d_model 768, d_ff 3072, num_layers 12, num_heads 12"),)

@@ -225,3 +225,9 @@ SIGNATURES = (("a Chronos-Bolt release (amazon/chronos-bolt-*)", "ChronosBolt",
                lambda files, config: named(config, "ChronosBoltModelForForecasting")),
               ("the original, tokenized Chronos (amazon/chronos-t5-*), which this codebase has no model for", None,
                lambda files, config: named(config, "T5ForConditionalGeneration")))
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_IDS[-1], dict(zip(("d_model", "d_ff", "e_layers", "n_heads"), RELEASED_SIZES["base"]),
+                                     d_layers=RELEASED_SIZES["base"][2]),
+                   "205M", "config.json: d_model 768, d_ff 3072, num_layers = num_decoder_layers 12, num_heads 12"),)

@@ -192,3 +192,10 @@ SIGNATURES = (("a Moirai 2.0 release (Salesforce/moirai-2.0-R-*)", "Moirai2",
                and not config.get("model_type")),
               ("a Moirai 1.x or Moirai-MoE release (uni2ts), which this codebase has no model for", None,
                lambda files, config: "patch_sizes" in config or "distr_output" in config))
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": RELEASED["d_model"], "d_ff": RELEASED["d_ff"],
+                            "e_layers": RELEASED["num_layers"], "n_heads": RELEASED["d_model"] // HEAD_DIM},
+                   "11M", "config.json: d_model 384, d_ff 1024, num_layers 6, heads d_model // 64 (the only "
+                   "Moirai 2.0 release)"),)

@@ -207,3 +207,9 @@ ADAPTERS = (SUNDIAL,)  # `python -m exp.export export --to sundial`
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("Sundial's release (thuml/sundial-base-128m)", "Sundial",
                lambda files, config: named(config, "sundial", "SundialForPrediction")),)
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": RELEASED["hidden_size"], "d_ff": RELEASED["intermediate_size"],
+                            "e_layers": RELEASED["num_hidden_layers"], "n_heads": RELEASED["num_attention_heads"]},
+                   "128M", "config.json: hidden_size 768, intermediate_size 3072, 12 layers, 12 heads, flow depth 3"),)

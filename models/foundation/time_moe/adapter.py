@@ -255,3 +255,14 @@ ADAPTERS = (TIME_MOE,)
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("a Time-MoE release (Maple728/TimeMoE-50M / -200M)", "TimeMoE",
                lambda files, config: named(config, "time_moe", "TimeMoeForPrediction")),)
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = (
+    (HUB_IDS[-1], {"d_model": 768, "d_ff": 3072, "e_layers": 12, "n_heads": 12}, "453M total (200M activated)",
+     "config.json: hidden_size 768, intermediate_size 3072, 12 layers, 12 heads, 8 experts, top 2"),
+    # the paper's largest, Time-MoE-ultra, whose weights are not on the hub (only the 50M and 200M sizes are)
+    ("Time-MoE-ultra, not released", {"d_model": 1024, "d_ff": 4096, "e_layers": 36, "n_heads": 16},
+     "2.4B total (1.1B activated)", "the Time-MoE paper's ultra shape: d_model 1024, d_ff 4096, 36 layers, "
+     "16 heads, 8 experts, top 2"),
+)

@@ -209,3 +209,11 @@ ADAPTERS = (TIMER_BASE,)  # `python -m exp.export export --to timer-base`
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("Timer's release (thuml/timer-base-84m)", "TimerBase",
                lambda files, config: named(config, "timer", "TimerForPrediction")),)
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": RELEASED["hidden_size"], "d_ff": RELEASED["intermediate_size"],
+                            "e_layers": RELEASED["num_hidden_layers"], "n_heads": RELEASED["num_attention_heads"],
+                            "input_token_len": RELEASED["input_token_len"],
+                            "output_token_len": RELEASED["output_token_lens"][0]},
+                   "84M", "config.json: hidden_size 1024, intermediate_size 2048, 8 layers, 8 heads, tokens of 96"),)

@@ -160,3 +160,8 @@ SIGNATURES = (("transformers' TimesFM 2.5 (google/timesfm-2.5-200m-transformers)
               ("TimesFM 2.5's release (google/timesfm-2.5-200m-pytorch)", "TimesFM25",
                lambda files, config: "torch_compile" in config and not config.get("architectures")
                and not config.get("model_type")))
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": 1280, "d_ff": 1280, "e_layers": 20, "n_heads": 16}, "200M (by name)",
+                   "timesfm's TimesFM_2p5_200M_Definition: model dims 1280, 20 layers, 16 heads, ff 1280"),)

@@ -169,3 +169,9 @@ ADAPTERS = (TIREX,)  # `python -m exp.export export --to tirex`
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("TiRex's release (NX-AI/TiRex: model.ckpt, a Lightning checkpoint)", "TiRex",
                lambda files, config: LIGHTNING_NAME in files and SAFETENSORS_NAME not in files),)
+
+# The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
+# it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
+LARGEST_SHAPES = ((HUB_ID, {"d_model": RELEASED["embedding_dim"], "d_ff": RELEASED["input_ff_dim"],
+                            "e_layers": RELEASED["num_blocks"], "n_heads": RELEASED["num_heads"]},
+                   "35M", "model.ckpt hyper_parameters: embedding_dim 512, 12 sLSTM blocks, 4 heads, input_ff_dim 2048"),)
