@@ -4,8 +4,9 @@ import logging
 
 import torch
 
-from exp.adaptation import forecast_series_as_given
+from exp.adaptation import forecast_series_as_given, load_pretrained
 from exp.forward import training_loss
+from exp.lora import apply_lora
 from exp.settings import build_model
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import ddp, distributed
@@ -84,6 +85,10 @@ class Exp_Basic:
         # torch.compile wrapper, so checkpoints carry no `module.` / `_orig_mod.` prefixes.
         built = []  # a model that cannot be built stops every rank together, rank 0 saying why
         distributed.raise_on_every_rank(lambda: built.append(build_model(args)), on="all")
+        if args.lora_rank:  # adapters on the pre-trained weights (which they rename), before dropout is keyed
+            if args.adaptation:
+                load_pretrained(built[0], args.pretrain_model_path, torch.device("cpu"))
+            distributed.raise_on_every_rank(lambda: built.append(apply_lora(built.pop(), args)), on="all")
         # every nn.Dropout keyed by the sample (layers.dropout); metrics.json records which were exact
         self.dropout_keyed = {}
         report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))

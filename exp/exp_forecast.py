@@ -50,7 +50,7 @@ class Exp_Forecast(Exp_Basic):
         them loaded."""
         args = self.args
         prepare_training_outputs(args, setting)
-        if args.adaptation:  # start from pre-trained weights; a resumed state below still overrides them
+        if args.adaptation and not args.lora_rank:  # pre-trained weights (LoRA's: Exp_Basic); a resume overrides
             load_pretrained(self.raw_model, args.pretrain_model_path, self.device)
         train_loader, *eval_loaders = (data_provider(args, flag, self.device)[1] for flag in ("train", "val", "test"))
         self.allow_unused_parameters(train_loader.dataset)  # before the optimizer takes the DDP module's parameters

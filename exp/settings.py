@@ -150,6 +150,7 @@ def resolve_args(args, world_size):
     args.scaled_learning_rate = scaled_learning_rate(args, args.global_batch_size)  # the schedule's start
     LearningRateSchedule.check(args.lradj)  # an unknown --lradj fails before any training
     _check_weights_sources(args)
+    _check_lora(args)
     if args.autoregressive:
         _check_tokens(args)
     _check_devices(args)
@@ -415,6 +416,14 @@ def _require_widened_output(model, args, width):
             f"{'output_token_len' if args.autoregressive else 'pred_len'}, but it returned {got} steps for "
             f"{steps * width}: its output does not follow configs.{'output_token_len' if args.autoregressive else 'pred_len'}; "
             "train it with --loss MSE or MAE, or have its output length follow that argument")
+
+
+def _check_lora(args):
+    """--lora_alpha, --lora_dropout and --lora_targets shape adapters only --lora_rank makes (exp.lora)."""
+    stray = [f"--{name}" for name in ("lora_alpha", "lora_dropout", "lora_targets") if name in getattr(args, "given", ())]
+    require(args.lora_rank or not stray,
+            f"{', '.join(stray)} without --lora_rank changes nothing; add --lora_rank (e.g. 8) to fine-tune LoRA "
+            "adapters, or leave them out for full fine-tuning")
 
 
 def _check_tokens(args):

@@ -14,6 +14,7 @@ import sys
 import time
 
 DATA_GROUP, WINDOW_GROUP, MODEL_GROUP = "data", "forecasting window", "model"
+LORA_GROUP = "LoRA fine-tuning (peft)"
 SEED_LIMIT = 2 ** 32  # numpy's seeds are 32-bit; --itr adds its run index
 TSLIB_OTHER_GROUP = "TSLib's other tasks and tools (accepted, not done here)"
 # What this codebase does: TSLib's long-term forecasting, OpenLTM's forecast task (the same thing, for its
@@ -309,6 +310,14 @@ def build_parser():
     g.add_argument("--pretrain_model_path", default=None, help="checkpoint.pth of a pre-training run (same model arguments)")
     g.add_argument("--subset_rand_ratio", type=fraction, default=1.0,
                    help="few-shot: train on this random fraction of the training windows (from --seed; val/test whole)")
+
+    g = p.add_argument_group(LORA_GROUP)
+    g.add_argument("--lora_rank", type=non_negative_int, default=0,
+                   help="LoRA adapters of this rank (peft; 0: full fine-tuning); only the adapters train (docs/fine_tuning.md)")
+    g.add_argument("--lora_alpha", type=positive_float, default=16.0, help="LoRA scaling: adapters add alpha / rank times their product")
+    g.add_argument("--lora_dropout", type=probability, default=0.0, help="dropout on the adapters' input, keyed by the sample")
+    g.add_argument("--lora_targets", nargs="+", default=None,
+                   help="nn.Linear modules to adapt, shell patterns of their names (default: the attention and MLP projections)")
 
     # TSLib's run.py's arguments of its other tasks and of its experiment's extras: a TSLib script or model
     # finds them; what would change a forecast here (augmentation, the DTW metric) is named in the warning line
