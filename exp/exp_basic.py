@@ -1,4 +1,4 @@
-"""Exp_Basic: the model on its device (plain and DDP-wrapped), mixed precision, the optimizer."""
+"""Exp_Basic: the model on its device (plain, and DDP-wrapped or FSDP2-sharded), mixed precision, the optimizer."""
 import contextlib
 import logging
 
@@ -93,8 +93,13 @@ class Exp_Basic:
         self.dropout_keyed = {}
         report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
-        self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
-        forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
+        if args.fsdp:  # FSDP2 shards a copy of the finished plain module; raw_model keeps the full weights
+            self.raw_model = ddp.convert_sync_batchnorm(keyed.to(device), device) if args.sync_bn else keyed.to(device)
+            forecast_series_as_given(self.raw_model, args, device)
+            model = ddp.wrap_fsdp(self.raw_model, args.accumulation_steps > 1)[1]
+        else:
+            self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
+            forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
         self.model = torch.compile(model) if args.compile else model  # what training steps run
         # masks keyed by the sample inside training steps, unless the model says they cannot be
         self.masks_follow_samples = getattr(self.raw_model, "randomness_follows_sample", True) and not args.compile
@@ -129,8 +134,8 @@ class Exp_Basic:
         self.raw_model.train(was_training)
         if distributed.world_size() > 1 or self.args.accumulation_steps > 1:
             self._warn_unsynchronised(unsynchronised_buffers(self.raw_model, changed, self.args.accumulation_steps))
-        if not distributed.is_dist() or not distributed.any_rank(bool(unused)):
-            return []
+        if not distributed.is_dist() or not distributed.any_rank(bool(unused)) or self.args.fsdp:
+            return []  # FSDP2 reduces the gradients a step has, with no search for the others
         if distributed.is_main():
             logger.warning(f"model {self.args.model}: {len(unused)} parameters get no gradient in training "
                            f"({_shown(unused)}); DDP searches for unused parameters every step "
@@ -177,8 +182,13 @@ class Exp_Basic:
         each rank keeps the state of its share of the parameters only (utils.ddp.make_optimizer)."""
         args = self.args
         sharded = args.zero and distributed.is_dist()
-        return ddp.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
-                                          lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
+        if args.fsdp:
+            ddp.sync_to_sharded(self.raw_model, self.model)  # the weights loaded so far (pre-trained ones)
+        optimizer = ddp.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
+                                       lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
+        if args.fsdp and self.model is not self.raw_model:  # checkpoints gather and scatter its state through them
+            optimizer.fsdp_modules = (self.raw_model, self.model)
+        return optimizer
 
     def backward(self, loss):
         """Backward of a (possibly fp16-scaled) loss; gradients add up until optimizer_step."""
@@ -192,9 +202,14 @@ class Exp_Basic:
         norm = None
         if self.args.clip_grad:
             # DDP's all-reduce (and ZeRO, which shards only the optimizer state) leaves every rank the
-            # same full gradients, so every rank computes the same norm and clips alike
+            # same full gradients, so every rank computes the same norm and clips alike; under --fsdp the
+            # norm of the sharded gradients is all-reduced (a replicated DTensor: its local value)
             self.grad_scaler.unscale_(optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.args.clip_grad)
+            trained = self.model if self.args.fsdp else self.raw_model
+            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), self.args.clip_grad)
+            norm = norm.to_local() if hasattr(norm, "to_local") else norm
         self.grad_scaler.step(optimizer)
         self.grad_scaler.update()
+        if self.args.fsdp:
+            ddp.sync_from_sharded(self.raw_model, self.model)  # the plain module evaluated and saved
         return norm

@@ -494,6 +494,19 @@ def _check_devices(args):
             f"--data_on_device always gathers batches on the GPU, which --num_workers {args.num_workers} loader "
             "processes cannot do; drop --num_workers, or use --data_on_device auto or never")
     check_gpu_choice(args.ddp, args.gpu)
+    _check_fsdp(args)
+
+
+def _check_fsdp(args):
+    """--fsdp is one choice of the distribution setting (DDP, --zero, --fsdp), without the options that
+    do not compose with its sharded copy of the model. On one process it shards nothing and trains as DDP."""
+    if not args.fsdp:
+        return
+    clash = [flag for flag, given in (("--zero", args.zero), ("--compile", args.compile),
+                                      ("--amp_dtype fp16", args.use_amp and args.amp_dtype == "fp16")) if given]
+    require(not clash, f"--fsdp cannot be combined with {', '.join(clash)}: --fsdp already shards the Adam state "
+                       "(drop --zero), and trains uncompiled, without fp16 loss scaling; "
+                       "drop " + ", ".join(clash) + " or drop --fsdp")
 
 
 def check_gpu_choice(ddp, gpu):

@@ -348,6 +348,9 @@ def build_parser():
     g.add_argument("--local_rank", "--local-rank", type=non_negative_int, default=None, help="legacy torch.distributed.launch; unused")
     g.add_argument("--sync_bn", action="store_true", help="DDP: BatchNorm statistics over the global batch (GPU only)")
     g.add_argument("--zero", action="store_true", help="DDP: shard the optimizer state between ranks (ZeRO stage 1)")
+    g.add_argument("--fsdp", action="store_true",
+                   help="instead of DDP: FSDP2 shards the weights, gradients and Adam state between ranks, each "
+                        "repeated block apart (docs/ddp.md)")
 
     g = p.add_argument_group("results, pictures and forecasts")
     g.add_argument("--checkpoints", default="./checkpoints/", help="folder of each setting's checkpoint.pth and last.pth")

@@ -352,8 +352,9 @@ NOT_IDENTITY = {
     "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "keep_freed_memory",
                      "compile"),
     # where the processes run, not what they compute: the world size is checked apart (another
-    # number of processes is allowed, with a warning), and --zero shards the same Adam state
-    "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero",
+    # number of processes is allowed, with a warning), and DDP, --zero and --fsdp hold the same weights and Adam
+    # state, saved whole in one format: the distribution mode may change on resume
+    "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero", "fsdp",
                         "gpu_type", "use_multi_gpu", "dp", "devices"),
     # what a run writes and where, never how it trains
     "results, pictures and forecasts": group_names("results, pictures and forecasts"),

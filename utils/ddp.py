@@ -1,9 +1,11 @@
 """The model's side of data parallelism: the DDP wrapper and its gradient accumulation, BatchNorm over
-the global batch (SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU), and ZeRO's sharded optimizer.
+the global batch (SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU), ZeRO's sharded optimizer, and
+FSDP2's sharded copy of the model (--fsdp).
 
 Without a process group every helper leaves the model and optimizer as they are.
 """
 import contextlib
+import copy
 import functools
 import inspect
 
@@ -135,6 +137,77 @@ def wrap_ddp(module, device, sync_bn=False, find_unused=False):
 
 
 
+def repeated_blocks(module):
+    """The blocks FSDP2 shards one by one: every child of an nn.ModuleList (a model's repeated layers), the
+    outermost lists only, those holding parameters."""
+    if isinstance(module, torch.nn.ModuleList):
+        return [child for child in module if any(True for _ in child.parameters())]
+    return [block for child in module.children() for block in repeated_blocks(child)]
+
+
+def wrap_fsdp(module, accumulates=False):
+    """(module to evaluate and save, module to train) under --fsdp: `module` itself twice without a process
+    group; else `module` and a copy of it whose parameters, gradients and Adam state are sharded between the
+    ranks by FSDP2 (fully_shard on each repeated block, then on the whole). `module` stays a plain module:
+    evaluation (no collective inside, each rank on its own windows), checkpoints and loads use it as under
+    DDP; sync_to_sharded / sync_from_sharded copy weights between the two. When a step `accumulates`
+    micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last step may run
+    different numbers of forward passes, which must not each gather."""
+    if not is_dist():
+        return module, module
+    from torch.distributed.fsdp import fully_shard  # only when asked for
+
+    sharded = copy.deepcopy(module)
+    for block in repeated_blocks(sharded):
+        fully_shard(block, reshard_after_forward=not accumulates)
+    fully_shard(sharded, reshard_after_forward=not accumulates)
+    return module, sharded
+
+
+def _pairs(plain, sharded):
+    """(plain tensor, sharded tensor) of every parameter, then every buffer, matched by name."""
+    for kind in ("named_parameters", "named_buffers"):
+        theirs = dict(getattr(sharded, kind)())
+        for name, tensor in getattr(plain, kind)():
+            yield tensor, theirs[name]
+
+
+def _is_dtensor(tensor):
+    return type(tensor).__name__ == "DTensor" or hasattr(tensor, "device_mesh")
+
+
+@torch.no_grad()
+def sync_to_sharded(plain, sharded):
+    """Copy `plain`'s weights and buffers into `sharded` (each rank keeping its shard of each parameter): after
+    `plain` was loaded (pre-trained weights, a resumed state). Every rank holds the same `plain`. A no-op when
+    they are one module."""
+    if plain is sharded:
+        return
+    from torch.distributed.tensor import distribute_tensor
+
+    for tensor, shard in _pairs(plain, sharded):
+        if _is_dtensor(shard):
+            shard.copy_(distribute_tensor(tensor.detach(), shard.device_mesh, shard.placements))
+        else:
+            shard.copy_(tensor)
+
+
+@torch.no_grad()
+def sync_from_sharded(plain, sharded):
+    """Copy `sharded`'s full weights (all-gathered: a collective) and buffers into `plain`, on every rank: after
+    each optimizer step, so that evaluation and checkpoints read the trained weights. A no-op when they are one
+    module."""
+    if plain is sharded:
+        return
+    for tensor, shard in _pairs(plain, sharded):
+        tensor.copy_(shard.full_tensor() if _is_dtensor(shard) else shard)
+
+
+def full_tensor(tensor):
+    """A tensor as a plain tensor: a DTensor's full value (a collective when sharded), else itself."""
+    return tensor.full_tensor() if tensor is not None and _is_dtensor(tensor) else tensor
+
+
 def ddp_module(model):
     """The DistributedDataParallel in `model` (itself, or under torch.compile), or None."""
     while model is not None and not isinstance(model, DistributedDataParallel):
@@ -144,9 +217,25 @@ def ddp_module(model):
 
 def no_sync(model, skip=True):
     """With `skip`, DDP's no_sync(): forward + backward only accumulate local gradients and
-    the all-reduce waits for a backward outside it. A no-op without DDP or with skip=False."""
+    the all-reduce waits for a backward outside it; under FSDP2 the same with the reduce-scatter, the
+    weights staying gathered. A no-op without DDP or FSDP2, or with skip=False."""
     ddp = ddp_module(model) if skip else None
-    return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
+    if ddp is not None:
+        return ddp.no_sync()
+    if skip and hasattr(model, "set_requires_gradient_sync"):  # an FSDPModule
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    model.set_reshard_after_backward(False)
+    try:
+        yield model
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
 
 
 @contextlib.contextmanager
@@ -265,12 +354,23 @@ def _is_sharded(optimizer):
     return hasattr(optimizer, "consolidate_state_dict")  # ZeroRedundancyOptimizer, not imported eagerly
 
 
+def _fsdp_pair(optimizer):
+    """(plain module, sharded module) of an optimizer of FSDP2's sharded parameters (Exp_Basic.make_optimizer
+    under --fsdp), else None."""
+    return getattr(optimizer, "fsdp_modules", None)
+
+
 def optimizer_state_dict(optimizer):
-    """The full optimizer state on rank 0 (None elsewhere). A collective for a sharded
-    optimizer, whose shards are first gathered on rank 0: call it on every rank."""
+    """The full optimizer state on rank 0 (None elsewhere), in a plain optimizer's format whatever shards it.
+    A collective for a sharded optimizer, whose shards are first gathered: call it on every rank."""
     if _is_sharded(optimizer):
         optimizer.consolidate_state_dict(to=0)
-    return optimizer.state_dict() if is_main() else None
+    if _fsdp_pair(optimizer) is None:
+        return optimizer.state_dict() if is_main() else None
+    state = optimizer.state_dict()  # FSDP2's Adam state: each tensor a shard, all-gathered in order on every rank
+    state = {**state, "state": {index: {name: full_tensor(value) for name, value in per_param.items()}
+                                for index, per_param in sorted(state["state"].items())}}
+    return state if is_main() else None
 
 
 def load_optimizer_state(optimizer, state):
@@ -283,6 +383,18 @@ def load_optimizer_state(optimizer, state):
         for key in ("fused", "foreach"):
             if key in current:
                 saved[key] = current[key]
+    pair = _fsdp_pair(optimizer)
+    if pair is not None:
+        # the plain module was loaded just before (checkpoint.load_training_state): its weights to the shards,
+        # and each full state tensor to this rank's shard of it, placed as its parameter is
+        sync_to_sharded(*pair)
+        from torch.distributed.tensor import distribute_tensor
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state = {**state, "state": {index: {
+            name: distribute_tensor(value.to(params[index].device), params[index].device_mesh, params[index].placements)
+            if torch.is_tensor(value) and _is_dtensor(params[index]) and value.shape == params[index].shape
+            else value for name, value in per_param.items()} for index, per_param in state["state"].items()}}
     optimizer.load_state_dict(state)
     if _is_sharded(optimizer):
         # Its load also copies this rank's shard into the wrapper's own `state`, which
@@ -293,5 +405,10 @@ def load_optimizer_state(optimizer, state):
 def optimizer_state_bytes(optimizer):
     """Bytes of optimizer state tensors held by this rank (only its shard when sharded)."""
     states = [optimizer.state] + ([optimizer.optim.state] if _is_sharded(optimizer) else [])
-    return sum(value.numel() * value.element_size() for state in states for per_param in state.values()
+    return sum(_local(value).numel() * value.element_size() for state in states for per_param in state.values()
                if per_param for value in per_param.values() if torch.is_tensor(value))
+
+
+def _local(tensor):
+    """This rank's part of a tensor: a DTensor's shard, else the tensor."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor

@@ -1,0 +1,92 @@
+"""--fsdp: FSDP2 shards a copy of the model between the ranks (utils.ddp.wrap_fsdp), and the same global batch
+trains the same weights as DDP on 1, 2 and 3 processes; evaluation, checkpoints and resume read the plain module,
+in DDP's format, so a run may change its distribution mode on resume; what does not compose is refused."""
+import pytest
+import torch
+
+from helpers import assert_ok, assert_one_error_line, records, run_cli
+
+SMALL = ["--synthetic_rows", 700, "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--train_epochs", 2,
+         "--patience", 10, "--learning_rate", 0.005, "--clip_grad", 1.0]
+MODELS = {"DLinear": ["--model", "DLinear"],
+          # dropout keyed by the sample, two attention blocks (each sharded apart)
+          "TimerXL": ["--model", "TimerXL", "--input_token_len", 24, "--output_token_len", 24, "--d_model", 16,
+                      "--d_ff", 32, "--n_heads", 2, "--e_layers", 2, "--use_norm", 1, "--dropout", 0.1]}
+METRICS = ("mse", "mae", "vali_loss")
+
+
+def _train(folder, *args, nproc=None):
+    proc = run_cli(folder, *SMALL, *args, nproc=nproc, timeout=300)
+    assert_ok(proc)
+    return records(folder)[-1]
+
+
+def _weights(folder):
+    (path,) = folder.rglob("checkpoint.pth")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _assert_same(got, want, what, rel=1e-6):
+    for epoch, (a, b) in enumerate(zip(got["history"], want["history"]), 1):
+        for key in ("train_loss", "vali_loss"):
+            assert a[key] == pytest.approx(b[key], rel=rel, abs=0), f"{what}: epoch {epoch} {key}"
+    for key in METRICS:
+        assert got[key] == pytest.approx(want[key], rel=rel, abs=0), f"{what}: {key}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_fsdp_trains_the_weights_ddp_trains_on_1_2_and_3_processes(tmp_path, model):
+    """Global batch 24: 24 x 1, 12 x 2 and 8 x 3 under --fsdp (one process in a process group of its own: sharded
+    nothing, through FSDP2 still) against one plain process; with --clip_grad, the norm of the sharded gradients."""
+    reference = _train(tmp_path / "ddp1", *MODELS[model], "--batch_size", 24)
+    want = _weights(tmp_path / "ddp1")
+    for nproc, batch in ((1, 24), (2, 12), (3, 8)):
+        folder = tmp_path / f"fsdp{nproc}"
+        got = _train(folder, *MODELS[model], "--batch_size", batch, "--fsdp", nproc=nproc)
+        assert got["world_size"] == nproc
+        _assert_same(got, reference, f"--fsdp on {nproc or 1} vs DDP on 1")
+        weights = _weights(folder)
+        assert weights.keys() == want.keys()  # the plain module's names: no FSDP prefix
+        for name, tensor in want.items():
+            if name.endswith("key_projection.bias"):
+                continue  # its true gradient is zero (softmax ignores a shift of every key): Adam steps on rounding
+            torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=f"{nproc}: {name}")
+
+
+def _without_timings(record):
+    return [{k: v for k, v in h.items() if k != "seconds"} for h in record["history"]]
+
+
+def test_fsdp_accumulates_and_resumes_on_another_world_size_and_mode(tmp_path):
+    """DLinear, --global_batch_size 24 in 2 accumulation steps: --fsdp trains the same on 2 processes (6 x 2 x 2)
+    and on 3 (4 x 3 x 2), where each epoch ends on a short chunk of 5 windows in which the ranks run 1, 2 and 2
+    forward passes (the weights stay gathered through the step). Preempted mid-epoch on 2, it resumes bit for bit
+    under --fsdp and to rounding under DDP: last.pth holds the plain module's weights and the full Adam state in
+    DDP's format."""
+    argv = [*MODELS["DLinear"], "--synthetic_rows", 692, "--global_batch_size", 24,
+            "--accumulation_steps", 2, "--save_steps", 5, "--train_epochs", 3]
+    straight = _train(tmp_path / "straight", *argv, "--fsdp", nproc=2)
+    assert straight["train_windows"] % 24 == 5
+    reference_3 = _train(tmp_path / "straight3", *argv, "--fsdp", nproc=3)
+    _assert_same(reference_3, straight, "--fsdp on 3 vs 2")
+    for name, nproc, mode, exact in (("same", 2, ["--fsdp"], True), ("ddp", 2, [], False)):
+        broken = tmp_path / name
+        killed = run_cli(broken, *SMALL, *argv, "--fsdp", nproc=2, preempt_at_step=13)
+        assert killed.returncode != 0 and (broken / "checkpoints").exists()
+        proc = run_cli(broken, *SMALL, *argv, *mode, "--resume", nproc=nproc, timeout=300)
+        assert_ok(proc)
+        assert "resumed from" in proc.stdout and "at step 10 (in epoch" in proc.stdout, proc.stdout
+        resumed = records(broken)[-1]
+        if exact:
+            assert _without_timings(resumed) == _without_timings(straight)
+            assert all(resumed[key] == straight[key] for key in METRICS)
+        else:
+            _assert_same(resumed, straight, f"resumed on {nproc} processes with {mode or 'DDP'}")
+
+
+@pytest.mark.parametrize("flags, named", [(["--zero"], "--zero"), (["--compile"], "--compile")])
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_fsdp_refuses_what_does_not_compose(tmp_path, flags, named, nproc):
+    proc = run_cli(tmp_path, *SMALL, *MODELS["DLinear"], "--fsdp", *flags, nproc=nproc)
+    assert_one_error_line(proc, f"--fsdp cannot be combined with {named}")
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()
