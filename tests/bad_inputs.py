@@ -547,6 +547,12 @@ PROBES = [
           "--devices must be GPU numbers separated by commas, such as 0,1, got 'a,b'"),
     Probe("DataParallel batch that does not split", fixed(*SMALL, "--use_multi_gpu", "--batch_size", 33),
           "--batch_size 33 cannot be split evenly between the 2 processes of --use_multi_gpu", (2,)),
+    # LoRA fine-tuning (exp.lora)
+    Probe("LoRA targets that match no module", fixed(*SMALL, "--model", "PatchTST", "--lora_rank", 4, "--lora_targets",
+                                                     "attn*"),
+          "--lora_targets attn* matches no nn.Linear module of model PatchTST; name some of its modules (value, query"),
+    Probe("LoRA options without a rank", fixed(*SMALL, "--lora_dropout", 0.1),
+          "--lora_dropout without --lora_rank changes nothing"),
 ]
 DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
 if _has_gpu():
