@@ -503,10 +503,11 @@ def _check_fsdp(args):
     if not args.fsdp:
         return
     clash = [flag for flag, given in (("--zero", args.zero), ("--compile", args.compile),
-                                      ("--amp_dtype fp16", args.use_amp and args.amp_dtype == "fp16")) if given]
+                                      ("--amp_dtype fp16", args.use_amp and args.amp_dtype == "fp16"),
+                                      ("--lora_rank", getattr(args, "lora_rank", 0))) if given]
     require(not clash, f"--fsdp cannot be combined with {', '.join(clash)}: --fsdp already shards the Adam state "
-                       "(drop --zero), and trains uncompiled, without fp16 loss scaling; "
-                       "drop " + ", ".join(clash) + " or drop --fsdp")
+                       "(drop --zero), trains uncompiled, without fp16 loss scaling, and all the weights (LoRA's "
+                       "few adapters train under DDP); drop " + ", ".join(clash) + " or drop --fsdp")
 
 
 def check_gpu_choice(ddp, gpu):

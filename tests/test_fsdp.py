@@ -84,7 +84,8 @@ def test_fsdp_accumulates_and_resumes_on_another_world_size_and_mode(tmp_path):
             _assert_same(resumed, straight, f"resumed on {nproc} processes with {mode or 'DDP'}")
 
 
-@pytest.mark.parametrize("flags, named", [(["--zero"], "--zero"), (["--compile"], "--compile")])
+@pytest.mark.parametrize("flags, named", [(["--zero"], "--zero"), (["--compile"], "--compile"),
+                                          (["--lora_rank", 4], "--lora_rank")])
 @pytest.mark.parametrize("nproc", [None, 2])
 def test_fsdp_refuses_what_does_not_compose(tmp_path, flags, named, nproc):
     proc = run_cli(tmp_path, *SMALL, *MODELS["DLinear"], "--fsdp", *flags, nproc=nproc)
