@@ -85,6 +85,10 @@ def test_the_same_global_batch_trains_the_same_adapters_on_1_2_3_processes(tmp_p
             "--lora_dropout", 0.3, "--dropout", 0.1)
     states, record = _adapters_on(tmp_path, argv)
     _assert_same_adapters(states, record)
+    # --is_training 0 evaluates the checkpoint under the same --lora_* arguments: the training run's scores
+    checkpoint = tmp_path / "nproc1" / "checkpoints" / record["setting"] / "checkpoint.pth"
+    assert_ok(run_cli(tmp_path / "eval", *argv, "--is_training", 0, "--checkpoint", checkpoint))
+    assert records(tmp_path / "eval")[-1]["mse"] == pytest.approx(record["mse"], rel=1e-9)
 
 
 def _chronos_rows():
