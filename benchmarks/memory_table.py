@@ -227,13 +227,36 @@ def release_counts(rank=Setting().lora_rank):
     return counts
 
 
-def release_table():
+WINDOW = (512, 64)  # the window whose activations each release's row measures: steps in, steps out
+
+
+def release_activations(window=WINDOW):
+    """{checkpoint: bytes autograd saves for backward in one training forward of one window (`window`: steps in
+    and out, one channel, run.py's default dropout) on the meta device, or None where the release cannot run on
+    meta (it copies a value to the host)}."""
+    found = {}
+    for model, hub, sizes, _, _ in releases():
+        built = build_on_meta(model, sizes, *window).train()
+        with torch.device("meta"):
+            window_values = torch.randn(1, window[0], 1)
+        try:
+            found[hub] = measured_activation_bytes(built, window_values)
+        except NotImplementedError:  # "Cannot copy out of meta tensor": a value read on the host
+            found[hub] = None
+    return found
+
+
+def release_table(measure=True):
+    steps, ahead = WINDOW
     rows = [["release (`--model`)", "largest released checkpoint", "parameters (built on meta)", "published",
-             f"LoRA r={Setting().lora_rank} trainable (adapted Linears)", "shape from"]]
+             f"LoRA r={Setting().lora_rank} trainable (adapted Linears)",
+             *([f"activations of one window ({steps} -> {ahead} steps), MiB"] if measure else []), "shape from"]]
     counts = release_counts()
+    saved = release_activations() if measure else {}
     for model, hub, _, published, source in releases():
         params, trainable, adapted = counts[hub]
-        rows.append([model, hub, f"{params:,}", published, f"{trainable:,} ({adapted})", source])
+        measured = [] if not measure else ["not on meta" if saved[hub] is None else f"{saved[hub] / 2 ** 20:.1f}"]
+        rows.append([model, hub, f"{params:,}", published, f"{trainable:,} ({adapted})", *measured, source])
     return rows
 
 
@@ -286,7 +309,16 @@ def document(measure=True):
         "",
         "## The releases at their largest released shape",
         "",
-        markdown_table(release_table()),
+        markdown_table(release_table(measure)),
+        "",
+        "The activations column: the distinct storages autograd saves for backward (saved_tensors_hooks) in one "
+        "training forward of one single-channel window, run.py's default dropout (0.1), measured on the meta "
+        "device, where attention takes the unfused path that keeps the attention scores (a GPU's fused kernels "
+        "keep less); per token a release keeps more than the generic block below (two attentions a block, "
+        "dropout masks, gated MLPs; Time-MoE: every step a token, and every expert on every token, as its model "
+        "runs them off the CPU); \"not on "
+        "meta\": the release reads a value back on the host. Multiply by the windows (times channels) a rank "
+        "holds.",
         "",
         "LoRA's trainable count is 2 * r * (d_in + d_out) summed over the Linear layers whose names match the "
         "attention and MLP patterns of benchmarks/memory_table.py (LORA_TARGETS); an sLSTM release's recurrent "

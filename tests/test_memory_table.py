@@ -99,11 +99,18 @@ def test_the_releases_are_built_at_their_published_sizes():
         assert adapted > 0 and 0 < trainable < params / 10, (model, checkpoint, trainable, adapted)
 
 
-def test_the_committed_table_is_what_the_script_prints():
+def test_the_committed_table_is_what_the_script_prints(monkeypatch):
+    """Everything the script prints is the stored result; the releases' measured activations (a measurement, 6 s
+    of meta forwards) are taken from the stored column, every other figure recomputed."""
+    from benchmarks import results_page
+
+    header, *rows = results_page.read_csv(mt.RESULTS / f"{mt.NAME}.csv")
+    column = next(i for i, name in enumerate(header) if name.startswith("activations"))
+    stored_saved = {row[1]: None if row[column] == "not on meta" else float(row[column]) * 2 ** 20 for row in rows}
+    monkeypatch.setattr(mt, "release_activations", lambda window=mt.WINDOW: stored_saved)
     record = json.loads((mt.RESULTS / f"{mt.NAME}.json").read_text())
     tables = {block["table"]: (mt.RESULTS / block["table"]).read_text() for block in record["blocks"]
               if "table" in block}
-    from benchmarks import results_page
     stored = results_page.render(record["blocks"], {name: results_page.read_csv(mt.RESULTS / name)
                                                    for name in tables})
     assert stored == mt.document()
