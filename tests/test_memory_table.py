@@ -79,6 +79,17 @@ def test_lora_counts_each_matching_linear_by_its_own_sides():
     assert mt.lora_trainable(model, 4) == 4 * (3 + 5)
 
 
+def test_checkpointing_keeps_each_block_input_and_one_block():
+    setting, (d, layers, heads) = mt.Setting(), (SHAPE_1B.d_model, SHAPE_1B.layers, SHAPE_1B.heads)
+    tokens = setting.batch * setting.seq
+    assert mt.activation_bytes(SHAPE_1B, setting) == 4 * tokens * (16 * d + 4 + heads) * layers
+    assert mt.checkpointed_activation_bytes(SHAPE_1B, setting) == 4 * tokens * d * layers + 4 * tokens * (
+        16 * d + 4 + heads)
+    part = mt.per_rank("FSDP2", 1e9, 8, SHAPE_1B)
+    assert part["total"] - part["total_checkpointed"] == (mt.activation_bytes(SHAPE_1B, setting)
+                                                          - mt.checkpointed_activation_bytes(SHAPE_1B, setting))
+
+
 def test_the_activation_formula_is_what_autograd_saves():
     shape, setting = mt.Shape(64, 2, 4), mt.Setting(batch=2, seq=24)
     assert mt.measured_reference(shape, setting) == mt.activation_bytes(shape, setting)
