@@ -96,7 +96,8 @@ class Exp_Basic:
         if args.fsdp:  # FSDP2 shards a copy of the finished plain module; raw_model keeps the full weights
             self.raw_model = ddp.convert_sync_batchnorm(keyed.to(device), device) if args.sync_bn else keyed.to(device)
             forecast_series_as_given(self.raw_model, args, device)
-            model = ddp.wrap_fsdp(self.raw_model, args.accumulation_steps > 1)[1]
+            model = ddp.wrap_fsdp(self.raw_model, args.accumulation_steps > 1,
+                                  AMP_DTYPES.get(args.fsdp_mixed_precision))[1]
         else:
             self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
             forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it

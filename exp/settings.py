@@ -500,6 +500,10 @@ def _check_devices(args):
 def _check_fsdp(args):
     """--fsdp is one choice of the distribution setting (DDP, --zero, --fsdp), without the options that
     do not compose with its sharded copy of the model. On one process it shards nothing and trains as DDP."""
+    mixed = args.fsdp_mixed_precision != "none"
+    require(not mixed or (args.fsdp and args.ddp),
+            f"--fsdp_mixed_precision {args.fsdp_mixed_precision} is FSDP2's, which runs in a process group: add --fsdp "
+            "and --ddp (one process is enough), or use --use_amp for mixed precision without FSDP2")
     if not args.fsdp:
         return
     clash = [flag for flag, given in (("--zero", args.zero), ("--compile", args.compile),

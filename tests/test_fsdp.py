@@ -91,3 +91,23 @@ def test_fsdp_refuses_what_does_not_compose(tmp_path, flags, named, nproc):
     proc = run_cli(tmp_path, *SMALL, *MODELS["DLinear"], "--fsdp", *flags, nproc=nproc)
     assert_one_error_line(proc, f"--fsdp cannot be combined with {named}")
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()
+
+
+def test_fsdp_mixed_precision_computes_in_bf16_and_keeps_float32_weights(tmp_path):
+    """--fsdp_mixed_precision bf16: the gathered weights and the computation in bfloat16 (training losses move off the
+    float32 run's, by bf16's rounding only), the shards, Adam and the gradient reduction in float32; what is
+    evaluated and saved is the float32 plain module."""
+    argv = [*MODELS["TimerXL"], "--batch_size", 12, "--fsdp"]
+    fp32 = _train(tmp_path / "fp32", *argv, nproc=2)
+    bf16 = _train(tmp_path / "bf16", *argv, "--fsdp_mixed_precision", "bf16", nproc=2)
+    for got, want in zip(bf16["history"], fp32["history"]):
+        assert got["train_loss"] != want["train_loss"]
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=2e-2)
+    assert all(t.dtype == torch.float32 for t in _weights(tmp_path / "bf16").values() if t.is_floating_point())
+
+
+@pytest.mark.parametrize("flags", [[], ["--fsdp"]])
+def test_fsdp_mixed_precision_needs_fsdp_in_a_process_group(tmp_path, flags):
+    proc = run_cli(tmp_path, *SMALL, *MODELS["DLinear"], *flags, "--fsdp_mixed_precision", "bf16")
+    assert_one_error_line(proc, "--fsdp_mixed_precision bf16 is FSDP2's, which runs in a process group")
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()

@@ -351,6 +351,8 @@ def build_parser():
     g.add_argument("--fsdp", action="store_true",
                    help="instead of DDP: FSDP2 shards the weights, gradients and Adam state between ranks, each "
                         "repeated block apart (docs/ddp.md)")
+    g.add_argument("--fsdp_mixed_precision", default="none", choices=("none", "bf16"),
+                   help="--fsdp: bf16 weights and computation, float32 master weights, Adam and gradient reduction")
 
     g = p.add_argument_group("results, pictures and forecasts")
     g.add_argument("--checkpoints", default="./checkpoints/", help="folder of each setting's checkpoint.pth and last.pth")

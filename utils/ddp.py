@@ -146,25 +146,29 @@ def repeated_blocks(module):
     return [block for child in module.children() for block in repeated_blocks(child)]
 
 
-def wrap_fsdp(module, accumulates=False):
+def wrap_fsdp(module, accumulates=False, param_dtype=None):
     """(module to evaluate and save, module to train) under --fsdp: `module` itself twice without a process
     group; else `module` and a copy of it whose parameters, gradients and Adam state are sharded between the
     ranks by FSDP2 (fully_shard on each repeated block, then on the whole). `module` stays a plain module:
     evaluation (no collective inside, each rank on its own windows), checkpoints and loads use it as under
     DDP; sync_to_sharded / sync_from_sharded copy weights between the two. When a step `accumulates`
     micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last step may run
-    different numbers of forward passes, which must not each gather."""
+    different numbers of forward passes, which must not each gather. With `param_dtype` (bfloat16) the gathered
+    weights and the computation take it, the shards (the master weights), Adam and the reduction stay float32."""
     if not is_dist():
         return module, module
-    from torch.distributed.fsdp import fully_shard  # only when asked for
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only when asked for
 
     # a forecast sliced from the model's output is a view; the loss reads it out of place (the hook FSDP2 warns
     # could be lost stays: tests/test_fsdp.py's weights would differ), so the warning on every step is noise
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     sharded = copy.deepcopy(module)
+    options = {"reshard_after_forward": not accumulates}
+    if param_dtype is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in repeated_blocks(sharded):
-        fully_shard(block, reshard_after_forward=not accumulates)
-    fully_shard(sharded, reshard_after_forward=not accumulates)
+        fully_shard(block, **options)
+    fully_shard(sharded, **options)
     return module, sharded
 
 
