@@ -11,6 +11,7 @@ model that has none of them (DLinear, TSMixer: linear maps only) adapts every nn
 samples in their second dimension (TIME_FIRST) are left out of the default.
 """
 import fnmatch
+import hashlib
 
 import torch
 
@@ -91,10 +92,38 @@ def apply_lora(model, args):
                         "--lora_targets, or use --lora_dropout 0")
     config = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                              target_modules=targets, bias="none")
+    base = base_weights_hash(model)
     model = peft.inject_adapter_in_model(config, model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(is_adapter(name))
+    # the adapters' base goes into every checkpoint of the model (checkpoint.pth, last.pth), and a checkpoint
+    # of other base weights is refused wherever it is loaded (a resume, an evaluation)
+    model.register_buffer(BASE_KEY, torch.frombuffer(bytearray(bytes.fromhex(base)), dtype=torch.uint8))
+    model.register_load_state_dict_pre_hook(_refuse_other_base)
     return model
+
+
+BASE_KEY = "lora_base_sha256"
+
+
+def base_weights_hash(model):
+    """sha256 of `model`'s state dict (every name, dtype, shape and value's bytes, in order): its base weights'
+    identity, computed once, before the adapters."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
+
+
+def _refuse_other_base(module, state_dict, prefix, *_):
+    saved, own = state_dict.get(prefix + BASE_KEY), getattr(module, BASE_KEY)
+    if saved is None or torch.equal(saved.cpu(), own.cpu()):
+        return  # a missing key is the strict load's to name
+    raise UserError(f"the checkpoint's LoRA adapters were trained on other base weights (sha256 "
+                    f"{bytes(saved.cpu().tolist()).hex()[:12]}..., these {bytes(own.cpu().tolist()).hex()[:12]}...); "
+                    "load it on the weights it was fine-tuned from: the same --pretrain_model_path with --adaptation")
 
 
 def is_adapter(name):

@@ -147,6 +147,20 @@ def _truncated(folder):
     return ["--is_training", 0, "--checkpoint", folder / "truncated.pth"]
 
 
+def _lora_on_other_base(folder):
+    """A LoRA checkpoint whose adapters sit on one base (a random initialisation), evaluated on another."""
+    import torch
+
+    from exp.lora import apply_lora
+    from exp.settings import build_model, resolve_args
+    from helpers import make_args
+
+    args = resolve_args(make_args(*map(str, (*SMALL, "--lora_rank", 2))), 1)
+    torch.save(apply_lora(build_model(args), args).state_dict(), folder / "lora.pth")
+    return [*SMALL, "--lora_rank", 2, "--adaptation", "--pretrain_model_path", _weights(folder, "other_base.pth", *SMALL),
+            "--is_training", 0, "--checkpoint", folder / "lora.pth"]
+
+
 def _corpus(folder, damage):
     """A corpus built from one CSV, then damaged: a shard gone or cut short, another build's index, a
     JSON file that is no corpus index, no index at all, a build that never finished, or an edited series
@@ -553,6 +567,9 @@ PROBES = [
           "--lora_targets attn* matches no nn.Linear module of model PatchTST; name some of its modules (value, query"),
     Probe("LoRA options without a rank", fixed(*SMALL, "--lora_dropout", 0.1),
           "--lora_dropout without --lora_rank changes nothing"),
+    Probe("LoRA checkpoint on other base weights", _lora_on_other_base,
+          "the checkpoint's LoRA adapters were trained on other base weights", shows="a LoRA checkpoint of DLinear's "
+          "adapters on one initialisation, evaluated with --adaptation on another"),
 ]
 DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
 if _has_gpu():

@@ -1,10 +1,13 @@
 """LoRA through peft (exp.lora, --lora_rank): adapters on a zoo model's and a release's attention and MLP projections,
 the base weights frozen, the adapters' dropout keyed by the sample, so the same global batch trains the same
-adapters on 1, 2 and 3 processes; --lora_targets that match nothing is one line."""
+adapters on 1, 2 and 3 processes; --lora_targets that match nothing is one line; a checkpoint holds its base
+weights' hash, and a resume or an evaluation on other base weights is refused on every rank, nothing written."""
+import shutil
+
 import pytest
 import torch
 
-from helpers import assert_ok, make_args, records, run_cli
+from helpers import assert_ok, assert_one_error_line, make_args, records, run_cli
 
 pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
 
@@ -111,3 +114,36 @@ def test_a_release_trains_the_same_adapters_on_1_2_3_processes(name, tmp_path):
     states, record = _adapters_on(tmp_path, argv)
     initial = ours(row, folder, row.run[1], row.run[3]).state_dict()
     _assert_same_adapters(states, record, initial)
+
+
+def _files(folder):
+    return {path: path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_checkpoint_on_other_base_weights_is_refused_on_every_rank(tmp_path):
+    from exp.settings import build_model
+
+    model = ("--model", "TimerXL", *TINY, "--input_token_len", 24, "--output_token_len", 24)
+    bases = []
+    for seed in (1, 2):  # two pre-trained bases of the same shape
+        torch.manual_seed(seed)
+        bases.append(tmp_path / f"base{seed}.pth")
+        torch.save(_built(*model)[1].state_dict(), bases[-1])
+    base = tmp_path / "base.pth"
+    shutil.copy(bases[0], base)
+    argv = (*model, "--lora_rank", 4, "--adaptation", "--pretrain_model_path", base, "--global_batch_size", 12,
+            "--test_every_epoch", "false")
+    out = tmp_path / "run"
+    assert_ok(run_cli(out, *argv, "--train_steps", 2, "--ddp", nproc=2))  # resumed on 2: the same batch plan
+    checkpoint = out / "checkpoints" / records(out)[-1]["setting"] / "checkpoint.pth"
+    shutil.copy(bases[1], base)  # the same path, other weights: the run's arguments alone cannot tell
+    before = _files(out)
+    message = "the checkpoint's LoRA adapters were trained on other base weights"
+    assert_one_error_line(run_cli(out, *argv, "--train_steps", 4, "--resume", "--ddp", nproc=2), message)
+    for nproc in (None, 2):
+        ddp = ("--ddp",) if nproc else ()
+        assert_one_error_line(run_cli(out, *argv, "--is_training", 0, "--checkpoint", checkpoint, *ddp,
+                                      nproc=nproc), message)
+    assert _files(out) == before
+    shutil.copy(bases[0], base)  # its own base back: it resumes
+    assert_ok(run_cli(out, *argv, "--train_steps", 4, "--resume", "--ddp", nproc=2))
