@@ -112,3 +112,15 @@ def test_fsdp_mixed_precision_needs_fsdp_in_a_process_group(tmp_path, flags):
     proc = run_cli(tmp_path, *SMALL, *MODELS["DLinear"], *flags, "--fsdp_mixed_precision", "bf16")
     assert_one_error_line(proc, "--fsdp_mixed_precision bf16 is FSDP2's, which runs in a process group")
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()
+
+
+def test_fsdp_refuses_to_resume_a_ddp_state_of_another_model(tmp_path):
+    """--fsdp --resume of a DDP run's last.pth of another model: one line on every rank naming the model, that
+    last.pth untouched, no file written."""
+    assert_ok(run_cli(tmp_path / "ddp", *SMALL, *MODELS["DLinear"], "--train_epochs", 1, nproc=2))
+    (last,) = (tmp_path / "ddp").rglob("last.pth")
+    before = last.read_bytes()
+    proc = run_cli(tmp_path / "fsdp", *SMALL, *MODELS["TimerXL"], "--fsdp", "--resume", last, nproc=2)
+    assert_one_error_line(proc, "it is another run's training state: model (saved 'DLinear', now 'TimerXL')")
+    assert last.read_bytes() == before
+    assert not [p for p in (tmp_path / "fsdp").rglob("*") if p.is_file()]
