@@ -124,3 +124,14 @@ def test_fsdp_refuses_to_resume_a_ddp_state_of_another_model(tmp_path):
     assert_one_error_line(proc, "it is another run's training state: model (saved 'DLinear', now 'TimerXL')")
     assert last.read_bytes() == before
     assert not [p for p in (tmp_path / "fsdp").rglob("*") if p.is_file()]
+
+
+def test_fsdp_fine_tunes_from_pre_trained_weights_as_ddp_does(tmp_path):
+    """--adaptation loads the pre-trained weights into the plain module before the optimizer is made; the shards
+    take them from it (planted: not copied -> the fine-tune starts from the random initialisation and differs)."""
+    assert_ok(run_cli(tmp_path / "pre", *SMALL, *MODELS["TimerXL"], "--train_epochs", 1, "--seed", 7))
+    (weights,) = (tmp_path / "pre").rglob("checkpoint.pth")
+    tune = [*MODELS["TimerXL"], "--train_epochs", 1, "--adaptation", "--pretrain_model_path", weights]
+    reference = _train(tmp_path / "ddp1", *tune, "--batch_size", 24)
+    _assert_same(_train(tmp_path / "fsdp2", *tune, "--batch_size", 12, "--fsdp", nproc=2), reference,
+                 "--adaptation under --fsdp on 2 vs DDP on 1")
