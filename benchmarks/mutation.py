@@ -36,6 +36,7 @@ TARGETS = {
                         "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
     "exp/export.py": ["test_openltm_checkpoints.py", "test_foundation.py"],
+    "exp/lora.py": ["test_lora.py"],
     "exp/scoring.py": ["test_probabilistic.py", "test_probabilistic_outputs.py"],
     "exp/exp_basic.py": ["test_training.py", "test_amp_and_compile.py", "test_zero.py", "test_unused_parameters.py"],
     "exp/exp_forecast.py": ["test_training.py", "test_slicing.py", "test_progress.py", "test_scaling.py",
