@@ -111,7 +111,6 @@ class Release:
     one_process: tuple = ()  # arguments of the 1-process fine-tuning run (e.g. the 2 processes' micro-batches)
     keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
     too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
-    syncs: int = 0  # host syncs a training step and an eval batch still make (tests/test_host_syncs.py), at most
 
     def write(self, release, **damage):
         """The release's folder at path `release`, damaged as a bad input needs (see writer)."""

@@ -6,9 +6,7 @@ evaluation batches (its own evaluate, with the probabilistic scoring) on meta wi
 A sync per eval batch is what evaluating two batches records beyond evaluating one (after a warm-up evaluation, so
 caches a release keeps across batches are warm): the reductions at an evaluation's end are once per evaluation.
 
-A case that still makes syncs (training step + eval batch) has a bound: a release its row's `syncs` in
-tests/test_foundation.py's RELEASES, an objective its entry of KNOWN_SYNCS; a case without one must make none.
-Lower the bound when a sync is removed; every row's `syncs` is 0 and KNOWN_SYNCS empty when all are.
+Every case (each release of tests/test_foundation.py's RELEASES, each objective) must make none.
 
 HOST_SYNCS_RECORD=1 rewrites tests/golden/host_syncs.json (op counts per case: a training step, an eval batch);
 HOST_SYNCS_REPORT=<file> writes every case's call sites there (markdown).
@@ -26,10 +24,6 @@ from test_foundation import RELEASES, TUNE, needs, released_folder, run_args
 from utils.host_syncs import DEVICE, record_host_syncs, summary, to_meta
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "host_syncs.json"
-
-# objective -> most host syncs of one training step plus one eval batch that it may still make; a release's bound is
-# its row's `syncs` in tests/test_foundation.py's RELEASES (a release is named only in its folder and its row)
-KNOWN_SYNCS = {}
 
 OBJECTIVES = {  # a TSLib model under each probabilistic objective (levels, samples as a user gives them)
     "quantile": ("--loss", "quantile", "--quantiles", "0.1,0.5,0.9"),
@@ -216,9 +210,8 @@ def write_records(results):
                  "Written by `HOST_SYNCS_REPORT=<this file> python -m pytest -q tests/test_host_syncs.py` (the cases "
                  "run). d2h: the host reads device memory (.item/.tolist/bool, nonzero, boolean index, bincount, "
                  ".cpu); h2d: a blocking host-to-device copy (a tensor built from Python data on the device, "
-                 ".to(device) without non_blocking). Non-blocking copies are listed, not counted. The bounds the test "
-                 "holds: a release's `syncs=` in its row of tests/test_foundation.py's RELEASES, an objective's "
-                 "entry of KNOWN_SYNCS in tests/test_host_syncs.py; lower them as syncs go.", ""]
+                 ".to(device) without non_blocking). Non-blocking copies are listed, not counted. The test holds "
+                 "every case to 0.", ""]
         for case, result in results.items():
             lines += [*lines_of(case, result), ""]
         Path(report).write_text("\n".join(lines))
@@ -239,5 +232,4 @@ def test_a_training_step_and_an_eval_batch_make_no_host_sync(case, etth1, result
             lines.append(f"  {part} ops: {sum(result[part][2].values())} now, {sum(recorded[part].values())} "
                          f"recorded in {GOLDEN.name}")
     print("\n".join(lines))
-    found, bound = syncs_of(result), RELEASES[case].syncs if case in RELEASES else KNOWN_SYNCS.get(case, 0)
-    assert found <= bound, "\n".join(lines)
+    assert syncs_of(result) == 0, "\n".join(lines)
