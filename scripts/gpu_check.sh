@@ -4,7 +4,8 @@
 #
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh               # a GPU machine, every part in turn
 #   OUT=... bash scripts/gpu_check.sh --part releases                 # one part under its own 8 minutes:
-#                                                                     # releases, rest, tier, amp (GPU_CHECK_PART)
+#                                                                     # releases, rest, tier, amp, finetune
+#                                                                     # (GPU_CHECK_PART)
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh --cpu-smoke   # (or GPU_CHECK_CPU_SMOKE=1) this script's
 #                                                                     # steps at toy size on a CPU
 #
@@ -21,24 +22,33 @@
 #      forecast against the CPU's); a release whose package (chronos, timesfm, tirex ...) is missing: one line
 #   2. where 2 GPUs are present, every release under NCCL (torchrun, 2 processes) against 1 process at equal
 #      --eval_batch_size, and a bf16 fine-tuning step on 2 (tests/gpu/test_gpu_releases.py); else one line
+#   3. fine-tuning Chronos-2 at its released shape with FSDP2 in bf16 (--fsdp --fsdp_mixed_precision bf16) and
+#      with LoRA, each run.py --ddp on 1 GPU (benchmarks/fine_tuning_table.py's cells): samples/s and peak memory
+#      a line each (fine_tuning.log)
 #   part rest:
-#   3. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
-#   4. scripts/gpu_probe.py --only others: host syncs per training step (torch.cuda.set_sync_debug_mode) for table
+#   4. the README's main job: bash scripts/ddp_forecast.sh (DLinear, 10 epochs, one process per GPU, nccl)
+#   5. scripts/gpu_probe.py --only others: host syncs per training step (torch.cuda.set_sync_debug_mode) for table
 #      and O(1)-order data; hashed dropout masks against the CPU's; keyed vs plain dropout step time and peak
 #      memory; TimesNet per-window evaluation; pinned worker batches
-#   5. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
+#   6. benchmarks/bench_models.py --device cuda: 4 models, eager / unkeyed masks / bf16 AMP
 #   part tier:
-#   6. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first)
+#   7. the GPU test tier: python -m pytest -m gpu, one line per test (pytest.log; cheap files first)
 #   part amp:
-#   7. every zoo model one epoch under bf16 and fp16 autocast (tests/gpu/test_gpu_amp.py; pytest_amp.log)
-#   then every log in $OUT: summary.txt, releases.log, main_job.log, metrics.json, probe.log, bench.log,
-#   pytest.log, pytest_amp.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main
+#   8. every zoo model one epoch under bf16 and fp16 autocast (tests/gpu/test_gpu_amp.py; pytest_amp.log)
+#   part finetune (under --part all only when 150 s are left at its turn):
+#   9. the fine-tuning table: Chronos-2, TimesFM 2.5 and Time-MoE-200M at their released shapes under DDP, FSDP2
+#      and LoRA, samples/s and peak memory per GPU (python -m benchmarks.fine_tuning_table --write): stored in $OUT
+#      as fine_tuning_table.json + .csv (copy both to benchmarks/results/, then python -m benchmarks.results_page
+#      write); fine_tuning_table.log
+#   then every log in $OUT: summary.txt, releases.log, fine_tuning.log, main_job.log, metrics.json, probe.log,
+#   bench.log, pytest.log, pytest_amp.log, fine_tuning_table.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main
 #   job's results)
 # Without CUDA (and without the smoke flag) it says so in one line and exits 3. The smoke skips the install, runs
 # the releases on the CPU (their syncs counted on the meta device), the main job for one epoch, dry-runs the
 # probe's code paths and a two-step benchmark of DLinear, checks that the GPU tier refuses to pass without CUDA
 # (exit 4), and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase) and leaves out
-# the main job and the benchmark (tests/test_gpu_path.py). Exit status: 0 when every step ended 0 (gpu_probe.py
+# the main job and the benchmark (tests/test_gpu_path.py); the fine-tuning steps and table run as a CPU dry run at
+# tiny shapes (their lines say "CPU dry run, not a figure"; the smoke never stores the table). Exit status: 0 when every step ended 0 (gpu_probe.py
 # ends 1 on SYNCS, MISMATCH, ERROR or SLOW), else 1; 2 for a usage error.
 set -uo pipefail
 
@@ -47,13 +57,13 @@ while (( $# )); do
   case $1 in
     --cpu-smoke) GPU_CHECK_CPU_SMOKE=1 ;;
     --part) PART=${2-}; shift ;;
-    *) echo "gpu_check: unknown argument $1 (takes --cpu-smoke and --part releases|rest|tier|amp|all)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument $1 (takes --cpu-smoke and --part releases|rest|tier|amp|finetune|all)" >&2; exit 2 ;;
   esac
   shift
 done
 case $PART in
-  all|releases|rest|tier|amp) ;;
-  *) echo "gpu_check: --part $PART: give releases, rest, tier, amp or all" >&2; exit 2 ;;
+  all|releases|rest|tier|amp|finetune) ;;
+  *) echo "gpu_check: --part $PART: give releases, rest, tier, amp, finetune or all" >&2; exit 2 ;;
 esac
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
 LIGHT=${GPU_CHECK_SMOKE_LIGHT:-0}
@@ -195,6 +205,15 @@ if part releases; then
   else
     say "== releases under NCCL: left out ($GPUS GPUs here; tests/gpu/test_gpu_releases.py needs 2)"
   fi
+  # full fine-tuning sharded by FSDP2 in bf16, and LoRA: run.py --ddp on 1 GPU (without CUDA: a dry run, tiny)
+  FT_LOG=$OUT/fine_tuning.log
+  for mode in FSDP2 LoRA; do
+    secs=$(budget 75 190)
+    run_step "fine-tuning Chronos2, $mode, run.py --ddp on 1 GPU (benchmarks/fine_tuning_table.py)" \
+      "$secs" "$FT_LOG" "$PY" -m benchmarks.fine_tuning_table --releases Chronos2 --modes $mode \
+      --cell_timeout "$(( secs > 20 ? secs - 10 : 10 ))"
+  done
+  grep -E "^fine-tuning " "$FT_LOG" >>"$SUMMARY"
 fi
 
 # ------------------------------------------------------------------ part rest: the README's main job
@@ -289,7 +308,26 @@ if part amp; then
     say "== the zoo under AMP (tests/gpu/test_gpu_amp.py): needs CUDA; its refusal without CUDA is the tier's"
   fi
 fi
-(( CUDA_OK )) || say "# on a GPU this check measures, per release: ms per eval batch and per fine-tuning step in fp32 and bf16, peak memory (torch.cuda.max_memory_allocated), host syncs (torch.cuda.set_sync_debug_mode), the fp32 forecast against the CPU's, and 1 against 2 processes under NCCL where 2 GPUs are present"
+# ------------------------------------------------------------------ part finetune: the fine-tuning table
+TABLE_LOG=$OUT/fine_tuning_table.log
+if [[ $PART == finetune ]] || { [[ $PART == all ]] && (( $(left) >= 150 )); }; then
+  if (( CUDA_OK )); then  # stored in $OUT (copy fine_tuning_table.json + .csv to benchmarks/results/)
+    secs=$(budget 420 10)
+    run_step "fine-tuning table: 3 releases x DDP, FSDP2, LoRA, 1 GPU (benchmarks/fine_tuning_table.py --write)" \
+      "$secs" "$TABLE_LOG" "$PY" -m benchmarks.fine_tuning_table --write --results_dir "$OUT" \
+      --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
+  elif (( LIGHT )); then
+    say "== fine-tuning table: left out (GPU_CHECK_SMOKE_LIGHT=1)"
+  else  # never stored: the CPU's figures are not the GPU table
+    secs=$(budget 150 10)
+    run_step "fine-tuning table (CPU dry run at tiny shapes, not stored)" "$secs" "$TABLE_LOG" \
+      "$PY" -m benchmarks.fine_tuning_table --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
+  fi
+  grep -E "^fine-tuning " "$TABLE_LOG" >>"$SUMMARY"
+elif [[ $PART == all ]]; then
+  say "== fine-tuning table: left out ($(left)s left; --part finetune runs it under its own deadline)"
+fi
+(( CUDA_OK )) || say "# on a GPU this check measures, per release: ms per eval batch and per fine-tuning step in fp32 and bf16, peak memory (torch.cuda.max_memory_allocated), host syncs (torch.cuda.set_sync_debug_mode), the fp32 forecast against the CPU's, and 1 against 2 processes under NCCL where 2 GPUs are present; fine-tuning samples/s and peak memory under FSDP2 bf16 and LoRA (the table: DDP, FSDP2, LoRA of 3 releases)"
 
 # ------------------------------------------------------------------ pack the rest
 rm -rf "$WORK/inductor" "$WORK/main/checkpoints" "$WORK/bin"

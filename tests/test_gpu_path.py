@@ -206,8 +206,8 @@ def test_zero_with_a_loss_scaler_reads_nothing_back_and_skips_an_overflow(tmp_pa
 def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     """scripts/gpu_check.sh: where torch has no CUDA it says so in one line and exits 3 (a check that skipped
     everything and ended 0 would pass a broken machine); --cpu-smoke runs its steps on the CPU (here the light
-    smoke: the tier's refusal and the probe's dry run; the full smoke, with the main job and a benchmark, takes
-    about 80 s on 2 cores), every log in $OUT.
+    smoke: the tier's refusal, the probe's dry run, the FSDP2 and LoRA fine-tuning steps; the full smoke, with the
+    main job, a benchmark and the fine-tuning table's dry run, takes about 3 minutes on 2 cores), every log in $OUT.
     Item 9: in the smoke, `python -m pytest -m gpu` without CUDA must be a usage error, one ERROR line and exit
     4 (it skipped every test and exited 0, so a GPU machine whose torch lost CUDA passed its check)."""
     import json
@@ -239,8 +239,14 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     assert len(released) == 1 and released[0].endswith("dry-run ok") and "set_sync_debug_mode" in released[0], summary
     assert summary.index("release ") < summary.index("pytest -m gpu without CUDA")
     assert "on a GPU this check measures, per release" in summary and "releases under NCCL: left out" in summary
-    assert {"summary.txt", "releases.log", "pytest.log", "probe.log", "extras.tar.gz"} <= set(os.listdir(tmp_path /
-                                                                                                         "smoke"))
+    # the fine-tuning steps after the releases: FSDP2 in bf16 and LoRA, run.py --ddp, each a line marked as a dry run
+    tuned = [line for line in summary.splitlines() if line.startswith("fine-tuning Chronos2 ")]
+    assert [line.split()[2] for line in tuned] == ["FSDP2", "LoRA"], summary
+    assert all("samples/s" in line and line.endswith("CPU dry run, not a figure") for line in tuned), tuned
+    assert summary.index("release ") < summary.index("fine-tuning Chronos2 FSDP2") < summary.index("pytest -m gpu")
+    assert "== fine-tuning table: left out" in summary and not list((tmp_path / "smoke").glob("fine_tuning_table.*"))
+    assert {"summary.txt", "releases.log", "fine_tuning.log", "pytest.log", "probe.log",
+            "extras.tar.gz"} <= set(os.listdir(tmp_path / "smoke"))
 
 
 def _probe(monkeypatch, *argv):
