@@ -8,10 +8,17 @@ trains the same adapters on any number of processes).
 --lora_targets are shell-style patterns (fnmatch) matched against an nn.Linear's last name (`q`) or its
 qualified name (`encoder.block.0.layer.0.SelfAttention.q`). Left out, DEFAULT_TARGETS' names are taken, and a
 model that has none of them (DLinear, TSMixer: linear maps only) adapts every nn.Linear. Modules that see the
-samples in their second dimension (TIME_FIRST) are left out of the default.
+samples in their second dimension (time_first(): patterns the release folders declare) are left out of the default.
+
+A LoRA model's state dict (checkpoint.pth, last.pth's weights) holds the adapters, the buffers, the sha256 of the
+base weights and --lora_alpha, not the frozen base weights: a load takes those from the model, built on the base
+it names by hash (--adaptation --pretrain_model_path), and refuses any other. `merged_state` merges the adapters
+into a base's weights (peft's merge), for `python -m exp.export export --base`.
 """
 import fnmatch
+import functools
 import hashlib
+import re
 
 import torch
 
@@ -29,10 +36,6 @@ DEFAULT_TARGETS = {
     "a fused qkv projection with ff0 / ff1": ("qkv_proj", "ff0", "ff1"),
     "xLSTM feed-forward": ("proj_up_gate", "proj_up", "proj_down"),
 }
-# Modules that see the samples in their second dimension ([time, series, d]: a T5 encoder's group attention across
-# the series, the second layer of each block): the adapters' dropout keys the first dimension, so they are left out
-# of the default, and naming them with --lora_dropout > 0 is refused.
-TIME_FIRST = ("*.layer.1.self_attention.*",)
 DEFAULT_NAMES = tuple(dict.fromkeys(name for names in DEFAULT_TARGETS.values() for name in names))
 
 
@@ -64,8 +67,18 @@ def target_modules(model, patterns, model_name="the model"):
     return [name for name in linears if any(_matches(name, p) for p in patterns)]
 
 
+@functools.cache
+def time_first():
+    """Patterns of the modules that see the samples in their second dimension ([time, series, d], as an attention
+    across the series of a group does), each release folder's LORA_TIME_FIRST: the adapters' dropout keys the first
+    dimension, so they are left out of the default, and naming them with --lora_dropout > 0 is refused."""
+    from models.foundation import lora_time_first
+
+    return lora_time_first()
+
+
 def _time_first(name):
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in TIME_FIRST)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in time_first())
 
 
 def _peft():
@@ -96,36 +109,135 @@ def apply_lora(model, args):
     model = peft.inject_adapter_in_model(config, model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(is_adapter(name))
-    # the adapters' base goes into every checkpoint of the model (checkpoint.pth, last.pth), and a checkpoint
-    # of other base weights is refused wherever it is loaded (a resume, an evaluation)
+    # what a checkpoint of the model (checkpoint.pth, last.pth) holds beside the adapters: the identity of their base
+    # and the scale they were trained at; the frozen base weights stay out of it and come from the model on a load,
+    # which refuses a checkpoint of other base weights wherever it is loaded (a resume, an evaluation)
     model.register_buffer(BASE_KEY, torch.frombuffer(bytearray(bytes.fromhex(base)), dtype=torch.uint8))
-    model.register_load_state_dict_pre_hook(_refuse_other_base)
+    model.register_buffer(ALPHA_KEY, torch.tensor(float(args.lora_alpha), dtype=torch.float64))
+    model._lora_hooks = (model.register_state_dict_post_hook(_without_base),
+                         model.register_load_state_dict_pre_hook(_base_from_the_model))
     return model
 
 
 BASE_KEY = "lora_base_sha256"
+ALPHA_KEY = "lora_alpha"
+LORA_KEYS = (BASE_KEY, ALPHA_KEY)
+HASH_CHUNK = 1 << 22  # elements widened to float64 at a time
 
 
-def base_weights_hash(model):
-    """sha256 of `model`'s state dict (every name, dtype, shape and value's bytes, in order): its base weights'
-    identity, computed once, before the adapters."""
+def base_weights_hash(weights):
+    """sha256 of a model's state dict (or of a state dict): every name, shape and value, by name. Floating values
+    are hashed as float64, so a base read from a bf16 file into an fp32 model has the identity of the file's
+    weights. The base weights' identity, computed once, before the adapters."""
+    state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        value = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
-        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    for name in sorted(state):
+        value = state[name].detach().cpu().contiguous().reshape(-1)
+        floating = value.is_floating_point()
+        digest.update(f"{name}:{'float' if floating else value.dtype}:{tuple(state[name].shape)};".encode())
+        for start in range(0, value.numel(), HASH_CHUNK):
+            chunk = value[start:start + HASH_CHUNK]
+            digest.update((chunk.double() if floating else chunk).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
-def _refuse_other_base(module, state_dict, prefix, *_):
+def _hex(buffer):
+    return bytes(buffer.cpu().tolist()).hex()
+
+
+def _without_base(module, state_dict, prefix, *_):
+    for name, _parameter in module.named_parameters(remove_duplicate=False):
+        if not is_adapter(name):
+            state_dict.pop(prefix + name, None)
+
+
+def _base_from_the_model(module, state_dict, prefix, *_):
     saved, own = state_dict.get(prefix + BASE_KEY), getattr(module, BASE_KEY)
-    if saved is None or torch.equal(saved.cpu(), own.cpu()):
+    if saved is None:
         return  # a missing key is the strict load's to name
-    raise UserError(f"the checkpoint's LoRA adapters were trained on other base weights (sha256 "
-                    f"{bytes(saved.cpu().tolist()).hex()[:12]}..., these {bytes(own.cpu().tolist()).hex()[:12]}...); "
-                    "load it on the weights it was fine-tuned from: the same --pretrain_model_path with --adaptation")
+    if not torch.equal(saved.cpu(), own.cpu()):
+        raise UserError(f"the checkpoint's LoRA adapters were trained on other base weights (sha256 "
+                        f"{_hex(saved)[:12]}..., these {_hex(own)[:12]}...); load it on the weights it was fine-tuned "
+                        "from: the same --pretrain_model_path with --adaptation")
+    alpha, own_alpha = state_dict.get(prefix + ALPHA_KEY), getattr(module, ALPHA_KEY)
+    if alpha is not None and float(alpha) != float(own_alpha):
+        raise UserError(f"the checkpoint's LoRA adapters were trained with --lora_alpha {float(alpha):g}, not "
+                        f"{float(own_alpha):g}; load it with --lora_alpha {float(alpha):g}")
+    for name, parameter in module.named_parameters(remove_duplicate=False):  # its base: this model's, the same
+        if not is_adapter(name):
+            state_dict.setdefault(prefix + name, parameter.detach())
 
 
 def is_adapter(name):
     """Whether a parameter (or state-dict key) belongs to a LoRA adapter."""
     return ".lora_A." in name or ".lora_B." in name or name.startswith(("lora_A.", "lora_B."))
+
+
+def is_lora_checkpoint(state):
+    """Whether a state dict is a LoRA model's (its adapters and its base's hash, no base weights)."""
+    return BASE_KEY in state
+
+
+def merge_and_unload(model):
+    """`model` (apply_lora's) with every adapter merged into the weight it adapts (peft's merge of each LoRA
+    layer) and the layer replaced by the merged nn.Linear: the plain model, its state dict whole again."""
+    peft = _peft()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, peft.tuners.lora.LoraLayer):
+            module.merge(safe_merge=True)
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module.get_base_layer())
+    for handle in getattr(model, "_lora_hooks", ()):
+        handle.remove()
+    for key in LORA_KEYS:
+        model._buffers.pop(key, None)
+    return model
+
+
+ADAPTER_KEY = re.compile(r"^(.+)\.lora_([AB])\.([^.]+)\.weight$")
+
+
+def merged_state(state, base, src="the checkpoint", base_path="--base"):
+    """Our layout's full state dict of a LoRA checkpoint `state` (is_lora_checkpoint) with its adapters merged
+    into `base` (a state dict in our layout, the weights they were trained on: its hash must be the checkpoint's),
+    by peft's merge on a model of the adapted nn.Linear modules alone."""
+    saved, own = _hex(state[BASE_KEY]), base_weights_hash(base)
+    if saved != own:
+        raise UserError(f"--base {base_path} is not the base weights the LoRA adapters of {src} were trained on "
+                        f"(sha256 {own[:12]}..., the adapters' {saved[:12]}...); pass the run's "
+                        "--pretrain_model_path as --base")
+    adapters, modules = {}, {}
+    for key, value in state.items():
+        found = ADAPTER_KEY.match(key)
+        if found:
+            module = found[1].removesuffix(".base_layer")
+            adapters[key] = value
+            modules.setdefault(module, value)
+    require(modules, f"{src} holds the hash of a LoRA base but no adapters: it is not a LoRA checkpoint")
+    peft = _peft()
+    rank = next(value.shape[0] for key, value in adapters.items() if ".lora_A." in key)
+    alpha = float(state[ALPHA_KEY]) if ALPHA_KEY in state else float(rank)
+    holder = torch.nn.Module()
+    for module, like in modules.items():
+        weight, bias = base[f"{module}.weight"], base.get(f"{module}.bias")
+        linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        linear.weight = torch.nn.Parameter(weight.detach().to(like.dtype, copy=True), requires_grad=False)
+        if bias is not None:
+            linear.bias = torch.nn.Parameter(bias.detach().to(like.dtype, copy=True), requires_grad=False)
+        *path, leaf = module.split(".")
+        parent = holder
+        for part in path:
+            if not hasattr(parent, part):
+                parent.add_module(part, torch.nn.Module())
+            parent = getattr(parent, part)
+        parent.add_module(leaf, linear)
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(modules), bias="none")
+    holder = peft.inject_adapter_in_model(config, holder)
+    unexpected = holder.load_state_dict(adapters, strict=False).unexpected_keys
+    require(not unexpected, f"{src}: adapters of another shape ({', '.join(unexpected[:3])})")
+    merged = merge_and_unload(holder)
+    out = dict(base)
+    out.update((key, value) for key, value in state.items() if key not in adapters and key not in LORA_KEYS)
+    for module in modules:
+        out[f"{module}.weight"] = merged.get_submodule(module).weight.detach()
+    return out

@@ -1,7 +1,10 @@
 """LoRA through peft (exp.lora, --lora_rank): adapters on a zoo model's and a release's attention and MLP projections,
 the base weights frozen, the adapters' dropout keyed by the sample, so the same global batch trains the same
 adapters on 1, 2 and 3 processes; --lora_targets that match nothing is one line; a checkpoint holds its base
-weights' hash, and a resume or an evaluation on other base weights is refused on every rank, nothing written."""
+weights' hash and its adapters, not the base weights, and a resume or an evaluation on other base weights is refused
+on every rank, nothing written; `python -m exp.export export --base` merges the adapters into the base (peft's merge)
+and writes the release's layout, which its package reads and predicts from as our merged model does; a model file
+dropped in as TSLib ships it trains the same adapters on 1 and 2 processes."""
 import shutil
 
 import pytest
@@ -66,6 +69,8 @@ def _adapters_on(tmp_path, argv, extra=()):
 
 
 def _assert_same_adapters(states, record, initial=None):
+    from exp.lora import BASE_KEY, base_weights_hash
+
     one = states[0]
     adapters = [k for k in one if ".lora_A." in k or ".lora_B." in k]
     assert adapters and all(set(s) == set(one) for s in states)
@@ -73,10 +78,11 @@ def _assert_same_adapters(states, record, initial=None):
     for state in states[1:]:
         for key in one:
             assert torch.allclose(state[key].double(), one[key].double(), rtol=0, atol=1e-6), key
-    if initial is not None:  # the base weights did not move
-        for key, value in initial.items():
-            module, _, leaf = key.rpartition(".")
-            assert torch.equal(one[key] if key in one else one[f"{module}.base_layer.{leaf}"], value), key
+    if initial is not None:  # the adapters, their base's identity and the buffers: no base weight
+        base = {name for name, _ in initial.named_parameters(remove_duplicate=False)}
+        held = {key.replace(".base_layer.", ".") for key in one}
+        assert not held & base, sorted(held & base)[:5]
+        assert bytes(one[BASE_KEY].tolist()).hex() == base_weights_hash(initial)
     keyed = {n: ok for n, ok in record["dropout_keyed"].items() if ".lora_dropout." in n}
     assert keyed and all(keyed.values()), record["dropout_keyed"]
 
@@ -100,20 +106,97 @@ def _chronos_rows():
     return [name for name, row in RELEASES.items() if row.folder.startswith("chronos")]
 
 
-@pytest.mark.parametrize("name", _chronos_rows())
-def test_a_release_trains_the_same_adapters_on_1_2_3_processes(name, tmp_path):
-    from test_foundation import RELEASES, needs, ours, released_folder, run_args, write_etth1_shaped
+LORA_RUN = ("--lora_rank", 4, "--lora_dropout", 0.2)
 
-    row = needs(RELEASES[name])
+
+@pytest.fixture(scope="module", params=_chronos_rows())
+def release_tuned(request, tmp_path_factory):
+    """A release's fixture folder LoRA fine-tuned on 1, 2 and 3 processes (one global batch): its row, folder,
+    each run's checkpoint.pth and the first run's record and checkpoint path."""
+    from test_foundation import RELEASES, needs, released_folder, run_args, write_etth1_shaped
+
+    row = needs(RELEASES[request.param])
+    tmp_path = tmp_path_factory.mktemp(f"lora_{row.folder}")
     folder = released_folder(row, tmp_path / "release")
     # 1e-3 as the release's fine-tuning test: Adam's first steps move a weight by about the rate whatever the size
     # of its gradient, a near-zero gradient's rounding residue too
     argv = (*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), "--adaptation", "--train_steps", 2,
-            "--global_batch_size", 12, "--learning_rate", 1e-3, "--test_every_epoch", "false", "--lora_rank", 4,
-            "--lora_dropout", 0.2)
+            "--global_batch_size", 12, "--learning_rate", 1e-3, "--test_every_epoch", "false", *LORA_RUN)
     states, record = _adapters_on(tmp_path, argv)
-    initial = ours(row, folder, row.run[1], row.run[3]).state_dict()
-    _assert_same_adapters(states, record, initial)
+    checkpoint = tmp_path / "nproc1" / "checkpoints" / record["setting"] / "checkpoint.pth"
+    return row, folder, states, record, checkpoint
+
+
+def test_a_release_trains_the_same_adapters_on_1_2_3_processes(release_tuned):
+    from test_foundation import ours
+
+    row, folder, states, record, _ = release_tuned
+    _assert_same_adapters(states, record, ours(row, folder, row.run[1], row.run[3]))
+
+
+def _lora_model(row, folder, checkpoint):
+    """Our model of `row` on `folder` with the run's adapters from `checkpoint`, as --is_training 0 builds it."""
+    from exp.export import load_weights
+    from exp.lora import apply_lora
+    from test_foundation import ours
+
+    args = make_args(*map(str, ("--model", row.name, "--seq_len", row.run[1], "--pred_len", row.run[3], *LORA_RUN)))
+    return load_weights(apply_lora(ours(row, folder, row.run[1], row.run[3]), args), str(checkpoint)).eval()
+
+
+def _relative(a, b):
+    """The largest difference of forecasts [B, T, C, Q], relative to each series' (window's, channel's) largest
+    forecast value: merging rounds the weights, which moves a near-zero quantile by the rounding of its scale."""
+    return float(((a - b).abs().amax(dim=(1, 3)) / b.abs().amax(dim=(1, 3)).clamp_min(1e-6)).max())
+
+
+def test_a_release_exports_merged_and_its_package_predicts_as_our_merged_model(release_tuned, tmp_path):
+    from exp.export import export
+    from exp.lora import merge_and_unload
+    from test_foundation import ours, own_tests
+
+    row, folder, _, _, checkpoint = release_tuned
+    exported = tmp_path / "exported" / row.dirname
+    export(str(checkpoint), str(exported), row.export_to, base=str(folder))
+    x = own_tests(row).windows(length=row.run[1])
+    lora = _lora_model(row, folder, checkpoint)
+    with torch.no_grad():
+        with_adapters = lora(x)
+        merged = merge_and_unload(lora)(x)  # peft's merge of our model's own layers
+        back = ours(row, exported, row.run[1], row.run[3])(x)  # ours, read from the export
+        base = ours(row, folder, row.run[1], row.run[3])(x)
+    assert _relative(merged, with_adapters) <= 1e-5 and _relative(back, with_adapters) <= 1e-5
+    package = own_tests(row).zero_shot_quantiles(exported, x, row.run[3], None)
+    assert _relative(package, merged) <= 1e-5
+    assert _relative(with_adapters, base) > 1e-4, "the adapters change too little for the checks above to see them"
+
+
+def test_export_of_a_lora_checkpoint_without_its_base_is_one_line(release_tuned, tmp_path):
+    """No --base, or one its adapters were not trained on (the folder with one weight changed, in the place of the
+    run's --pretrain_model_path): refused in one line, exit code 2, nothing written."""
+    import subprocess
+    import sys
+
+    from helpers import REPO, repo_first_env, subprocess_env
+    from test_foundation import released_folder
+
+    row, folder, _, _, checkpoint = release_tuned
+    other = released_folder(row, tmp_path / "other")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(other / "model.safetensors"))
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] + 1e-3
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    before = _files(tmp_path)
+    cases = {(): "is a LoRA checkpoint: its adapters without the base weights they were trained on",
+             ("--base", other): "is not the base weights the LoRA adapters of"}
+    for extra, message in cases.items():
+        proc = subprocess.run([sys.executable, "-m", "exp.export", "export", "--to", row.export_to, *map(str, extra),
+                               str(checkpoint), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                              env=repo_first_env(subprocess_env()), timeout=120)
+        assert_one_error_line(proc, message)
+    assert _files(tmp_path) == before and not (tmp_path / "out").exists()
 
 
 def _files(folder):
@@ -147,3 +230,88 @@ def test_a_checkpoint_on_other_base_weights_is_refused_on_every_rank(tmp_path):
     assert _files(out) == before
     shutil.copy(bases[0], base)  # its own base back: it resumes
     assert_ok(run_cli(out, *argv, "--train_steps", 4, "--resume", "--ddp", nproc=2))
+
+
+# A forecaster written as TSLib writes its model files (its layers' names, its configs fields, its forward), dropped
+# into models/ of a scratch copy of this tree, as lab/tslib_models.py drops in TSLib's files.
+TSLIB_STYLE_FILE = """import torch
+import torch.nn as nn
+from layers.Transformer_EncDec import Encoder, EncoderLayer
+from layers.SelfAttention_Family import FullAttention, AttentionLayer
+from layers.Embed import DataEmbedding_inverted
+
+
+class Model(nn.Module):
+    def __init__(self, configs):
+        super(Model, self).__init__()
+        self.task_name = configs.task_name
+        self.seq_len = configs.seq_len
+        self.pred_len = configs.pred_len
+        self.enc_embedding = DataEmbedding_inverted(configs.seq_len, configs.d_model, configs.embed, configs.freq,
+                                                    configs.dropout)
+        self.encoder = Encoder(
+            [
+                EncoderLayer(
+                    AttentionLayer(
+                        FullAttention(False, configs.factor, attention_dropout=configs.dropout,
+                                      output_attention=False), configs.d_model, configs.n_heads),
+                    configs.d_model,
+                    configs.d_ff,
+                    dropout=configs.dropout,
+                    activation=configs.activation
+                ) for l in range(configs.e_layers)
+            ],
+            norm_layer=torch.nn.LayerNorm(configs.d_model)
+        )
+        self.projection = nn.Linear(configs.d_model, configs.pred_len, bias=True)
+
+    def forecast(self, x_enc, x_mark_enc, x_dec, x_mark_dec):
+        means = x_enc.mean(1, keepdim=True).detach()
+        x_enc = x_enc - means
+        stdev = torch.sqrt(torch.var(x_enc, dim=1, keepdim=True, unbiased=False) + 1e-5)
+        x_enc /= stdev
+        _, _, N = x_enc.shape
+        enc_out = self.enc_embedding(x_enc, None)
+        enc_out, attns = self.encoder(enc_out, attn_mask=None)
+        dec_out = self.projection(enc_out).permute(0, 2, 1)[:, :, :N]
+        dec_out = dec_out * (stdev[:, 0, :].unsqueeze(1).repeat(1, self.pred_len, 1))
+        dec_out = dec_out + (means[:, 0, :].unsqueeze(1).repeat(1, self.pred_len, 1))
+        return dec_out
+
+    def forward(self, x_enc, x_mark_enc, x_dec, x_mark_dec, mask=None):
+        if self.task_name == 'long_term_forecast' or self.task_name == 'short_term_forecast':
+            dec_out = self.forecast(x_enc, x_mark_enc, x_dec, x_mark_dec)
+            return dec_out[:, -self.pred_len:, :]
+        return None
+"""
+
+
+def test_a_dropped_in_tslib_file_trains_the_same_adapters_on_1_and_2_processes(tmp_path):
+    """The file alone added to a scratch copy of this working tree, run.py there (real interpreters, torchrun for
+    2): LoRA on its AttentionLayer's projections, the same global batch, the same adapters (1e-6)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO, subprocess_env
+    from lab.tslib_models import scratch_copy, scratch_env
+
+    (tmp_path / "TSLibStyleLoRA.py").write_text(TSLIB_STYLE_FILE)
+    scratch = scratch_copy(REPO, tmp_path / "repo", tmp_path / "TSLibStyleLoRA.py")
+    lora = ("--lora_rank", 4, "--lora_dropout", 0.3, "--dropout", 0.1)
+    argv = ["--model", "TSLibStyleLoRA", *map(str, (*TINY, *TRAIN, *lora)), "--no_plots"]
+    states = []
+    for nproc in (None, 2):
+        out = tmp_path / f"nproc{nproc or 1}"
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "run.py", "--ddp"] \
+            if nproc else ["run.py"]
+        proc = subprocess.run([sys.executable, *launcher, *argv, "--checkpoints", str(out / "checkpoints"),
+                               "--results_dir", str(out / "results")], cwd=scratch, capture_output=True, text=True,
+                              env=dict(scratch_env(scratch), **{k: v for k, v in subprocess_env().items()
+                                                                if k.startswith("OMP")}), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        record = records(out)[-1]
+        states.append(torch.load(out / "checkpoints" / record["setting"] / "checkpoint.pth", weights_only=True))
+    adapted = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in states[0] if ".lora_A." in key}
+    assert adapted == {"query_projection", "key_projection", "value_projection", "out_projection"}, adapted
+    _assert_same_adapters(states, record)
+

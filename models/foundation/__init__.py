@@ -41,3 +41,9 @@ def release_signatures():
     """Every release folder's SIGNATURES, (what it is, the --model reading it or None, test on (files, config)),
     for utils.adapters' release_of."""
     return tuple(signature for module in adapter_modules() for signature in getattr(module, "SIGNATURES", ()))
+
+
+def lora_time_first():
+    """Every release folder's LORA_TIME_FIRST: patterns (fnmatch) of the qualified names of the nn.Linear modules
+    that see a batch with the samples in its second dimension (exp.lora leaves them out of the default targets)."""
+    return tuple(pattern for module in adapter_modules() for pattern in getattr(module, "LORA_TIME_FIRST", ()))

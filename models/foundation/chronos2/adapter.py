@@ -38,6 +38,9 @@ CORE_FIELDS = (*RELEASED_CORE, "vocab_size", "pad_token_id", "reg_token_id")
 # A key only Chronos-2 has: the group attention (layer 1 of every encoder block, over the batch axis).
 GROUP_ATTENTION = r"^encoder\.block\.\d+\.layer\.1\.self_attention\.q\.weight$"
 OURS = r"^chronos\.encoder\.block\.\d+\.layer\.1\.self_attention\.q\.weight$"
+# LoRA (exp.lora): the group attention's projections see [time, series, d], the samples in the second dimension,
+# where the adapters' dropout cannot follow the sample; they are left out of the default targets.
+LORA_TIME_FIRST = ("*.layer.1.self_attention.*",)
 CONFIG_BUFFER = "config_json"
 PATCHES_BUFFER = "max_output_patches"
 
