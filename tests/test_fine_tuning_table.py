@@ -100,3 +100,37 @@ def test_a_failing_a_hanging_and_a_package_less_cell_each_say_so(monkeypatch, ca
     for argv in (["--releases", "Chronos3"], ["--modes", "ZeRO"], ["--batch", "0"]):
         assert table.main(argv) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_fine_tuning_commands_in_the_docs_take_run_pys_options():
+    """docs/fine_tuning.md's Commands: every command line (run.py, torchrun, scripts/ddp_forecast.sh and the SLURM
+    script, which pass their options on to run.py after --ddp --model $MODEL) parses with run.py's arguments,
+    and each FSDP2 line runs in a process group without LoRA (what run.py refuses)."""
+    import re
+    import shlex
+
+    from helpers import REPO
+    from utils.arguments import parse_args
+
+    text = (REPO / "docs" / "fine_tuning.md").read_text()
+    section = text[text.index("\n## Commands\n"):]
+    section = section[:section.find("\n## ", 5)] if "\n## " in section[5:] else section
+    blocks = re.findall(r"^```bash\n(.*?)^```", section, flags=re.S | re.M)
+    commands = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    assert len(commands) >= 9, commands
+    kinds = set()
+    for command in commands:
+        words = shlex.split(command)
+        env = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=\S+", word))
+        at = next(i for i, word in enumerate(words) if word.endswith(("run.py", "ddp_forecast.sh",
+                                                                       "ddp_forecast.sbatch")))
+        script = words[at].rsplit("/", 1)[-1]
+        kinds.add(script if words[0] != "torchrun" else "torchrun")
+        argv = words[at + 1:] if script == "run.py" else ["--ddp", "--model", env["MODEL"], *words[at + 1:]]
+        args = parse_args(argv)
+        assert args.adaptation and args.pretrain_model_path, command
+        if args.fsdp:
+            assert args.ddp and not args.lora_rank and not args.zero, command
+        if args.fsdp_mixed_precision != "none":
+            assert args.fsdp and args.ddp, command
+    assert kinds == {"run.py", "torchrun", "ddp_forecast.sh", "ddp_forecast.sbatch"}, kinds
