@@ -8,6 +8,7 @@ from exp.adaptation import forecast_series_as_given, load_pretrained
 from exp.forward import training_loss
 from exp.lora import apply_lora
 from exp.settings import build_model
+from layers.checkpointing import checkpoint_blocks
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import ddp, distributed
 from utils.metrics import batch_loss
@@ -93,6 +94,8 @@ class Exp_Basic:
         self.dropout_keyed = {}
         report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
+        if args.activation_checkpointing:  # before any wrapper, as FSDP2 expects (layers.checkpointing)
+            distributed.raise_on_every_rank(lambda: checkpoint_blocks(keyed, args.model), on="all")
         if args.fsdp:  # FSDP2 shards a copy of the finished plain module; raw_model keeps the full weights
             self.raw_model = ddp.convert_sync_batchnorm(keyed.to(device), device) if args.sync_bn else keyed.to(device)
             forecast_series_as_given(self.raw_model, args, device)

@@ -495,6 +495,10 @@ def _check_devices(args):
             "processes cannot do; drop --num_workers, or use --data_on_device auto or never")
     check_gpu_choice(args.ddp, args.gpu)
     _check_fsdp(args)
+    # layers.checkpointing re-enters the forward's keyed draws around each recompute, which torch.compile cannot trace
+    require(not (args.activation_checkpointing and args.compile),
+            "--activation_checkpointing cannot be combined with --compile (torch.compile does not trace the recompute "
+            "that replays each block's random draws); drop one of them")
 
 
 def _check_fsdp(args):

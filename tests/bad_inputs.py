@@ -570,6 +570,18 @@ PROBES = [
     Probe("LoRA checkpoint on other base weights", _lora_on_other_base,
           "the checkpoint's LoRA adapters were trained on other base weights", shows="a LoRA checkpoint of DLinear's "
           "adapters on one initialisation, evaluated with --adaptation on another"),
+    # FSDP2 and activation checkpointing (utils.ddp.wrap_fsdp, layers.checkpointing)
+    Probe("FSDP2 with ZeRO", fixed(*SMALL, "--fsdp", "--zero"), "--fsdp cannot be combined with --zero"),
+    Probe("FSDP2 with --compile", fixed(*SMALL, "--fsdp", "--compile"), "--fsdp cannot be combined with --compile"),
+    Probe("FSDP2 mixed precision without a process group", fixed(*SMALL, "--fsdp", "--fsdp_mixed_precision", "bf16"),
+          "--fsdp_mixed_precision bf16 is FSDP2's, which runs in a process group", (1,)),
+    Probe("activation checkpointing without repeated blocks",
+          fixed(*SMALL, "--model", "DLinear", "--activation_checkpointing"),
+          "--activation_checkpointing recomputes each repeated block of a model in backward (the layers an "
+          "nn.ModuleList holds), and model DLinear has none"),
+    Probe("activation checkpointing with --compile", fixed(*SMALL, "--model", "PatchTST", "--activation_checkpointing",
+                                                           "--compile"),
+          "--activation_checkpointing cannot be combined with --compile"),
 ]
 DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
 if _has_gpu():

@@ -353,6 +353,9 @@ def build_parser():
                         "repeated block apart (docs/ddp.md)")
     g.add_argument("--fsdp_mixed_precision", default="none", choices=("none", "bf16"),
                    help="--fsdp: bf16 weights and computation, float32 master weights, Adam and gradient reduction")
+    g.add_argument("--activation_checkpointing", action="store_true",
+                   help="recompute each repeated block's activations in backward instead of keeping them: less "
+                        "memory for about one more forward, the same numbers; with or without --fsdp (docs/fine_tuning.md)")
 
     g = p.add_argument_group("results, pictures and forecasts")
     g.add_argument("--checkpoints", default="./checkpoints/", help="folder of each setting's checkpoint.pth and last.pth")
