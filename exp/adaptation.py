@@ -14,7 +14,7 @@ from data_provider.data_factory import prepared_data
 from data_provider.few_shot import check_subset_ratio
 from models.foundation import export_formats
 from models.foundation.release import open_release
-from utils import distributed
+from utils import ddp
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require
 
@@ -43,7 +43,7 @@ def load_pretrained(model, path, device):
         except UserError as exc:
             raise UserError(f"cannot fine-tune from --pretrain_model_path: {exc}") from None
 
-    distributed.load_on_main(model, load)
+    ddp.load_on_main(model, load)
     logger.info(f"fine-tuning from {path}")
 
 

@@ -2,13 +2,13 @@
 import contextlib
 import logging
 
+import numpy as np
 import torch
 
 from exp.adaptation import forecast_series_as_given, load_pretrained
-from exp.forward import training_loss
+from exp.forward import forward, training_loss
 from exp.lora import apply_lora
 from exp.settings import build_model
-from layers.checkpointing import checkpoint_blocks
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import ddp, distributed
 from utils.metrics import batch_loss
@@ -94,13 +94,10 @@ class Exp_Basic:
         self.dropout_keyed = {}
         report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
-        if args.activation_checkpointing:  # before any wrapper, as FSDP2 expects (layers.checkpointing)
-            distributed.raise_on_every_rank(lambda: checkpoint_blocks(keyed, args.model), on="all")
-        if args.fsdp:  # FSDP2 shards a copy of the finished plain module; raw_model keeps the full weights
+        if args.fsdp:  # FSDP2 shards the finished module in place: it is trained, evaluated and saved as it is
             self.raw_model = ddp.convert_sync_batchnorm(keyed.to(device), device) if args.sync_bn else keyed.to(device)
             forecast_series_as_given(self.raw_model, args, device)
-            model = ddp.wrap_fsdp(self.raw_model, args.accumulation_steps > 1,
-                                  AMP_DTYPES.get(args.fsdp_mixed_precision))[1]
+            model = ddp.wrap_fsdp(self.raw_model, args.accumulation_steps > 1, AMP_DTYPES.get(args.fsdp_mixed_precision))
         else:
             self.raw_model, model = ddp.wrap_ddp(keyed.to(device), device, args.sync_bn)
             forecast_series_as_given(self.raw_model, args, device)  # a release sees the series as the file holds it
@@ -168,6 +165,22 @@ class Exp_Basic:
                        f"differently than on one process without accumulation; {remedy}compute them from "
                        "parameters or keep them fixed for results that do not depend on the world size")
 
+    def paired(self, loader, batches, stage, draws=None):
+        """`batches` (the loader's, as the caller zips them) as they come. Under --fsdp every forward gathers each
+        block's weights from all ranks (a collective): a rank with fewer batches than the rank with the most runs
+        as many more forwards (the split's first window, unscored) once its own are done, so that no rank waits
+        alone. The count is agreed before the first forward."""
+        if not ddp.is_sharded(self.raw_model):
+            yield from batches
+            return
+        extra = max(distributed.gather_objects(len(loader))) - len(loader)
+        yield from batches
+        dataset = loader.dataset
+        first = dataset.__getitems__(torch.arange(1, device=getattr(dataset, "device", None))) if extra else None
+        for _ in range(extra):
+            with self.autocast(), draws(np.zeros(1, dtype=np.int64)) if draws else contextlib.nullcontext():
+                forward(self.raw_model, first, self.args, stage, self.device)
+
     def loss(self, pred, true):
         """Mean training loss of a batch: --loss MSE / MAE, or the probabilistic objective's."""
         if self.objective is None:
@@ -186,13 +199,8 @@ class Exp_Basic:
         each rank keeps the state of its share of the parameters only (utils.ddp.make_optimizer)."""
         args = self.args
         sharded = args.zero and distributed.is_dist()
-        if args.fsdp:
-            ddp.sync_to_sharded(self.raw_model, self.model)  # the weights loaded so far (pre-trained ones)
-        optimizer = ddp.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
-                                       lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
-        if args.fsdp and self.model is not self.raw_model:  # checkpoints gather and scatter its state through them
-            optimizer.fsdp_modules = (self.raw_model, self.model)
-        return optimizer
+        return ddp.make_optimizer(self.model.parameters(), torch.optim.Adam, shard=sharded,
+                                  lr=args.scaled_learning_rate, weight_decay=args.weight_decay, fused=True)
 
     def backward(self, loss):
         """Backward of a (possibly fp16-scaled) loss; gradients add up until optimizer_step."""
@@ -209,11 +217,8 @@ class Exp_Basic:
             # same full gradients, so every rank computes the same norm and clips alike; under --fsdp the
             # norm of the sharded gradients is all-reduced (a replicated DTensor: its local value)
             self.grad_scaler.unscale_(optimizer)
-            trained = self.model if self.args.fsdp else self.raw_model
-            norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), self.args.clip_grad)
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.args.clip_grad)
             norm = norm.to_local() if hasattr(norm, "to_local") else norm
         self.grad_scaler.step(optimizer)
         self.grad_scaler.update()
-        if self.args.fsdp:
-            ddp.sync_from_sharded(self.raw_model, self.model)  # the plain module evaluated and saved
         return norm

@@ -4,9 +4,9 @@ Distributed semantics, all owned here and in utils.distributed and utils.ddp:
 - training steps go through the DDP wrapper (gradient all-reduce); step k takes the k-th global
   batch of the epoch's one order, whatever the world size (data_provider.global_batches), each
   rank's losses weighted so that DDP's average is that global batch's mean;
-- evaluation runs the unwrapped model on each rank's unpadded share of the windows,
-  with no collective inside the loop; one all_reduce of error sums then gives the
-  exact global metrics, identical on every rank and equal to a single-process run;
+- evaluation runs the unwrapped model on each rank's unpadded share of the windows, with no collective
+  inside the loop (but FSDP2's gathers, paired: Exp_Basic.paired); one all_reduce of error sums
+  then gives the exact global metrics, identical on every rank and equal to a single-process run;
 - early stopping follows that global loss, agreed by a collective; rank 0 saves the
   best weights atomically, everyone waits at a barrier, then loads them;
 - the run's state is one utils.checkpoint.TrainingState, saved whole to last.pth (a collective,
@@ -73,7 +73,7 @@ class Exp_Forecast(Exp_Basic):
         if run.state_bytes is None:  # resumed after the last step: the loaded state
             run.state_bytes = log_optimizer_state_bytes(state.optimizer, self.args.zero)
         # rank 0 reads, everyone gets its weights: other nodes need not see its disk
-        distributed.load_on_main(self.raw_model, load_weights, run.best_path, map_location=self.device)
+        ddp.load_on_main(self.raw_model, load_weights, run.best_path, map_location=self.device)
         draw_training(args, setting, state.history)
         return {"history": state.history, "stopped_epoch": state.history[-1]["epoch"] if state.history else 0,
                 "stopped_step": state.step, "best_vali_loss": state.stopper.best_loss,
@@ -232,14 +232,15 @@ class Exp_Forecast(Exp_Basic):
         an OriginalScale transform) also sums the errors on the original scale, against the data file's own float64
         values; `keep_windows` keeps each window's errors. A probabilistic run scores its median, sets the sums'
         `objective_loss` (the global mean of its training objective), and `scoring` (exp.scoring) its quantiles."""
-        model = self.raw_model  # no DDP wrapper: no collective can run inside this loop
+        model = self.raw_model  # no DDP wrapper
         sums = ErrorSums(keep_windows)
         losses = ObjectiveSums(self.objective) if self.objective is not None else None
         progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
         truths = loader.original_targets() if original is not None else None  # batch by batch, as the loader's
         draws = window_draws(self.args.seed, stage, loader.dataset)  # a model's own random draws follow the window
         with eval_mode(model):
-            for batch, indices, positions in zip(loader, loader.batch_indices(), loader.batch_positions()):
+            batches = zip(loader, loader.batch_indices(), loader.batch_positions())
+            for batch, indices, positions in self.paired(loader, batches, stage, draws):  # --fsdp: forwards gather
                 with self.autocast(), draws(positions):
                     pred, true = forward(model, batch, self.args, stage, self.device)
                 # the scored part of the file's own values: the horizon's last steps, the last channels
@@ -253,9 +254,8 @@ class Exp_Forecast(Exp_Basic):
                     original.update(pred, truth)
                 progress.update()
         progress.close()
-        for reduced in (original, scoring):
-            if reduced is not None:
-                reduced.all_reduce()
+        for reduced in (r for r in (original, scoring) if r is not None):
+            reduced.all_reduce()
         sums.objective_loss = None if losses is None else losses.all_reduce().loss()
         return sums.all_reduce()
 
@@ -275,7 +275,7 @@ class Exp_Forecast(Exp_Basic):
             require_outputs_writable(args, setting)
             if pretrained:
                 logger.info(f"zero-shot: evaluating pre-trained weights {checkpoint} on --data {args.data}, untrained")
-            distributed.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
+            ddp.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
         vali_loader, test_loader = (data_provider(args, flag, self.device)[1] for flag in ("val", "test"))
         vali_loss = self.vali(vali_loader, "val")
         original = original_scale_sums(args, self.device)  # --inverse on data of no one scale: refused on every rank

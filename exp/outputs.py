@@ -17,7 +17,7 @@ from exp.forward import forward, on_device
 from exp.scoring import some, zero_scales
 from exp.settings import Run
 from exp.steps import tensorboard_problem
-from utils import distributed, m4, plots
+from utils import ddp, distributed, m4, plots
 from utils.checkpoint import checkpoint_path, loaded_weights, require_writable, writable_dir_problem
 from utils.errors import require
 from utils.files import append_line, atomic_write, remove_stale_temporaries
@@ -338,9 +338,10 @@ def draw_training(args, setting, history):
 def draw_forecasts(exp, setting, n_windows=4):
     """forecast.png: evenly spaced test windows of the target (last) channel; a probabilistic run's median
     with its 50 / 80 / 90 % bands (those whose ends are levels), quantiles keyed as in the scoring. Rank 0
-    runs the experiment's raw model on them alone: no collective, and the metrics are already computed."""
+    runs the experiment's raw model on them alone (every rank, under --fsdp): the metrics are already computed."""
     args = exp.args
-    if args.no_plots or not distributed.is_main():
+    sharded = ddp.is_sharded(exp.raw_model)  # --fsdp: its forward gathers weights from every rank, which all run it
+    if args.no_plots or not (distributed.is_main() or sharded):
         return
     data = prepared_data(args)
     dataset, _ = data_provider(args, "test")
@@ -348,6 +349,8 @@ def draw_forecasts(exp, setting, n_windows=4):
     picks = sorted({round(i * (len(dataset) - 1) / max(n_windows - 1, 1)) for i in range(n_windows)})
     batch = on_device(dataset.__getitems__(picks), exp.device)
     pred, true = _forecast(exp, batch)
+    if not distributed.is_main():
+        return
     to_original = OriginalScale(data.scaler, exp.device)
     quantiles = _quantiles(args, pred, "test", numbers[picks])
     bands = {}
@@ -389,16 +392,23 @@ def predict(exp, setting):
     data = prepared_data(args)
     require_one_scale(data, args)
     written = {}
-    distributed.raise_on_every_rank(lambda: _predict_on_main(exp, setting, data, written), on="main")
+    # --fsdp: the forward gathers weights from every rank, so every rank runs it; else rank 0 alone
+    future = _future_forecast(exp, data) if ddp.is_sharded(exp.raw_model) else None
+    distributed.raise_on_every_rank(lambda: _predict_on_main(exp, setting, data, written, future), on="main")
     return written.get("frame")
 
 
-def _predict_on_main(exp, setting, data, written):
-    """predict's forecast and forecast.csv, on rank 0: None (the frame in written["frame"]), or why the file
-    could not be written."""
+def _future_forecast(exp, data):
+    """(the future's index, the data's last row, the forecast after it)."""
+    dataset, index, last_row = data.future_input(window_for(exp.args, "test"), exp.args.freq, exp.args.embed)
+    return index, last_row, _forecast(exp, dataset.__getitems__([0]))[0]
+
+
+def _predict_on_main(exp, setting, data, written, future=None):
+    """predict's forecast (`future`: _future_forecast's, if computed) and forecast.csv, on rank 0: None (the
+    frame in written["frame"]), or why the file could not be written."""
     args = exp.args
-    dataset, index, last_row = data.future_input(window_for(args, "test"), args.freq, args.embed)
-    pred, _ = _forecast(exp, dataset.__getitems__([0]))
+    index, last_row, pred = future or _future_forecast(exp, data)
     to_original = OriginalScale(data.scaler, exp.device)
     quantiles = _quantiles(args, pred, "future", [0])
     levels = () if quantiles is None else args.objective.levels

@@ -21,7 +21,7 @@ from data_provider.m4 import read_m4
 from exp.exp_forecast import Exp_Forecast, _load_evaluated
 from exp.forward import forward
 from exp.outputs import require_outputs_writable
-from utils import distributed, m4
+from utils import ddp, distributed, m4
 from utils.metrics import m4_loss
 from utils.progress import RESULT, EvaluationProgress, progress_mode
 from utils.tools import eval_mode
@@ -51,8 +51,8 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
         """(forecasts, targets) of this rank's share of the series, each [n, horizon] float32, in series order."""
         preds, trues = [], []
         progress = EvaluationProgress(stage, len(loader), progress_mode(self.args.quiet))
-        with eval_mode(self.raw_model):  # no DDP wrapper: no collective inside the loop
-            for batch in loader:
+        with eval_mode(self.raw_model):  # no DDP wrapper: no collective inside the loop but FSDP2's
+            for batch in self.paired(loader, loader, stage):  # --fsdp: each forward gathers
                 with self.autocast():
                     pred, true = forward(self.raw_model, batch, self.args, stage, self.device)
                 preds.append(pred.float()[..., 0])  # kept on the device: one copy to the host after the loop
@@ -76,7 +76,7 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
         args = self.args
         if checkpoint:
             require_outputs_writable(args, setting)
-            distributed.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
+            ddp.load_on_main(self.raw_model, _load_evaluated, checkpoint, pretrained, self.device)
         vali_loader, test_loader = (data_provider(args, flag, self.device)[1] for flag in ("val", "test"))
         vali_loss = self.vali(vali_loader, "val")
         pred, _ = self.forecasts(test_loader, "test")

@@ -62,15 +62,17 @@ def test_fsdp_accumulates_and_resumes_on_another_world_size_and_mode(tmp_path):
     """DLinear, --global_batch_size 24 in 2 accumulation steps: --fsdp trains the same on 2 processes (6 x 2 x 2)
     and on 3 (4 x 3 x 2), where each epoch ends on a short chunk of 5 windows in which the ranks run 1, 2 and 2
     forward passes (the weights stay gathered through the step). Preempted mid-epoch on 2, it resumes bit for bit
-    under --fsdp and to rounding under DDP: last.pth holds the plain module's weights and the full Adam state in
-    DDP's format."""
+    under --fsdp on 2, and to rounding under DDP and under --fsdp on 3 processes (each then takes 4 windows of a
+    micro-batch, not 6: the run's identity is the global batch): last.pth holds the plain module's weights and
+    the full Adam state in DDP's format."""
     argv = [*MODELS["DLinear"], "--synthetic_rows", 692, "--global_batch_size", 24,
             "--accumulation_steps", 2, "--save_steps", 5, "--train_epochs", 3]
     straight = _train(tmp_path / "straight", *argv, "--fsdp", nproc=2)
     assert straight["train_windows"] % 24 == 5
     reference_3 = _train(tmp_path / "straight3", *argv, "--fsdp", nproc=3)
     _assert_same(reference_3, straight, "--fsdp on 3 vs 2")
-    for name, nproc, mode, exact in (("same", 2, ["--fsdp"], True), ("ddp", 2, [], False)):
+    for name, nproc, mode, exact in (("same", 2, ["--fsdp"], True), ("ddp", 2, [], False),
+                                     ("three", 3, ["--fsdp"], False)):
         broken = tmp_path / name
         killed = run_cli(broken, *SMALL, *argv, "--fsdp", nproc=2, preempt_at_step=13)
         assert killed.returncode != 0 and (broken / "checkpoints").exists()
@@ -135,3 +137,74 @@ def test_fsdp_fine_tunes_from_pre_trained_weights_as_ddp_does(tmp_path):
     reference = _train(tmp_path / "ddp1", *tune, "--batch_size", 24)
     _assert_same(_train(tmp_path / "fsdp2", *tune, "--batch_size", 12, "--fsdp", nproc=2), reference,
                  "--adaptation under --fsdp on 2 vs DDP on 1")
+
+
+# parameters whose true gradient is zero, which Adam moves by +-lr on rounding noise: a key's bias (softmax ignores a
+# shift of every key), the affine of the last block's BatchNorm (the encoder's closing BatchNorm removes any shift and
+# scale of it), and so that closing BatchNorm's running statistics
+ZERO_GRADIENT = ("attention.key.bias", "layers.1.norm2.weight", "layers.1.norm2.bias", "encoder.norm.norm.running_")
+
+
+def test_fsdp_trains_patchtst_with_global_batch_norm_as_one_process_does(tmp_path):
+    """PatchTST's BatchNorm under --sync_bn normalises with the global batch (GlobalBatchNorm on the CPU) inside
+    FSDP2's sharded blocks: 1 plain process, --fsdp on 2 and 3 (global batch 24, 17 whole steps), the same training
+    losses and weights to 1e-6 but ZERO_GRADIENT's (measured 1e-3), evaluation to 1e-4 as under DDP
+    (test_world_size_invariance: the running means those moves shift)."""
+    argv = ["--model", "PatchTST", "--d_model", 16, "--d_ff", 32, "--n_heads", 2, "--e_layers", 2, "--dropout", 0.1,
+            "--train_epochs", 1, "--sync_bn", "--synthetic_rows", 685]
+    reference = _train(tmp_path / "one", *argv, "--batch_size", 24)
+    assert reference["train_windows"] == 17 * 24
+    want = _weights(tmp_path / "one")
+    for nproc, batch in ((2, 12), (3, 8)):
+        folder = tmp_path / f"fsdp{nproc}"
+        got = _train(folder, *argv, "--batch_size", batch, "--fsdp", nproc=nproc)
+        assert got["history"][0]["train_loss"] == pytest.approx(reference["history"][0]["train_loss"], rel=1e-6)
+        for key in METRICS:
+            assert got[key] == pytest.approx(reference[key], rel=1e-4), f"{nproc}: {key}"
+        weights = _weights(folder)
+        for name, tensor in want.items():
+            if not any(part in name for part in ZERO_GRADIENT):
+                torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=f"{nproc}: {name}")
+
+
+def _micro_batch_loss_releases():
+    """The releases whose training loss is each micro-batch's (a mixture of experts' balancing loss): those whose
+    1-process fine-tuning row takes the 2 processes' micro-batches."""
+    from test_foundation import RELEASES
+
+    return [name for name, row in RELEASES.items() if "--accumulation_steps" in row.one_process]
+
+
+@pytest.mark.parametrize("name", _micro_batch_loss_releases())
+def test_fsdp_fine_tunes_a_mixture_of_experts_release_as_one_process_does(tmp_path, name):
+    """The release's fixture folder (mixture-of-experts blocks, each sharded apart), fine-tuned with --adaptation:
+    --fsdp on 2 and 3 processes ends with the weights one plain process trains (1e-6), which moved. Its
+    load-balancing loss is each micro-batch's, so every run takes micro-batches of 2 windows. Rate 1e-4: Adam's
+    first steps move a weight by about the rate whatever its gradient, so a gradient near Adam's epsilon turns
+    rounding into differences that scale with the rate (1.2e-6 at 1e-3, one weight of one expert on 3)."""
+    from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
+
+    row = needs(RELEASES[name])
+    folder = released_folder(row, tmp_path / "release")
+    # its balancing loss is each micro-batch's: micro-batches of 2 windows everywhere (12 = 1 x 6 = 2 x 3 = 3 x 2)
+    argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, *row.tune,
+            "--global_batch_size", 12, "--learning_rate", 1e-4]
+    runs = {}
+    for nproc, extra in ((None, ("--accumulation_steps", 6)), (2, ("--fsdp", "--accumulation_steps", 3)),
+                         (3, ("--fsdp", "--accumulation_steps", 2))):
+        out = tmp_path / f"nproc{nproc or 1}"
+        assert_ok(run_cli(out, *argv, *extra, nproc=nproc, timeout=300))
+        runs[nproc] = _weights(out)
+    one = runs.pop(None)
+    initial = _weights_of_folder(row, folder)
+    assert max(float((one[k].double() - initial[k].double()).abs().max()) for k in one) > 1e-4, "nothing trained"
+    for nproc, got in runs.items():
+        assert got.keys() == one.keys()
+        for key in one:
+            assert torch.allclose(got[key].double(), one[key].double(), rtol=0, atol=1e-6), f"{nproc}: {key}"
+
+
+def _weights_of_folder(row, folder):
+    from test_foundation import ours
+
+    return ours(row, folder, row.run[1], row.run[3]).state_dict()

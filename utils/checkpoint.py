@@ -18,7 +18,7 @@ from utils.arguments import DATA_GROUP, MODEL_SHAPING_ARGS, build_parser, group_
 from utils.errors import UserError
 from utils.files import (atomic_write, file_version, file_versions, give_open_mode, lock_holder, release_file_lock,
                          same_file, take_file_lock)
-from utils.tools import rng_state, seed_everything, set_rng_state
+from utils.tools import global_batch_size, rng_state, seed_everything, set_rng_state
 
 logger = logging.getLogger("tsl")
 
@@ -217,7 +217,8 @@ def weights_for(model, path, map_location="cpu", formats=None, opener=None):
 
 
 def model_name(model):
-    return type(model).__module__.split('.')[-1]
+    cls = getattr(model, "plain_class", None) or ddp.plain_class(model)  # a sharded module: the class it was built as
+    return cls.__module__.split('.')[-1]
 
 
 def _position(state):
@@ -314,7 +315,8 @@ def checkpoint_path(args, setting, name="checkpoint.pth"):
 def save_best(model, path):
     """Rank 0 writes `model`'s weights; every rank returns once the file is complete (nobody reads it
     before), or, if rank 0 cannot write it, every rank stops with its one line (save_or_stop)."""
-    save_or_stop(lambda: save_hashed(model.state_dict(), path), path, "the best weights")
+    weights = ddp.full_state_dict(model)  # under FSDP2 gathered onto rank 0 (a collective)
+    save_or_stop(lambda: save_hashed(weights, path), path, "the best weights")
 
 
 def save_or_stop(write, path, what):
@@ -350,7 +352,10 @@ NOT_IDENTITY = {
     # or on a subset of it (--test_windows; the records say how many windows a test scored)
     "evaluation": ("test_every_epoch", "test_windows"),
     "optimisation": ("eval_batch_size", "num_workers", "data_on_device", "num_threads", "keep_freed_memory",
-                     "compile"),
+                     "compile",
+                     # the global batch decides a step, not how it is split between processes: run_identity
+                     # records it (global_batch_size), so a run may resume on another number of processes
+                     "global_batch"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and DDP, --zero and --fsdp hold the same weights and Adam
     # state, saved whole in one format: the distribution mode may change on resume
@@ -380,6 +385,8 @@ def run_identity(args, data_content_hash):
     """What decides a run's trajectory: IDENTITY_ARGS' values and the data's content hash (the prepared data's
     content_hash(), which the experiment hands in)."""
     identity = {name: getattr(args, name, None) for name in IDENTITY_ARGS}
+    identity["global_batch_size"] = getattr(args, "global_batch_size", None) or global_batch_size(
+        args, distributed.world_size())
     identity["data_content_hash"] = data_content_hash
     return identity
 
@@ -393,10 +400,17 @@ def identity_differences(saved, now):
     for name, value in now.items():
         if name in ("train_epochs", "train_steps") and now.get("lradj") not in EPOCH_DEPENDENT_SCHEDULES:
             continue  # the schedule does not read it: a longer run continues a shorter one exactly
+        if name == "global_batch_size" and name not in saved:
+            continue  # an older file: each process's share decides
         was = saved[name] if name in saved else defaults.get(name, "(absent)")
         if was != value:
-            differing.append(f"{name} (saved {was!r}, now {value!r})")
-    return differing
+            differing.append((name, f"{name} (saved {was!r}, now {value!r})"))
+    # a batch is the same when the global batch is (the run may go on on another number of processes) or each
+    # process's share is (on another number the global batch changes, and load_training_state says so)
+    names = {name for name, _ in differing}
+    if not {"batch_size", "global_batch_size"} <= names:
+        names -= {"batch_size", "global_batch_size"}
+    return [line for name, line in differing if name in names]
 
 
 def launch_id():
@@ -459,11 +473,12 @@ def save_training_state(path, state, args, data_content_hash):
     own = {name: r.state_dict() for name, r in state.running.items()}
     rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
     optimizer_state = ddp.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
+    weights = ddp.full_state_dict(state.model)  # gathered onto rank 0 under FSDP2 (a collective)
     scaler, epoch, end_of_epoch = state.grad_scaler, state.epoch, state.end_of_epoch
 
     def write():
         save_atomic({
-            "model": state.model.state_dict(),
+            "model": weights,
             "optimizer": optimizer_state,
             "grad_scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
@@ -557,7 +572,10 @@ def load_training_state(path, state, args, data_content_hash, saved=None):
     if saved is None:
         saved = read_training_state(path)
     distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args, data_content_hash), on="main")
-    state.model.load_state_dict(saved["model"], strict=True)
+    if ddp.is_sharded(state.model):  # every rank read the file: rank 0's copy is scattered
+        ddp.load_sharded(state.model, saved["model"])
+    else:
+        state.model.load_state_dict(saved["model"], strict=True)
     ddp.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
     scaler = state.grad_scaler
     if scaler is not None and scaler.is_enabled() and saved.get("grad_scaler"):
@@ -566,8 +584,12 @@ def load_training_state(path, state, args, data_content_hash, saved=None):
     if len(saved["rng"]) == distributed.world_size():
         set_rng_state(saved["rng"][distributed.rank()])
     else:
+        was, now = saved["identity"].get("global_batch_size"), getattr(args, "global_batch_size", None)
+        batch = (f"; the global batch is {now} windows, not {was}: the steps differ from an uninterrupted run's"
+                 if was is not None and now is not None and was != now else "")
         logger.warning(f"resuming on {distributed.world_size()} processes from a run on {len(saved['rng'])}: "
-                       "random streams are re-seeded, so results will differ from an uninterrupted run")
+                       "random streams are re-seeded: dropout and a model's keyed draws follow the sample as before, "
+                       f"other random draws differ from an uninterrupted run{batch}")
         seed_everything(args.seed + saved["epoch"])
     _restore_position(state, saved)
     position = saved.get("position")
@@ -578,17 +600,28 @@ def load_training_state(path, state, args, data_content_hash, saved=None):
 
 
 def _restore_position(state, saved):
-    """The history, the steps taken and where, whether early stopping had ended the run, and, on as many
-    processes as saved it, each rank's running sums (on another number they start again)."""
+    """The history, the steps taken and where, whether early stopping had ended the run, and the running
+    train-loss sums (each rank's own on as many processes as saved them, else moved: _running_moved)."""
     state.history, state.step, state.stopper.stopped = saved["history"], saved["global_step"], saved["stopped"]
     position = saved.get("position")
     if position and not position["end_of_epoch"]:
         state.epoch, state.windows = position["epoch"], _windows_done(position, saved.get("world_size") or 1)
     else:
         state.epoch, state.windows = saved["epoch"] + 1, 0
-    if saved.get("world_size") == distributed.world_size() and "running" in saved:
-        for name, sums in state.running.items():
-            sums.load_state_dict(saved["running"][distributed.rank()][name])
+    if "running" not in saved:
+        return
+    same = saved.get("world_size") == distributed.world_size()
+    for name, sums in state.running.items():
+        ranks = [per_rank[name] for per_rank in saved["running"]]
+        sums.load_state_dict(ranks[distributed.rank()] if same else _running_moved(ranks, distributed.is_main()))
+
+
+def _running_moved(ranks, main):
+    """One rank's running train-loss sums on another number of processes than saved them (`ranks`: each saved
+    rank's): records all-reduce the additive sums, so rank 0 takes all of them and the others none; gradient
+    norms and step counts are every rank's alike."""
+    additive = ("loss_sum", "n_scored", "samples")
+    return {**ranks[0], **{key: sum(r[key] for r in ranks) if main else 0 for key in additive}}
 
 
 def resume_path(args, setting):

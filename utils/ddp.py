@@ -1,11 +1,10 @@
 """The model's side of data parallelism: the DDP wrapper and its gradient accumulation, BatchNorm over
 the global batch (SyncBatchNorm on GPUs, GlobalBatchNorm on the CPU), ZeRO's sharded optimizer, and
-FSDP2's sharded copy of the model (--fsdp).
+FSDP2's sharding of the model (--fsdp).
 
 Without a process group every helper leaves the model and optimizer as they are.
 """
 import contextlib
-import copy
 import functools
 import inspect
 import warnings
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from utils import distributed
 from utils.distributed import is_dist, is_main, world_size
 
 
@@ -147,68 +147,115 @@ def repeated_blocks(module):
 
 
 def wrap_fsdp(module, accumulates=False, param_dtype=None):
-    """(module to evaluate and save, module to train) under --fsdp: `module` itself twice without a process
-    group; else `module` and a copy of it whose parameters, gradients and Adam state are sharded between the
-    ranks by FSDP2 (fully_shard on each repeated block, then on the whole). `module` stays a plain module:
-    evaluation (no collective inside, each rank on its own windows), checkpoints and loads use it as under
-    DDP; sync_to_sharded / sync_from_sharded copy weights between the two. When a step `accumulates`
-    micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last step may run
-    different numbers of forward passes, which must not each gather. With `param_dtype` (bfloat16) the gathered
-    weights and the computation take it, the shards (the master weights), Adam and the reduction stay float32."""
+    """`module` with its parameters, gradients and Adam state sharded between the ranks by FSDP2, in place
+    (fully_shard on each repeated block, then on the whole); without a process group, `module` as it is.
+    Parameter and buffer names stay the plain module's. Every forward then gathers each block's weights from
+    all ranks (a collective): evaluation runs the same number of forwards on every rank (paired_forwards), and
+    checkpoints and loads go through full_state_dict / load_on_main's full state on rank 0. When a step
+    `accumulates` micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last
+    step may run different numbers of forward passes, which must not each gather. With `param_dtype`
+    (bfloat16) the gathered weights and the computation take it, the shards (the master weights), Adam and the
+    reduction stay float32."""
     if not is_dist():
-        return module, module
+        return module
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only when asked for
 
     # a forecast sliced from the model's output is a view; the loss reads it out of place (the hook FSDP2 warns
     # could be lost stays: tests/test_fsdp.py's weights would differ), so the warning on every step is noise
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    sharded = copy.deepcopy(module)
     options = {"reshard_after_forward": not accumulates}
     if param_dtype is not None:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in repeated_blocks(sharded):
+    for block in repeated_blocks(module):
         fully_shard(block, **options)
-    fully_shard(sharded, **options)
-    return module, sharded
-
-
-def _pairs(plain, sharded):
-    """(plain tensor, sharded tensor) of every parameter, then every buffer, matched by name."""
-    for kind in ("named_parameters", "named_buffers"):
-        theirs = dict(getattr(sharded, kind)())
-        for name, tensor in getattr(plain, kind)():
-            yield tensor, theirs[name]
+    fully_shard(module, **options)
+    return module
 
 
 def _is_dtensor(tensor):
     return type(tensor).__name__ == "DTensor" or hasattr(tensor, "device_mesh")
 
 
-@torch.no_grad()
-def sync_to_sharded(plain, sharded):
-    """Copy `plain`'s weights and buffers into `sharded` (each rank keeping its shard of each parameter): after
-    `plain` was loaded (pre-trained weights, a resumed state). Every rank holds the same `plain`. A no-op when
-    they are one module."""
-    if plain is sharded:
-        return
-    from torch.distributed.tensor import distribute_tensor
-
-    for tensor, shard in _pairs(plain, sharded):
-        if _is_dtensor(shard):
-            shard.copy_(distribute_tensor(tensor.detach(), shard.device_mesh, shard.placements))
-        else:
-            shard.copy_(tensor)
+def is_sharded(module):
+    """Whether `module` is sharded by FSDP2 (wrap_fsdp): its forward is then a collective."""
+    return type(module).__module__.startswith("torch.distributed.fsdp")
 
 
-@torch.no_grad()
-def sync_from_sharded(plain, sharded):
-    """Copy `sharded`'s full weights (all-gathered: a collective) and buffers into `plain`, on every rank: after
-    each optimizer step, so that evaluation and checkpoints read the trained weights. A no-op when they are one
-    module."""
-    if plain is sharded:
-        return
-    for tensor, shard in _pairs(plain, sharded):
-        tensor.copy_(shard.full_tensor() if _is_dtensor(shard) else shard)
+def plain_class(module):
+    """The class `module` was built as: FSDP2 gives a sharded module a class of its own deriving from it."""
+    cls = type(module)
+    while cls.__module__.startswith("torch.distributed.fsdp"):
+        cls = cls.__bases__[-1]
+    return cls
+
+
+def _reshard(module):
+    """Every FSDP2 block of `module` back to its shards (FSDP2 keeps the root's weights gathered after a forward
+    without backward): a local operation, so that state dicts hold the shards."""
+    for block in module.modules():
+        if is_sharded(block):
+            block.reshard()
+
+
+def full_state_dict(module):
+    """`module`'s state dict, whole, on rank 0 (on the CPU when `module` is sharded, gathered one tensor at a time;
+    on every rank otherwise). A collective for a sharded module: call it on every rank; others get {}."""
+    if not is_sharded(module):
+        return module.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    _reshard(module)
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+class LoadTarget:
+    """What a load function (utils.checkpoint.load_weights and the loads above it) sees of a sharded module on
+    rank 0: its names, global shapes and dtypes (on the meta device) and its attributes; load_state_dict keeps
+    the state for load_sharded to scatter, unloaded. A plain module needs none: it is loaded in place."""
+
+    def __init__(self, module):
+        _reshard(module)
+        self.module, self.loaded = module, None
+        self.plain_class = plain_class(module)
+        self._expected = {name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+                          for name, tensor in module.state_dict().items()}
+
+    def __getattr__(self, name):  # checkpoint_adapters, series_as_given, ... : the module's
+        return getattr(self.module, name)
+
+    def state_dict(self):
+        return dict(self._expected)
+
+    def load_state_dict(self, state, strict=True):
+        if strict and set(state) != set(self._expected):
+            raise RuntimeError(f"state dict keys differ from {self.plain_class.__name__}'s")
+        self.loaded = state
+
+
+def load_on_main(module, load, *args, **kwargs):
+    """utils.distributed.load_on_main (load(module, ...) on rank 0, its weights on every rank), for a module FSDP2
+    shards too: rank 0 reads the file whole into a LoadTarget, and every rank keeps its shard (load_sharded)."""
+    if not is_sharded(module):
+        return distributed.load_on_main(module, load, *args, **kwargs)
+    target = LoadTarget(module) if is_main() else None
+
+    def load_on_this_rank():
+        load(target, *args, **kwargs)  # returns None: raise_on_every_rank's "no problem"
+
+    distributed.raise_on_every_rank(load_on_this_rank, on="main")
+    load_sharded(module, target.loaded if target is not None else None)
+    return module
+
+
+def load_sharded(module, state):
+    """`state` (a full state dict on rank 0, ignored elsewhere) into the sharded `module`: rank 0 broadcasts
+    each tensor and every rank keeps its shard. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    _reshard(module)
+    with torch.no_grad():
+        set_model_state_dict(module, state if is_main() else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True))
 
 
 def full_tensor(tensor):
@@ -362,10 +409,9 @@ def _is_sharded(optimizer):
     return hasattr(optimizer, "consolidate_state_dict")  # ZeroRedundancyOptimizer, not imported eagerly
 
 
-def _fsdp_pair(optimizer):
-    """(plain module, sharded module) of an optimizer of FSDP2's sharded parameters (Exp_Basic.make_optimizer
-    under --fsdp), else None."""
-    return getattr(optimizer, "fsdp_modules", None)
+def _fsdp_sharded(optimizer):
+    """Whether `optimizer` steps FSDP2's sharded parameters (Exp_Basic.make_optimizer under --fsdp)."""
+    return any(_is_dtensor(p) for group in optimizer.param_groups for p in group["params"])
 
 
 def optimizer_state_dict(optimizer):
@@ -373,12 +419,20 @@ def optimizer_state_dict(optimizer):
     A collective for a sharded optimizer, whose shards are first gathered: call it on every rank."""
     if _is_sharded(optimizer):
         optimizer.consolidate_state_dict(to=0)
-    if _fsdp_pair(optimizer) is None:
+    if not _fsdp_sharded(optimizer):
         return optimizer.state_dict() if is_main() else None
-    state = optimizer.state_dict()  # FSDP2's Adam state: each tensor a shard, all-gathered in order on every rank
-    state = {**state, "state": {index: {name: full_tensor(value) for name, value in per_param.items()}
-                                for index, per_param in sorted(state["state"].items())}}
-    return state if is_main() else None
+    state = optimizer.state_dict()  # FSDP2's Adam state: each tensor a shard, gathered in order, kept on rank 0
+    whole = {index: {name: _gathered_on_main(value) for name, value in per_param.items()}
+             for index, per_param in sorted(state["state"].items())}
+    return {**state, "state": whole} if is_main() else None
+
+
+def _gathered_on_main(value):
+    """A DTensor's full value on the CPU of rank 0 (None elsewhere), one tensor at a time; else `value`."""
+    if not (torch.is_tensor(value) and _is_dtensor(value)):
+        return value
+    full = value.full_tensor()
+    return full.cpu() if is_main() else None
 
 
 def load_optimizer_state(optimizer, state):
@@ -391,11 +445,9 @@ def load_optimizer_state(optimizer, state):
         for key in ("fused", "foreach"):
             if key in current:
                 saved[key] = current[key]
-    pair = _fsdp_pair(optimizer)
-    if pair is not None:
-        # the plain module was loaded just before (checkpoint.load_training_state): its weights to the shards,
-        # and each full state tensor to this rank's shard of it, placed as its parameter is
-        sync_to_sharded(*pair)
+    if _fsdp_sharded(optimizer):
+        # each full state tensor to this rank's shard of it, placed as its parameter is (the module's weights
+        # were loaded just before: checkpoint.load_training_state)
         from torch.distributed.tensor import distribute_tensor
 
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -415,10 +415,11 @@ def load_on_main(module, load, *args, **kwargs):
     """load(module, *args, **kwargs) on rank 0 only, then rank 0's weights on every rank.
 
     Only rank 0 reads the file, so the nodes of a multi-node job need not share a disk. A
-    UserError from rank 0 is raised on every rank: nobody waits for weights that never come.
+    UserError from rank 0 is raised on every rank: nobody waits for weights that never come. A module
+    FSDP2 shards: utils.ddp.load_on_main.
     """
     def load_on_this_rank():
-        load(module, *args, **kwargs)
+        load(module, *args, **kwargs)  # returns None: raise_on_every_rank's "no problem"
 
     raise_on_every_rank(load_on_this_rank, on="main")
     if is_dist():
