@@ -41,15 +41,16 @@
 #      as fine_tuning_table.json + .csv (copy both to benchmarks/results/, then python -m benchmarks.results_page
 #      write); fine_tuning_table.log
 #   then every log in $OUT: summary.txt, releases.log, fine_tuning.log, main_job.log, metrics.json, probe.log,
-#   bench.log, pytest.log, pytest_amp.log, fine_tuning_table.log, extras.tar.gz (junit XML, the benchmark table, install logs, pip list, the main
-#   job's results)
+#   bench.log, pytest.log, pytest_amp.log, fine_tuning_table.log, extras.tar.gz (junit XML, the benchmark table,
+#   install logs, pip list, the main job's results)
 # Without CUDA (and without the smoke flag) it says so in one line and exits 3. The smoke skips the install, runs
 # the releases on the CPU (their syncs counted on the meta device), the main job for one epoch, dry-runs the
 # probe's code paths and a two-step benchmark of DLinear, checks that the GPU tier refuses to pass without CUDA
 # (exit 4), and says what a GPU would measure; GPU_CHECK_SMOKE_LIGHT=1 runs one release (TimerBase) and leaves out
-# the main job and the benchmark (tests/test_gpu_path.py); the fine-tuning steps and table run as a CPU dry run at
-# tiny shapes (their lines say "CPU dry run, not a figure"; the smoke never stores the table). Exit status: 0 when every step ended 0 (gpu_probe.py
-# ends 1 on SYNCS, MISMATCH, ERROR or SLOW), else 1; 2 for a usage error.
+# the main job, the benchmark and the fine-tuning table (tests/test_gpu_path.py). The smoke's fine-tuning steps and
+# table are a dry run at tiny shapes (each line says "CPU dry run, not a figure"; the table is never stored). Exit
+# status: 0 when every step ended 0 (gpu_probe.py ends 1 on SYNCS, MISMATCH, ERROR or SLOW; fine_tuning_table.py on
+# a cell that failed or timed out), else 1; 2 for a usage error.
 set -uo pipefail
 
 PART=${GPU_CHECK_PART:-all}
@@ -213,7 +214,7 @@ if part releases; then
       "$secs" "$FT_LOG" "$PY" -m benchmarks.fine_tuning_table --releases Chronos2 --modes $mode \
       --cell_timeout "$(( secs > 20 ? secs - 10 : 10 ))"
   done
-  grep -E "^fine-tuning " "$FT_LOG" >>"$SUMMARY"
+  grep -E "^fine-tuning " "$FT_LOG" >>"$SUMMARY" 2>/dev/null
 fi
 
 # ------------------------------------------------------------------ part rest: the README's main job
@@ -323,7 +324,7 @@ if [[ $PART == finetune ]] || { [[ $PART == all ]] && (( $(left) >= 150 )); }; t
     run_step "fine-tuning table (CPU dry run at tiny shapes, not stored)" "$secs" "$TABLE_LOG" \
       "$PY" -m benchmarks.fine_tuning_table --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
   fi
-  grep -E "^fine-tuning " "$TABLE_LOG" >>"$SUMMARY"
+  grep -E "^fine-tuning " "$TABLE_LOG" >>"$SUMMARY" 2>/dev/null
 elif [[ $PART == all ]]; then
   say "== fine-tuning table: left out ($(left)s left; --part finetune runs it under its own deadline)"
 fi

@@ -207,7 +207,7 @@ def test_gpu_check_without_cuda_says_so_and_its_cpu_smoke_runs(tmp_path):
     """scripts/gpu_check.sh: where torch has no CUDA it says so in one line and exits 3 (a check that skipped
     everything and ended 0 would pass a broken machine); --cpu-smoke runs its steps on the CPU (here the light
     smoke: the tier's refusal, the probe's dry run, the FSDP2 and LoRA fine-tuning steps; the full smoke, with the
-    main job, a benchmark and the fine-tuning table's dry run, takes about 3 minutes on 2 cores), every log in $OUT.
+    main job, a benchmark and the fine-tuning table's dry run, took 316 s on 2 busy cores), every log in $OUT.
     Item 9: in the smoke, `python -m pytest -m gpu` without CUDA must be a usage error, one ERROR line and exit
     4 (it skipped every test and exited 0, so a GPU machine whose torch lost CUDA passed its check)."""
     import json
