@@ -26,7 +26,7 @@ import pandas as pd
 if __name__ == "__main__":  # run as a script: the same imports conftest.py gives pytest
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from helpers import SMALL_TIMERXL, fork_run_py, output_args  # noqa: E402
+from helpers import REPO, SMALL_TIMERXL, fork_run_py, output_args, repo_first_env, subprocess_env  # noqa: E402
 
 PROBE_SECONDS = 30  # about 1-3 s on 2 idle cores (warm processes); a loaded CI machine gets room
 SMALL = ["--synthetic_rows", 1500, "--seq_len", 48, "--label_len", 24, "--pred_len", 24]
@@ -40,6 +40,7 @@ class Probe:
     processes: tuple = (1, 2)
     shows: str = ""  # the input in words, for the docs table (default: its arguments)
     without_gpu: bool = False  # a refusal only a machine without CUDA gives
+    command: tuple = ()  # `python -m ...` in place of run.py (a fresh interpreter; no output folders given)
 
 
 def fixed(*argv):
@@ -159,6 +160,36 @@ def _lora_on_other_base(folder):
     torch.save(apply_lora(build_model(args), args).state_dict(), folder / "lora.pth")
     return [*SMALL, "--lora_rank", 2, "--adaptation", "--pretrain_model_path", _weights(folder, "other_base.pth", *SMALL),
             "--is_training", 0, "--checkpoint", folder / "lora.pth"]
+
+
+def _lora_resumed_on_other_base(folder):
+    """A LoRA run of TimerXL (2 steps, its last.pth) fine-tuned from base.pth, resumed after base.pth was replaced
+    by other weights: the same path, so only the base's hash in the checkpoint tells."""
+    import torch
+
+    model = [*SMALL, *SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24]
+    argv = [*model, "--lora_rank", 2, "--adaptation", "--pretrain_model_path", _weights(folder, "base.pth", *model),
+            "--global_batch_size", 8, "--test_every_epoch", "false"]
+    trained = fork_run_py([*map(str, argv), "--train_steps", "2", "--no_plots", *map(str, output_args(folder))])
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    base = torch.load(folder / "base.pth", weights_only=True)
+    torch.save({name: value + 1 for name, value in base.items()}, folder / "base.pth")
+    return [*argv, "--train_steps", 4, "--resume"]
+
+
+def _lora_export(folder, base):
+    """`export --to ours` of a LoRA checkpoint of DLinear (its adapters on one initialisation), without --base, or
+    with another initialisation as its base."""
+    import torch
+
+    from exp.lora import apply_lora
+    from exp.settings import build_model, resolve_args
+    from helpers import make_args
+
+    args = resolve_args(make_args(*map(str, (*SMALL, "--lora_rank", 2))), 1)
+    torch.save(apply_lora(build_model(args), args).state_dict(), folder / "lora.pth")
+    other = ["--base", _weights(folder, "other_base.pth", *SMALL)] if base else []
+    return ["export", "--to", "ours", *other, folder / "lora.pth", folder / "merged.pth"]
 
 
 def _corpus(folder, damage):
@@ -570,6 +601,16 @@ PROBES = [
     Probe("LoRA checkpoint on other base weights", _lora_on_other_base,
           "the checkpoint's LoRA adapters were trained on other base weights", shows="a LoRA checkpoint of DLinear's "
           "adapters on one initialisation, evaluated with --adaptation on another"),
+    Probe("LoRA run resumed on other base weights", _lora_resumed_on_other_base,
+          "the checkpoint's LoRA adapters were trained on other base weights", shows="`--resume` of a LoRA run of "
+          "TimerXL whose `--pretrain_model_path` file now holds other weights"),
+    Probe("export of a LoRA checkpoint without its base", lambda folder: _lora_export(folder, base=False),
+          "is a LoRA checkpoint: its adapters without the base weights they were trained on", (1,),
+          shows="`python -m exp.export export --to ours lora.pth merged.pth` of a LoRA checkpoint of DLinear",
+          command=("-m", "exp.export")),
+    Probe("export of a LoRA checkpoint with another base", lambda folder: _lora_export(folder, base=True),
+          "is not the base weights the LoRA adapters of", (1,), shows="`python -m exp.export export --to ours --base "
+          "other.pth lora.pth merged.pth`, other.pth not the adapters' base", command=("-m", "exp.export")),
     # FSDP2 and activation checkpointing (utils.ddp.wrap_fsdp, layers.checkpointing)
     Probe("FSDP2 with ZeRO", fixed(*SMALL, "--fsdp", "--zero"), "--fsdp cannot be combined with --zero"),
     Probe("FSDP2 with --compile", fixed(*SMALL, "--fsdp", "--compile"), "--fsdp cannot be combined with --compile"),
@@ -654,12 +695,17 @@ def run_probe(probe, processes, folder):
     folder = Path(folder)
     earlier_outputs(folder)
     argv = [str(a) for a in probe.argv(folder)]
-    if not any(a in ("--checkpoints", "--results_dir") for a in argv):
+    if not probe.command and not any(a in ("--checkpoints", "--results_dir") for a in argv):
         argv += map(str, output_args(folder))
     before = snapshot(folder)
     started = time.time()
     try:
-        proc = fork_run_py(argv + ["--no_plots"], nproc=processes if processes > 1 else None, timeout=PROBE_SECONDS)
+        if probe.command:
+            proc = subprocess.run([sys.executable, *probe.command, *argv], cwd=REPO, capture_output=True, text=True,
+                                  env=repo_first_env(subprocess_env()), timeout=PROBE_SECONDS)
+        else:
+            proc = fork_run_py(argv + ["--no_plots"], nproc=processes if processes > 1 else None,
+                               timeout=PROBE_SECONDS)
         code, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as expired:
         code, out, err = None, expired.output or "", expired.stderr or ""
