@@ -1,11 +1,13 @@
 """--activation_checkpointing (layers.checkpointing): each repeated block keeps only its input for backward and runs
 again there, and no number changes: the recompute draws the forward's dropout masks, keyed by the sample outside
 the experiment's masks_follow_samples, and its keyed attention dropout; weights after training are bit for bit
-those of a run without it on one process, and under --fsdp or DDP on 2 processes those of one process without it."""
+those of a run without it on one process, and under --fsdp or DDP on 2 processes those of one process without it;
+every model's gradients are the same, or a model without repeated blocks is refused."""
 import pytest
 import torch
 
 from helpers import assert_ok, make_args, make_experiment, records, run_cli
+from models import available_models
 
 SMALL = ["--synthetic_rows", 688, "--seq_len", 48, "--label_len", 24, "--pred_len", 24, "--train_epochs", 1,
          "--learning_rate", 0.005, "--test_every_epoch", "false"]
@@ -134,6 +136,42 @@ def test_checkpointed_blocks_keep_fewer_activations_and_give_the_same_gradients(
     ratio = kept_checkpointed / kept
     print(f"kept for backward: {kept_checkpointed} of {kept} bytes ({ratio:.3f})")
     assert ratio < 0.4, f"checkpointed blocks keep {kept_checkpointed} bytes, {ratio:.2f} of {kept}"
+
+
+def _contract_gradients(model, *argv):
+    """Each parameter's gradient after one training forward (inside masks_follow_samples) and backward of `model`
+    at the model contract's small shape, 2 layers, dropout 0.1, on 4 windows."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import training_loss
+    from layers.dropout import mask_key, masks_follow_samples
+    from test_model_contract import CONTRACT_ARGS
+
+    shape = [str(a) for a in CONTRACT_ARGS]
+    for name, value in (("--dropout", "0.1"), ("--e_layers", "2")):
+        shape[shape.index(name) + 1] = value
+    exp = make_experiment(make_args("--model", model, *shape, *argv))
+    batch = data_provider(exp.args, "train", exp.device)[0].__getitems__(torch.arange(4))
+    with masks_follow_samples(mask_key(exp.args.seed, 0), 0, 4):
+        loss = training_loss(exp.raw_model.train(), batch, exp.args, exp.device, exp.loss)[0]
+    loss.backward()
+    return {name: p.grad for name, p in exp.raw_model.named_parameters()}
+
+
+@pytest.mark.parametrize("model", available_models())
+def test_every_model_gets_the_same_gradients_or_is_refused(model):
+    """Every model of the zoo and every release (random weights): the same gradients bit for bit with its blocks
+    checkpointed, or, with no repeated block, the one-line refusal."""
+    from utils.errors import UserError
+
+    want = _contract_gradients(model)
+    try:
+        got = _contract_gradients(model, "--activation_checkpointing")
+    except UserError as refusal:
+        assert f"model {model} has none" in str(refusal)
+        return
+    for name, grad in want.items():
+        assert (grad is None) == (got[name] is None), name
+        assert grad is None or torch.equal(got[name], grad), name
 
 
 def test_a_model_without_repeated_blocks_is_refused_in_one_line():
