@@ -4,9 +4,10 @@ block's activations at a time rather than every block's, for about one more forw
 
 The blocks are utils.ddp.repeated_blocks(model), the ones FSDP2 shards one by one: every child of the outermost
 nn.ModuleLists that hold parameters (a model's layers). `checkpoint_blocks` is applied to the plain module before
-any wrapper (DDP, or FSDP2's sharded copy, which copies the checkpointed forward with the block), as torchtitan
-applies its checkpoint wrapper before fully_shard; the module's class, parameter names and state_dict stay as they
-were, so checkpoints read and write as without it.
+any wrapper (DDP's, or FSDP2's fully_shard, whose hooks then gather a block's weights around the checkpointed
+forward and again before its backward, where the recompute reads them), as torchtitan applies its checkpoint
+wrapper before fully_shard. Only each block's `forward` is replaced, on the instance: the module's classes,
+parameter names and state_dict stay as they were, so checkpoints read and write as without it.
 
 It changes no number. The recompute must draw what the forward drew, and three things decide that:
 - the global generators (unkeyed dropout: evaluation aside, a model that does not key its masks): checkpoint's
@@ -79,7 +80,7 @@ def checkpoint_blocks(model, name):
     require(blocks, f"--activation_checkpointing recomputes each repeated block of a model in backward (the layers an "
                     f"nn.ModuleList holds), and model {name} has none: drop --activation_checkpointing")
     for block in blocks:
-        if "forward" not in vars(block):  # an instance attribute: deepcopy (FSDP2's sharded copy) rebinds it
+        if "forward" not in vars(block):  # an instance attribute, bound to the block: a deepcopy rebinds it
             block.forward = functools.partial(_checkpointed_forward, block)
 
 
