@@ -1,12 +1,13 @@
-"""Fine-tuning speed and memory per GPU: Chronos-2, TimesFM 2.5 and Time-MoE-200M at their largest released shape
-(each release folder's LARGEST_SHAPES, random weights: no download), each fine-tuned by run.py under DDP, FSDP2 and
-LoRA on one GPU, as a user runs them: samples/s and the peak GPU memory of the rank at a stated batch.
+"""Fine-tuning speed and memory per GPU: every release at its largest released shape (each release folder's
+LARGEST_SHAPES, random weights: no download), or those --releases names (scripts/gpu_check.sh: Chronos-2, TimesFM 2.5
+and Time-MoE-200M), each fine-tuned by run.py under DDP, FSDP2 and LoRA on one GPU, as a user runs them: samples/s
+and the peak GPU memory of the rank at a stated batch.
 
     python -m benchmarks.fine_tuning_table                       # every cell (a GPU), or a CPU dry run at tiny shapes
-    python -m benchmarks.fine_tuning_table --releases Chronos2 --modes FSDP2   # one cell (scripts/gpu_check.sh's step)
+    python -m benchmarks.fine_tuning_table --releases A,B --modes FSDP2   # some cells (--model names)
     python -m benchmarks.fine_tuning_table --write               # store the GPU table as results/fine_tuning_table.*
     python -m benchmarks.fine_tuning_table --write --results_dir DIR   # ... in DIR (copy both files to results/)
-    python -m benchmarks.fine_tuning_table --pending --write     # the stored page before any GPU measured it
+    python -m benchmarks.fine_tuning_table --pending --write --releases A,B   # the stored page before a GPU ran it
 
 Each cell is one `python run.py --ddp --nproc_per_node 1 ...` process (the public path: DDP, `--fsdp
 --fsdp_mixed_precision bf16`, `--lora_rank`), trained for `--steps` optimizer steps with `--log_steps` every
@@ -34,10 +35,6 @@ NAME = "fine_tuning_table"
 DRY = "CPU dry run, not a figure"
 PENDING = "pending a GPU"
 
-RELEASES = ("Chronos2", "TimesFM25", "TimeMoE")
-# a release's package (its model builds on the package's module) and LoRA's: a cell without it is skipped in a line
-PACKAGES = {"Chronos2": ("chronos.chronos2", "chronos-forecasting"),
-            "TimesFM25": ("timesfm.timesfm_2p5.timesfm_2p5_torch", "timesfm[torch]"), "TimeMoE": None}
 LORA_RANK = 16
 # mode: (what the table says, run.py's options). DDP and LoRA compute under bf16 autocast, FSDP2 under its bf16
 # mixed-precision policy: the three in bf16, fp32 master weights and Adam.
@@ -70,32 +67,33 @@ class Setting:
 
 
 def shapes(gpu):
-    """{release: (run.py size arguments, published size)}: each release's first LARGEST_SHAPES entry (its largest
-    released checkpoint; Time-MoE's is the 200M) on a GPU, a tiny shape of the same layout on the CPU."""
+    """{--model name: (run.py size arguments, its checkpoint and published size)} of every release folder with
+    LARGEST_SHAPES, in the registry's order: the first entry (its largest released checkpoint) on a GPU, a tiny shape
+    of the same layout on the CPU. A release is named only in its folder: a new one joins the table by itself."""
     from models.foundation import adapter_modules
 
     found = {}
     for module in adapter_modules():
         model = module.ADAPTERS[0].model
         shapes_of = getattr(module, "LARGEST_SHAPES", ())
-        if model in RELEASES and shapes_of and model not in found:
+        if shapes_of and model not in found:
             checkpoint, sizes, published = shapes_of[0][:3]
             found[model] = (sizes, f"{checkpoint}, {published}")
     tiny = {"d_model": 32, "d_ff": 64, "e_layers": 2, "n_heads": 2}
-    return {name: (found[name][0] if gpu else tiny, found[name][1]) for name in RELEASES}
+    return {name: (sizes if gpu else tiny, published) for name, (sizes, published) in found.items()}
 
 
 def missing_package(release, mode):
-    """The pip package a cell lacks, or None."""
-    needed = [PACKAGES[release]] if PACKAGES[release] else []
-    if mode == "LoRA":
-        needed.append(("peft", "peft"))
-    for module, package in needed:
-        try:
-            if importlib.util.find_spec(module) is None:
-                return package
-        except ModuleNotFoundError:
-            return package
+    """The line saying which package a cell lacks (the release's official package, or peft for LoRA), or None."""
+    from models import get_model_class
+    from utils.errors import UserError
+
+    try:
+        get_model_class(release)  # a release's model file imports its package, or says how to install it
+    except UserError as exc:
+        return str(exc)
+    if mode == "LoRA" and importlib.util.find_spec("peft") is None:
+        return "--lora_rank needs the peft package: pip install peft"
     return None
 
 
@@ -135,9 +133,9 @@ def read_run(folder):
 
 def run_cell(release, mode, sizes, setting, timeout):
     """{"status", "samples_per_s", "peak_gib", "seconds"} of one cell."""
-    package = missing_package(release, mode)
-    if package:
-        return {"status": f"skipped: pip install {package}", "samples_per_s": None, "peak_gib": None, "seconds": 0}
+    missing = missing_package(release, mode)
+    if missing:
+        return {"status": f"skipped: {missing}"[:300], "samples_per_s": None, "peak_gib": None, "seconds": 0}
     folder = Path(tempfile.mkdtemp(prefix="fine_tuning_table_"))
     started = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -204,7 +202,7 @@ def document(rows, setting, published, status_line, command="--write"):
         "# Fine-tuning speed and memory per GPU", "",
         f"Generated by `python -m benchmarks.fine_tuning_table {command}`. {status_line}.", "",
         "Each release at its largest released shape (its folder's LARGEST_SHAPES: "
-        + "; ".join(f"{name} {published[name]}" for name in RELEASES)
+        + "; ".join(f"{name} {published[name]}" for name in dict.fromkeys(r for r, _, _ in rows))
         + "), weights random (no download), fine-tuned by `run.py --ddp --nproc_per_node 1` on the built-in "
         f"synthetic data: {setting.describe()}. Modes: "
         + "; ".join(f"{mode}: {label} (`{' '.join(options)}`)" for mode, (label, options) in MODES.items())
@@ -221,13 +219,14 @@ def document(rows, setting, published, status_line, command="--write"):
     return "\n".join(lines) + "\n"
 
 
-def pending_document(releases=RELEASES, modes=tuple(MODES)):
+def pending_document(releases, modes=tuple(MODES)):
     """The stored page before a GPU measured it: every cell pending, the GPU's setting stated."""
     rows = [(r, m, {"status": PENDING, "samples_per_s": None, "peak_gib": None, "seconds": 0})
             for r in releases for m in modes]
     published = {name: value[1] for name, value in shapes(True).items()}
+    command = f"--pending --write --releases {','.join(releases)}"
     return document(rows, Setting(True), published, f"Not measured yet: every cell is {PENDING} "
-                    "(scripts/gpu_check.sh --part finetune measures it)", command="--pending --write")
+                    "(scripts/gpu_check.sh --part finetune measures it)", command=command)
 
 
 def store(text, folder):
@@ -255,7 +254,7 @@ def choice(names, known, what):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--releases", default=",".join(RELEASES), help=f"comma-separated, of {', '.join(RELEASES)}")
+    parser.add_argument("--releases", default=None, help="comma-separated --model names (default: every release)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--batch", type=int, default=None, help="windows per GPU (default 16; 4 in a dry run)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps a cell (default 3 x --window)")
@@ -267,8 +266,9 @@ def main(argv=None):
     parser.add_argument("--results_dir", type=Path, default=RESULTS, help="where --write stores it")
     parser.add_argument("--pending", action="store_true", help="no run: the table of cells pending a GPU")
     args = parser.parse_args(argv)
+    known = tuple(shapes(False))
     try:
-        releases = choice(args.releases, RELEASES, "releases")
+        releases = choice(args.releases or ",".join(known), known, "releases")
         modes = choice(args.modes, tuple(MODES), "modes")
     except SystemExit as exc:
         print(exc, file=sys.stderr)
@@ -295,7 +295,7 @@ def main(argv=None):
         print("fine_tuning_table: --steps must be at least --window", file=sys.stderr)
         return 2
     found = shapes(gpu)
-    published = {name: found[name][1] for name in RELEASES}
+    published = {name: found[name][1] for name in releases}
     started, rows = time.perf_counter(), []
     print(f"# {device_line(gpu)}; {setting.describe()}", flush=True)
     for release in releases:

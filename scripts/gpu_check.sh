@@ -36,10 +36,10 @@
 #   part amp:
 #   8. every zoo model one epoch under bf16 and fp16 autocast (tests/gpu/test_gpu_amp.py; pytest_amp.log)
 #   part finetune (under --part all only when 150 s are left at its turn):
-#   9. the fine-tuning table: Chronos-2, TimesFM 2.5 and Time-MoE-200M at their released shapes under DDP, FSDP2
-#      and LoRA, samples/s and peak memory per GPU (python -m benchmarks.fine_tuning_table --write): stored in $OUT
-#      as fine_tuning_table.json + .csv (copy both to benchmarks/results/, then python -m benchmarks.results_page
-#      write); fine_tuning_table.log
+#   9. the fine-tuning table: Chronos-2, TimesFM 2.5 and Time-MoE-200M (GPU_CHECK_FT_RELEASES, --model names; the
+#      first is step 3's) at their released shapes under DDP, FSDP2 and LoRA, samples/s and peak memory per GPU
+#      (python -m benchmarks.fine_tuning_table --write): stored in $OUT as fine_tuning_table.json + .csv (copy both
+#      to benchmarks/results/, then python -m benchmarks.results_page write); fine_tuning_table.log
 #   then every log in $OUT: summary.txt, releases.log, fine_tuning.log, main_job.log, metrics.json, probe.log,
 #   bench.log, pytest.log, pytest_amp.log, fine_tuning_table.log, extras.tar.gz (junit XML, the benchmark table,
 #   install logs, pip list, the main job's results)
@@ -67,6 +67,8 @@ case $PART in
   *) echo "gpu_check: --part $PART: give releases, rest, tier, amp, finetune or all" >&2; exit 2 ;;
 esac
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
+# the releases of the fine-tuning steps (the first) and of the table (benchmarks/fine_tuning_table.py's --releases)
+FT_RELEASES=${GPU_CHECK_FT_RELEASES:-Chronos2,TimesFM25,TimeMoE}
 LIGHT=${GPU_CHECK_SMOKE_LIGHT:-0}
 FAILED=0
 part() { [[ $PART == all || $PART == "$1" ]]; }
@@ -210,8 +212,8 @@ if part releases; then
   FT_LOG=$OUT/fine_tuning.log
   for mode in FSDP2 LoRA; do
     secs=$(budget 75 190)
-    run_step "fine-tuning Chronos2, $mode, run.py --ddp on 1 GPU (benchmarks/fine_tuning_table.py)" \
-      "$secs" "$FT_LOG" "$PY" -m benchmarks.fine_tuning_table --releases Chronos2 --modes $mode \
+    run_step "fine-tuning ${FT_RELEASES%%,*}, $mode, run.py --ddp on 1 GPU (benchmarks/fine_tuning_table.py)" \
+      "$secs" "$FT_LOG" "$PY" -m benchmarks.fine_tuning_table --releases "${FT_RELEASES%%,*}" --modes $mode \
       --cell_timeout "$(( secs > 20 ? secs - 10 : 10 ))"
   done
   grep -E "^fine-tuning " "$FT_LOG" >>"$SUMMARY" 2>/dev/null
@@ -315,14 +317,14 @@ if [[ $PART == finetune ]] || { [[ $PART == all ]] && (( $(left) >= 150 )); }; t
   if (( CUDA_OK )); then  # stored in $OUT (copy fine_tuning_table.json + .csv to benchmarks/results/)
     secs=$(budget 420 10)
     run_step "fine-tuning table: 3 releases x DDP, FSDP2, LoRA, 1 GPU (benchmarks/fine_tuning_table.py --write)" \
-      "$secs" "$TABLE_LOG" "$PY" -m benchmarks.fine_tuning_table --write --results_dir "$OUT" \
-      --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
+      "$secs" "$TABLE_LOG" "$PY" -m benchmarks.fine_tuning_table --releases "$FT_RELEASES" --write \
+      --results_dir "$OUT" --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
   elif (( LIGHT )); then
     say "== fine-tuning table: left out (GPU_CHECK_SMOKE_LIGHT=1)"
   else  # never stored: the CPU's figures are not the GPU table
     secs=$(budget 150 10)
     run_step "fine-tuning table (CPU dry run at tiny shapes, not stored)" "$secs" "$TABLE_LOG" \
-      "$PY" -m benchmarks.fine_tuning_table --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
+      "$PY" -m benchmarks.fine_tuning_table --releases "$FT_RELEASES" --deadline_s "$(( secs > 35 ? secs - 15 : 20 ))"
   fi
   grep -E "^fine-tuning " "$TABLE_LOG" >>"$SUMMARY" 2>/dev/null
 elif [[ $PART == all ]]; then
