@@ -116,7 +116,29 @@ def apply_lora(model, args):
     model.register_buffer(ALPHA_KEY, torch.tensor(float(args.lora_alpha), dtype=torch.float64))
     model._lora_hooks = (model.register_state_dict_post_hook(_without_base),
                          model.register_load_state_dict_pre_hook(_base_from_the_model))
+    _refuse_unreached_adapters(model, peft, args.model)
     return model
+
+
+def _refuse_unreached_adapters(model, peft, model_name):
+    """One line at the model's first forward if it reached none of its LoRA layers (a model that computes with its
+    nn.Linear modules' weights, not through them, never sees their adapters); the hooks go after that forward."""
+    reached, handles = [], []
+
+    def mark(*_):
+        reached.append(True)
+
+    def check(*_):
+        for handle in handles:
+            handle.remove()
+        if not reached:
+            raise UserError(f"--lora_rank: model {model_name} computes its forecast from its nn.Linear modules' "
+                            "weights, not through the modules, so their LoRA adapters would change nothing; fine-tune "
+                            "it without --lora_rank")
+
+    handles.extend(layer.register_forward_pre_hook(mark) for layer in model.modules()
+                   if isinstance(layer, peft.tuners.lora.LoraLayer))
+    handles.append(model.register_forward_hook(check))
 
 
 BASE_KEY = "lora_base_sha256"

@@ -56,6 +56,16 @@ def test_lora_options_without_a_rank_are_one_line(tmp_path):
     assert proc.returncode == 2 and "--lora_dropout without --lora_rank" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_a_model_that_never_reaches_its_adapters_is_one_line(tmp_path, nproc):
+    """DLinear forecasts from its layers' weights (one linear map over time), not through the layers: adapters on
+    them would train nothing, and the run says so at its first forward on every rank, no checkpoint written."""
+    proc = run_cli(tmp_path, "--model", "DLinear", *TINY, *TRAIN, "--lora_rank", 2, *(("--ddp",) if nproc else ()),
+                   nproc=nproc)
+    assert_one_error_line(proc, "--lora_rank: model DLinear computes its forecast from its nn.Linear modules' weights")
+    assert not any(tmp_path.rglob("*.pth"))
+
+
 def _adapters_on(tmp_path, argv, extra=()):
     """Each world size's checkpoint.pth after training `argv` on 1, 2 and 3 processes, and 1's record."""
     states, first = [], None
