@@ -144,22 +144,23 @@ def _refuse_unreached_adapters(model, peft, model_name):
 BASE_KEY = "lora_base_sha256"
 ALPHA_KEY = "lora_alpha"
 LORA_KEYS = (BASE_KEY, ALPHA_KEY)
-HASH_CHUNK = 1 << 22  # elements widened to float64 at a time
+HASH_CHUNK = 1 << 22  # elements widened at a time
 
 
 def base_weights_hash(weights):
     """sha256 of a model's state dict (or of a state dict): every name, shape and value, by name. Floating values
-    are hashed as float64, so a base read from a bf16 file into an fp32 model has the identity of the file's
-    weights. The base weights' identity, computed once, before the adapters."""
+    are hashed as float32 (float64 ones as they are), so a base read from a bf16 file into an fp32 model has the
+    identity of the file's weights. The base weights' identity, computed once, before the adapters."""
     state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
     digest = hashlib.sha256()
     for name in sorted(state):
         value = state[name].detach().cpu().contiguous().reshape(-1)
+        widened = torch.float64 if value.dtype == torch.float64 else torch.float32
         floating = value.is_floating_point()
-        digest.update(f"{name}:{'float' if floating else value.dtype}:{tuple(state[name].shape)};".encode())
+        digest.update(f"{name}:{widened if floating else value.dtype}:{tuple(state[name].shape)};".encode())
         for start in range(0, value.numel(), HASH_CHUNK):
             chunk = value[start:start + HASH_CHUNK]
-            digest.update((chunk.double() if floating else chunk).view(torch.uint8).numpy().tobytes())
+            digest.update((chunk.to(widened) if floating else chunk).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 

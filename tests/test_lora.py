@@ -66,6 +66,22 @@ def test_a_model_that_never_reaches_its_adapters_is_one_line(tmp_path, nproc):
     assert not any(tmp_path.rglob("*.pth"))
 
 
+def test_the_base_hash_is_of_names_shapes_and_values_whatever_the_order_or_the_float_width():
+    """A bf16 release file loaded into an fp32 model has the file's identity (export hashes the file, the run the
+    model); one value's last bit, a name or a shape changes it."""
+    from exp.lora import base_weights_hash
+
+    weights = {"w": torch.randn(3, 5).bfloat16(), "b": torch.randn(5, dtype=torch.float64), "i": torch.arange(4)}
+    same = base_weights_hash(weights)
+    assert base_weights_hash(dict(reversed(weights.items()))) == same
+    assert base_weights_hash(dict(weights, w=weights["w"].float())) == same
+    one_bit = weights["w"].float().clone()
+    one_bit.view(torch.int32)[0, 0] ^= 1
+    assert base_weights_hash(dict(weights, w=one_bit)) != same
+    assert base_weights_hash({"v" if k == "w" else k: v for k, v in weights.items()}) != same
+    assert base_weights_hash(dict(weights, w=weights["w"].reshape(5, 3))) != same
+
+
 def _adapters_on(tmp_path, argv, extra=()):
     """Each world size's checkpoint.pth after training `argv` on 1, 2 and 3 processes, and 1's record."""
     states, first = [], None
