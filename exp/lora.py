@@ -7,7 +7,8 @@ trains the same adapters on any number of processes).
 
 --lora_targets are shell-style patterns (fnmatch) matched against an nn.Linear's last name (`q`) or its
 qualified name (`encoder.block.0.layer.0.SelfAttention.q`). Left out, DEFAULT_TARGETS' names are taken, and a
-model that has none of them (DLinear, TSMixer: linear maps only) adapts every nn.Linear. Modules that see the
+model that has none of them (TSMixer: linear maps only) adapts every nn.Linear; a model that reaches none of its
+adapters in a forward (DLinear computes with its layers' weights) is refused at its first. Modules that see the
 samples in their second dimension (time_first(): patterns the release folders declare) are left out of the default.
 
 A LoRA model's state dict (checkpoint.pth, last.pth's weights) holds the adapters, the buffers, the sha256 of the
