@@ -8,6 +8,7 @@ A LoRA checkpoint (exp.lora: adapters and the hash of their base, no base weight
 weights it was fine-tuned from (the run's --pretrain_model_path: a release folder, or a checkpoint of ours): the
 adapters are merged into them (peft's merge) and the merged model is written as any checkpoint of ours would be."""
 import argparse
+import os
 import sys
 
 from exp import lora
@@ -46,6 +47,9 @@ def read_merged(src, base=None):
         if base is None:
             raise UserError(f"{src} is a LoRA checkpoint: its adapters without the base weights they were trained "
                             "on; pass those (the run's --pretrain_model_path) as --base PATH to merge them in")
+        if not os.path.exists(base):
+            raise UserError(f"--base {base} not found: pass the folder or file the run fine-tuned from (its "
+                            "--pretrain_model_path)")
         base_state, base_config = checkpoint.read_weights(base, opener=open_release)
         state = lora.merged_state(state, _ours(base_state, base_config), src, base)
         config = base_config or config

@@ -198,8 +198,8 @@ def test_a_release_exports_merged_and_its_package_predicts_as_our_merged_model(r
 
 
 def test_export_of_a_lora_checkpoint_without_its_base_is_one_line(release_tuned, tmp_path):
-    """No --base, or one its adapters were not trained on (the folder with one weight changed, in the place of the
-    run's --pretrain_model_path): refused in one line, exit code 2, nothing written."""
+    """No --base, one its adapters were not trained on (the folder with one weight changed, in the place of the
+    run's --pretrain_model_path), or none there: refused in one line, exit code 2, nothing written."""
     import subprocess
     import sys
 
@@ -216,7 +216,8 @@ def test_export_of_a_lora_checkpoint_without_its_base_is_one_line(release_tuned,
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
     before = _files(tmp_path)
     cases = {(): "is a LoRA checkpoint: its adapters without the base weights they were trained on",
-             ("--base", other): "is not the base weights the LoRA adapters of"}
+             ("--base", other): "is not the base weights the LoRA adapters of",
+             ("--base", tmp_path / "nowhere"): "not found: pass the folder or file the run fine-tuned from"}
     for extra, message in cases.items():
         proc = subprocess.run([sys.executable, "-m", "exp.export", "export", "--to", row.export_to, *map(str, extra),
                                str(checkpoint), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
