@@ -9,6 +9,7 @@ from exp.adaptation import forecast_series_as_given, load_pretrained
 from exp.forward import forward, training_loss
 from exp.lora import apply_lora
 from exp.settings import build_model
+from layers.checkpointing import checkpoint_blocks
 from layers.dropout import DropoutReport, KeyedDropout
 from utils import ddp, distributed
 from utils.metrics import batch_loss
@@ -94,6 +95,8 @@ class Exp_Basic:
         self.dropout_keyed = {}
         report = DropoutReport(self.dropout_keyed, warn=lambda line: distributed.is_main() and logger.warning(line))
         keyed = KeyedDropout.convert(built[0], report)
+        if args.activation_checkpointing:  # before any wrapper, as FSDP2 expects (layers.checkpointing)
+            distributed.raise_on_every_rank(lambda: checkpoint_blocks(keyed, args.model), on="all")
         if args.fsdp:  # FSDP2 shards the finished module in place: it is trained, evaluated and saved as it is
             self.raw_model = ddp.convert_sync_batchnorm(keyed.to(device), device) if args.sync_bn else keyed.to(device)
             forecast_series_as_given(self.raw_model, args, device)
@@ -131,7 +134,7 @@ class Exp_Basic:
                 return training_loss(model, batch, self.args, self.device, self.loss)[0]
         was_training = self.raw_model.training
         self.raw_model.train()
-        unused, changed = probe_training_step(self.raw_model, loss_of, self.device)
+        unused, changed = self._probe(loss_of)
         self.raw_model.train(was_training)
         if distributed.world_size() > 1 or self.args.accumulation_steps > 1:
             self._warn_unsynchronised(unsynchronised_buffers(self.raw_model, changed, self.args.accumulation_steps))
@@ -146,6 +149,26 @@ class Exp_Basic:
         if self.args.compile:
             self.model = torch.compile(self.model)
         return unused
+
+    def _probe(self, loss_of):
+        """probe_training_step of the raw model; under --fsdp, one line on every rank for a model that runs its
+        repeated blocks through their parts instead of calling them (FSDP2 gathers a block's weights as it is
+        called: its parts would meet shards)."""
+        if not self.args.fsdp:
+            return probe_training_step(self.raw_model, loss_of, self.device)
+        found = []
+
+        def probe():
+            try:
+                found.append(probe_training_step(self.raw_model, loss_of, self.device))
+            except RuntimeError as exc:
+                if "DTensor" not in str(exc):
+                    raise
+                return (f"--fsdp: model {self.args.model} runs its repeated blocks through their parts instead of "
+                        "calling them, so FSDP2 cannot gather their weights first; fine-tune it without --fsdp "
+                        "(DDP, --zero or --lora_rank)")
+        distributed.raise_on_every_rank(probe, on="all")
+        return found[0]
 
     def _warn_unsynchronised(self, names):
         """Rank 0's one line on buffers that training updates from each micro-batch alone (see

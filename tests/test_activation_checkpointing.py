@@ -41,6 +41,22 @@ def test_checkpointing_trains_the_same_weights_bit_for_bit(tmp_path, model):
     _assert_equal_runs(_trained(tmp_path / "with", *argv, "--activation_checkpointing"), without, model)
 
 
+def test_a_run_preempted_with_it_resumes_without_it_bit_for_bit(tmp_path):
+    """It changes no number, so it is not part of the run's identity: TimerXL killed mid-epoch with it resumes
+    without it and ends as the uninterrupted run without it (planted: the option in the identity -> refused)."""
+    argv = [*MODELS["TimerXL"], "--batch_size", 16, "--save_steps", 5, "--train_epochs", 2]
+    straight = _trained(tmp_path / "straight", *argv)
+    broken = tmp_path / "broken"
+    killed = run_cli(broken, *SMALL, *argv, "--activation_checkpointing", preempt_at_step=13)
+    assert killed.returncode != 0 and (broken / "checkpoints").exists()
+    proc = run_cli(broken, *SMALL, *argv, "--resume", timeout=300)
+    assert_ok(proc)
+    assert "resumed from" in proc.stdout and "at step 10 (in epoch" in proc.stdout, proc.stdout
+    (path,) = broken.rglob("checkpoint.pth")
+    resumed = (records(broken)[-1], torch.load(path, map_location="cpu", weights_only=True))
+    _assert_equal_runs(resumed, straight, "resumed without --activation_checkpointing")
+
+
 def test_under_fsdp_and_ddp_on_2_processes_it_trains_what_1_process_trains_without(tmp_path):
     """Global batch 16: 16 x 1 without checkpointing against 8 x 2 with it, under --fsdp (each block sharded and
     checkpointed) and under DDP; FSDP2 with checkpointing is FSDP2 without it, bit for bit."""

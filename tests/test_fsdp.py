@@ -208,3 +208,28 @@ def _weights_of_folder(row, folder):
     from test_foundation import ours
 
     return ours(row, folder, row.run[1], row.run[3]).state_dict()
+
+
+def _release_names():
+    from test_foundation import RELEASES
+
+    return list(RELEASES)
+
+
+@pytest.mark.parametrize("name", _release_names())
+def test_every_release_fine_tunes_under_fsdp_or_is_refused_in_one_line(tmp_path, name):
+    """Under --fsdp each repeated block gathers its weights as it is called: a release that runs its blocks through
+    their parts (its own roll-out of the package's layers) would compute with shards, and is refused on every rank
+    in one line, nothing written; every other release takes a step on 2 processes."""
+    from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
+
+    row = needs(RELEASES[name])
+    folder = released_folder(row, tmp_path / "release")
+    argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, "--train_steps", 1, "--fsdp"]
+    proc = run_cli(tmp_path / "run", *argv, nproc=2, timeout=300)
+    line = "runs its repeated blocks through their parts instead of calling them"
+    if proc.returncode == 0:
+        assert line not in proc.stdout + proc.stderr
+        return
+    assert_one_error_line(proc, f"--fsdp: model {name} {line}")
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file() and p.suffix in (".pth", ".json", ".csv")]

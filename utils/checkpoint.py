@@ -358,9 +358,10 @@ NOT_IDENTITY = {
                      "global_batch"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and DDP, --zero and --fsdp hold the same weights and Adam
-    # state, saved whole in one format: the distribution mode may change on resume
+    # state, saved whole in one format: the distribution mode may change on resume; activation checkpointing
+    # recomputes the very numbers it does not keep (tests/test_activation_checkpointing.py)
     "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero", "fsdp",
-                        "gpu_type", "use_multi_gpu", "dp", "devices"),
+                        "gpu_type", "use_multi_gpu", "dp", "devices", "activation_checkpointing"),
     # what a run writes and where, never how it trains
     "results, pictures and forecasts": group_names("results, pictures and forecasts"),
 }
