@@ -80,6 +80,10 @@ def test_fsdp_accumulates_and_resumes_on_another_world_size_and_mode(tmp_path):
         assert_ok(proc)
         assert "resumed from" in proc.stdout and "at step 10 (in epoch" in proc.stdout, proc.stdout
         resumed = records(broken)[-1]
+        (last,) = broken.rglob("last.pth")  # under --fsdp: each rank's shards beside it, the last save's only
+        saved = torch.load(last, map_location="cpu", weights_only=True)
+        shards = list((last.parent / "last.shards").iterdir()) if (last.parent / "last.shards").exists() else []
+        assert (saved["model"] is None) == bool(mode) and (len(shards) == 1) == bool(mode), (saved["shards"], shards)
         if exact:
             assert _without_timings(resumed) == _without_timings(straight)
             assert all(resumed[key] == straight[key] for key in METRICS)
@@ -233,3 +237,25 @@ def test_every_release_fine_tunes_under_fsdp_or_is_refused_in_one_line(tmp_path,
         return
     assert_one_error_line(proc, f"--fsdp: model {name} {line}")
     assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file() and p.suffix in (".pth", ".json", ".csv")]
+
+
+def test_an_fsdp_training_state_is_evaluated_whole_and_its_missing_shards_are_one_line(tmp_path):
+    """last.pth of an --fsdp run names its shards (torch.distributed.checkpoint, beside it): --checkpoint last.pth
+    reads them whole on one process and scores the weights an --fsdp evaluation of the same file scores; without
+    them, --resume and --checkpoint say so in one line, nothing written."""
+    argv = [*MODELS["TimerXL"], "--batch_size", 12, "--train_epochs", 1]
+    assert_ok(run_cli(tmp_path / "run", *SMALL, *argv, "--fsdp", nproc=2, timeout=300))
+    (last,) = (tmp_path / "run").rglob("last.pth")
+    scores = []
+    for nproc, mode in ((None, ()), (2, ("--fsdp",))):
+        out = tmp_path / f"eval{nproc or 1}"
+        assert_ok(run_cli(out, *SMALL, *argv, *mode, "--is_training", 0, "--checkpoint", last, nproc=nproc))
+        scores.append(records(out)[-1]["mse"])
+    assert scores[0] == pytest.approx(scores[1], rel=1e-6)
+    import shutil
+
+    shutil.rmtree(last.parent / "last.shards")
+    for flags in (("--is_training", 0, "--checkpoint", last), ("--resume",)):
+        out = tmp_path / "run" if flags == ("--resume",) else tmp_path / "gone"
+        proc = run_cli(out, *SMALL, *argv, "--fsdp", *flags, nproc=2)
+        assert_one_error_line(proc, "which is missing or incomplete")

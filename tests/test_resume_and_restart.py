@@ -187,7 +187,7 @@ def test_a_restart_on_a_node_with_fewer_gpus_restores_this_process_generator(mon
 
 LAST_PTH_KEYS = {"model", "optimizer", "grad_scaler", "lr_schedule", "early_stopping", "epoch", "position",
                  "global_step", "stopped", "rng", "running", "model_args", "identity", "world_size", "launches",
-                 "history", "best_weights"}
+                 "history", "best_weights", "shards"}
 
 
 def test_a_training_state_is_saved_and_loaded_back_whole_under_last_pths_keys(tmp_path):

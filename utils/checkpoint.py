@@ -7,8 +7,10 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 
 import torch
@@ -138,6 +140,8 @@ def read_weights(path, map_location="cpu", opener=None):
                 f"cannot read checkpoint {path}: it is truncated, corrupt or not a PyTorch weights file "
                 f"({type(exc).__name__}). Re-train or point --checkpoint at a valid file."
             ) from None
+    if isinstance(state, dict) and state.get("shards") and state.get("model") is None:
+        state = ddp.read_shards(shards_folder(path, state))  # an FSDP2 run's training state: its shards, whole
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]  # a full training-state file: take its weights
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -473,14 +477,21 @@ def save_training_state(path, state, args, data_content_hash):
     fp16's loss scale is the same on every rank: it follows the all-reduced gradients."""
     own = {name: r.state_dict() for name, r in state.running.items()}
     rng, launches, sums = zip(*distributed.gather_objects((rng_state(), launch_id(), own)))
-    optimizer_state = ddp.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
-    weights = ddp.full_state_dict(state.model)  # gathered onto rank 0 under FSDP2 (a collective)
+    shards = None
+    if ddp.is_sharded(state.model):  # FSDP2: every rank writes its shards beside last.pth, nothing is gathered
+        shards = distributed.broadcast_object(f"step_{state.step}_{uuid.uuid4().hex[:8]}")
+        ddp.save_shards(state.model, state.optimizer, os.path.join(os.path.dirname(path), SHARDS, shards))
+        weights = optimizer_state = None
+    else:
+        optimizer_state = ddp.optimizer_state_dict(state.optimizer)  # consolidated under --zero (a collective)
+        weights = state.model.state_dict()
     scaler, epoch, end_of_epoch = state.grad_scaler, state.epoch, state.end_of_epoch
 
     def write():
         save_atomic({
-            "model": weights,
+            "model": weights,  # None when the weights and optimizer state are in `shards`
             "optimizer": optimizer_state,
+            "shards": shards,  # under FSDP2: the folder of SHARDS holding them (torch.distributed.checkpoint)
             "grad_scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
             "lr_schedule": {"lradj": args.lradj, "epoch": epoch},  # the rate is a function of (epoch, step)
             "early_stopping": state.stopper.state_dict(),
@@ -501,6 +512,36 @@ def save_training_state(path, state, args, data_content_hash):
         }, path)
 
     save_or_stop(write, path, "the training state")
+    if distributed.is_main():  # last.pth names the new shards, or none: any other is stale
+        _remove_other_shards(os.path.dirname(path), shards)
+
+
+# The folder beside last.pth that holds an FSDP2 run's sharded training states (one subfolder per save, named
+# by last.pth's "shards"): each rank writes and reads its own shards through torch.distributed.checkpoint.
+SHARDS = "last.shards"
+
+
+def _remove_other_shards(folder, keep):
+    root = os.path.join(folder, SHARDS)
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        if name != keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    if keep is None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def shards_folder(path, saved):
+    """The folder of the shards the training state `saved` (read from `path`) names, or None; one line if it is
+    gone."""
+    if not saved.get("shards"):
+        return None
+    folder = os.path.join(os.path.dirname(path), SHARDS, saved["shards"])
+    if not os.path.isfile(os.path.join(folder, ".metadata")):
+        raise UserError(f"{path} keeps its weights and optimizer state in {folder}, which is missing or incomplete: "
+                        "copy the whole checkpoint folder with last.pth, or delete last.pth to start over")
+    return folder
 
 
 def best_weights(last_path, state):
@@ -573,11 +614,17 @@ def load_training_state(path, state, args, data_content_hash, saved=None):
     if saved is None:
         saved = read_training_state(path)
     distributed.raise_on_every_rank(lambda: identity_problem(path, saved, args, data_content_hash), on="main")
-    if ddp.is_sharded(state.model):  # every rank read the file: rank 0's copy is scattered
-        ddp.load_sharded(state.model, saved["model"])
+    folder = shards_folder(path, saved)
+    if folder is not None and ddp.is_sharded(state.model):  # each rank reads its part, on any number of processes
+        ddp.load_shards(state.model, state.optimizer, folder)
     else:
-        state.model.load_state_dict(saved["model"], strict=True)
-    ddp.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
+        if folder is not None:  # an FSDP2 run's shards, whole, into an unsharded model (DDP, --zero)
+            saved = {**saved, **ddp.read_shards(folder)}
+        if ddp.is_sharded(state.model):  # every rank read the file: rank 0's copy is scattered
+            ddp.load_sharded(state.model, saved["model"])
+        else:
+            state.model.load_state_dict(saved["model"], strict=True)
+        ddp.load_optimizer_state(state.optimizer, saved["optimizer"])  # full state: with or without --zero
     scaler = state.grad_scaler
     if scaler is not None and scaler.is_enabled() and saved.get("grad_scaler"):
         scaler.load_state_dict(saved["grad_scaler"])  # else fp16 would start again from 2**16

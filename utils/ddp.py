@@ -232,6 +232,48 @@ class LoadTarget:
         self.loaded = state
 
 
+def save_shards(model, optimizer, folder):
+    """The sharded `model`'s weights and its optimizer's state into `folder` through torch.distributed.checkpoint,
+    each rank writing its own shards (nothing gathered; names as the plain module's, the optimizer's state keyed
+    by them). A collective."""
+    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    _reshard(model)
+    weights, state = get_state_dict(model, optimizer)
+    save({"model": weights, "optimizer": state}, checkpoint_id=folder)
+
+
+def load_shards(model, optimizer, folder):
+    """save_shards' `folder` into the sharded `model` and its optimizer, on any number of processes: each rank
+    reads the parts of the saved shards its own shards hold. A collective."""
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    _reshard(model)
+    weights, state = get_state_dict(model, optimizer)  # the layout to fill (Adam's state made, at step 0)
+    saved = {"model": weights, "optimizer": state}
+    load(saved, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"])
+
+
+def read_shards(folder):
+    """save_shards' `folder` whole, in this process alone: {"model": state dict, "optimizer": the state in a plain
+    optimizer's format (parameters numbered in the order they were saved)}."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    saved = {}  # the planner fills it with every saved tensor, whole: torch's own dcp_to_torch_save reads so
+    _load_state_dict(saved, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    names = [name for group in saved["optimizer"]["param_groups"] for name in group["params"]]
+    number = {name: i for i, name in enumerate(names)}
+    groups = [{**group, "params": [number[name] for name in group["params"]]}
+              for group in saved["optimizer"]["param_groups"]]
+    state = {number[name]: value for name, value in saved["optimizer"]["state"].items()}
+    return {"model": saved["model"], "optimizer": {"state": state, "param_groups": groups}}
+
+
 def load_on_main(module, load, *args, **kwargs):
     """utils.distributed.load_on_main (load(module, ...) on rank 0, its weights on every rank), for a module FSDP2
     shards too: rank 0 reads the file whole into a LoadTarget, and every rank keeps its shard (load_sharded)."""
@@ -415,24 +457,11 @@ def _fsdp_sharded(optimizer):
 
 
 def optimizer_state_dict(optimizer):
-    """The full optimizer state on rank 0 (None elsewhere), in a plain optimizer's format whatever shards it.
-    A collective for a sharded optimizer, whose shards are first gathered: call it on every rank."""
+    """The full optimizer state on rank 0 (None elsewhere), in a plain optimizer's format, --zero's shards
+    gathered first (a collective: call it on every rank)."""
     if _is_sharded(optimizer):
         optimizer.consolidate_state_dict(to=0)
-    if not _fsdp_sharded(optimizer):
-        return optimizer.state_dict() if is_main() else None
-    state = optimizer.state_dict()  # FSDP2's Adam state: each tensor a shard, gathered in order, kept on rank 0
-    whole = {index: {name: _gathered_on_main(value) for name, value in per_param.items()}
-             for index, per_param in sorted(state["state"].items())}
-    return {**state, "state": whole} if is_main() else None
-
-
-def _gathered_on_main(value):
-    """A DTensor's full value on the CPU of rank 0 (None elsewhere), one tensor at a time; else `value`."""
-    if not (torch.is_tensor(value) and _is_dtensor(value)):
-        return value
-    full = value.full_tensor()
-    return full.cpu() if is_main() else None
+    return optimizer.state_dict() if is_main() else None  # FSDP2's is saved in shards (save_shards)
 
 
 def load_optimizer_state(optimizer, state):
