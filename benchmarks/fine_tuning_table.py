@@ -14,8 +14,9 @@ Each cell is one `python run.py --ddp --nproc_per_node 1 ...` process (the publi
 `--window` steps: samples/s over every logged window but the first (start-up, allocator and kernel warm-up), from
 the run's steps.csv; peak memory is metrics.json's `peak_gpu_mib` (torch.cuda.max_memory_allocated over the run).
 Without CUDA every cell runs at tiny shapes and its line says "CPU dry run, not a figure"; `--write` then refuses.
-Exit status: 0 when every cell ran (or was skipped for a missing package), 1 when one failed or timed out, 2 for a
-usage error."""
+Exit status: 0 when every cell ran (or was skipped for a missing package, or refused in run.py's one line: a mode
+the model cannot take, such as --fsdp for a release that runs its blocks through their parts), 1 when one failed
+or timed out, 2 for a usage error."""
 import argparse
 import csv
 import importlib.util
@@ -144,6 +145,9 @@ def run_cell(release, mode, sizes, setting, timeout):
         done = subprocess.run(cell_argv(release, mode, sizes, setting, folder), cwd=folder, env=env,
                               capture_output=True, text=True, timeout=timeout)
         seconds = time.perf_counter() - started
+        if done.returncode == 2 and why(done).startswith("error:"):  # run.py's one line: a mode the model refuses
+            return {"status": f"refused: {why(done)[len('error: '):]}"[:300], "samples_per_s": None,
+                    "peak_gib": None, "seconds": seconds}
         if done.returncode != 0:
             return {"status": f"FAILED (exit {done.returncode}): {why(done)}", "samples_per_s": None,
                     "peak_gib": None, "seconds": seconds}

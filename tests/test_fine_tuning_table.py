@@ -97,12 +97,17 @@ def test_a_failing_a_hanging_and_a_package_less_cell_each_say_so(monkeypatch, ca
     first, second = list(table.shapes(False))[:2]
     commands = {"DDP": [sys.executable, "-c", "import sys; print('model ...'); "
                                              "sys.exit('error: --something is refused')"],
-                "FSDP2": [sys.executable, "-c", "import time; time.sleep(30)"]}
+                "FSDP2": [sys.executable, "-c", "import time; time.sleep(30)"],
+                "LoRA": [sys.executable, "-c", "import sys; print('error: --fsdp: model X runs ...', file=sys.stderr); "
+                                               "sys.exit(2)"]}
     monkeypatch.setattr(table, "cell_argv", lambda release, mode, *a: commands[mode])
-    assert table.main(["--releases", first, "--modes", "DDP,FSDP2", "--cell_timeout", "2"]) == 1
+    assert table.main(["--releases", first, "--modes", "DDP,FSDP2,LoRA", "--cell_timeout", "2"]) == 1
     out = capsys.readouterr().out
     assert f"fine-tuning {first} DDP: FAILED (exit 1): error: --something is refused" in out
     assert f"fine-tuning {first} FSDP2: TIMED OUT after 2s" in out
+    assert f"fine-tuning {first} LoRA: refused: --fsdp: model X runs ..." in out  # run.py's one line: not a failure
+    commands["DDP"] = commands["FSDP2"] = commands["LoRA"]
+    assert table.main(["--releases", first, "--modes", "DDP,FSDP2,LoRA", "--cell_timeout", "2"]) == 0
 
     def without_package(name):
         raise UserError(f"model {name} needs the some-pkg package: pip install some-pkg")
