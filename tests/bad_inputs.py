@@ -177,6 +177,15 @@ def _lora_resumed_on_other_base(folder):
     return [*argv, "--train_steps", 4, "--resume"]
 
 
+def _fsdp_resuming_another_model(folder):
+    """`--fsdp --resume` of TimerXL from the last.pth of a DLinear run without --fsdp (2 steps)."""
+    trained = fork_run_py([*map(str, (*SMALL, "--train_steps", 2, "--test_every_epoch", "false")), "--no_plots",
+                           *map(str, output_args(folder)), "--checkpoints", str(folder / "dlinear")])
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    (last,) = (folder / "dlinear").rglob("last.pth")
+    return [*SMALL, *SMALL_TIMERXL, "--input_token_len", 24, "--output_token_len", 24, "--fsdp", "--resume", last]
+
+
 def _lora_export(folder, base):
     """`export --to ours` of a LoRA checkpoint of DLinear (its adapters on one initialisation), without --base, or
     with another initialisation as its base."""
@@ -616,6 +625,9 @@ PROBES = [
     Probe("FSDP2 with --compile", fixed(*SMALL, "--fsdp", "--compile"), "--fsdp cannot be combined with --compile"),
     Probe("FSDP2 mixed precision without a process group", fixed(*SMALL, "--fsdp", "--fsdp_mixed_precision", "bf16"),
           "--fsdp_mixed_precision bf16 is FSDP2's, which runs in a process group", (1,)),
+    Probe("FSDP2 resuming another model's training state", _fsdp_resuming_another_model,
+          "it is another run's training state: model (saved 'DLinear', now 'TimerXL')",
+          shows="`--fsdp --resume last.pth` with `--model TimerXL`, last.pth a DLinear run's without --fsdp"),
     Probe("activation checkpointing without repeated blocks",
           fixed(*SMALL, "--model", "DLinear", "--activation_checkpointing"),
           "--activation_checkpointing recomputes each repeated block of a model in backward (the layers an "
