@@ -89,6 +89,9 @@ def test_fsdp_accumulates_and_resumes_on_another_world_size_and_mode(tmp_path):
             assert all(resumed[key] == straight[key] for key in METRICS)
         else:
             _assert_same(resumed, straight, f"resumed on {nproc} processes with {mode or 'DDP'}")
+            want, got = _weights(tmp_path / "straight"), _weights(broken)
+            for key, tensor in want.items():
+                torch.testing.assert_close(got[key], tensor, rtol=0, atol=1e-6, msg=f"{name}: {key}")
 
 
 @pytest.mark.parametrize("flags, named", [(["--zero"], "--zero"), (["--compile"], "--compile"),
