@@ -342,3 +342,28 @@ def test_a_dropped_in_tslib_file_trains_the_same_adapters_on_1_and_2_processes(t
     assert adapted == {"query_projection", "key_projection", "value_projection", "out_projection"}, adapted
     _assert_same_adapters(states, record)
 
+
+
+def _release_names():
+    from test_foundation import RELEASES
+
+    return list(RELEASES)
+
+
+@pytest.mark.parametrize("name", _release_names())
+def test_every_release_takes_a_lora_step_that_moves_only_its_adapters(name, tmp_path):
+    """Every release folder (fixture at reduced shape) fine-tunes under --lora_rank with its family's default
+    targets: adapters trained (some lora_B moved off zero), no base weight in the checkpoint."""
+    from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
+
+    row = needs(RELEASES[name])
+    folder = released_folder(row, tmp_path / "release")
+    argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, "--train_steps", 1,
+            "--lora_rank", 4]
+    out = tmp_path / "run"
+    assert_ok(run_cli(out, *argv))
+    (path,) = out.rglob("checkpoint.pth")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    moved = [k for k, v in state.items() if ".lora_B." in k and float(v.abs().max()) > 0]
+    assert moved, f"{name}: no adapter trained ({len([k for k in state if '.lora_' in k])} adapter tensors)"
+    assert not [k for k in state if k.endswith(".base_layer.weight")], "the base weights are not the checkpoint's"

@@ -149,12 +149,11 @@ def test_the_stored_fsdp_rss_result_meets_the_bound_at_a_100m_model():
 
 
 def test_the_fsdp_rss_worker_measures_each_rank():
-    """The worker path itself (the experiment's --fsdp steps under torchrun), at a tiny shape on 1 and 2 processes:
-    one peak per rank, the global parameter count on every world size."""
+    """The worker path itself (the experiment's --fsdp steps under torchrun), at a tiny shape on 2 processes: one
+    peak per rank, gathered on rank 0."""
     from benchmarks import fsdp_rss
 
-    records = fsdp_rss.measure(1, 64, 1, "lean", world_sizes=(1, 2))
-    assert [len(records[w]["peak_rss_mib"]) for w in (1, 2)] == [1, 2]
-    assert records[1]["parameters"] == records[2]["parameters"] > 0
+    records = fsdp_rss.measure(1, 64, 1, "lean", world_sizes=(2,))
+    assert len(records[2]["peak_rss_mib"]) == 2 and records[2]["parameters"] > 0
     rows = fsdp_rss.table(records)
-    assert rows[0]["share_of_1_process"] == 1.0 and all(r["largest_rank_mib"] > 100 for r in rows)
+    assert rows[0]["share_of_1_process"] == 1.0 and rows[0]["largest_rank_mib"] > 100
