@@ -25,7 +25,7 @@ from utils.arguments import FORECAST_TASKS, MODEL_SHAPING_ARGS, OTHER_TSLIB_TASK
 from utils.checkpoint import checkpoint_path, identity_differences, load_weights, weights_being_trained
 from utils.errors import UserError, require
 from utils.probabilistic import LOSSES, POINT_LOSSES, native_levels, objective_for, parse_levels
-from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate
+from utils.tools import LearningRateSchedule, global_batch_size, scaled_learning_rate, seed_everything
 
 logger = logging.getLogger("tsl")
 
@@ -572,7 +572,8 @@ def setting_name(args, ii):
 def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
     """The model of a finished run, in eval mode, outside run.py: its configuration is the
     "args" that run saved in metrics.json (shapes included, so no data is read), its weights
-    `checkpoint`, by default <checkpoints>/<setting>/checkpoint.pth, loaded strictly."""
+    `checkpoint`, by default <checkpoints>/<setting>/checkpoint.pth, loaded strictly (a LoRA run's adapters on the
+    base weights its --pretrain_model_path holds, checked by their hash)."""
     try:
         with open(metrics_json_path) as f:
             record = json.load(f)
@@ -582,7 +583,17 @@ def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
         raise UserError(f"cannot read the run's arguments from {metrics_json_path} ({exc}); pass the "
                         "metrics.json that run.py wrote under --results_dir/<setting>/") from None
     args = argparse.Namespace(**saved)
+    lora = getattr(args, "lora_rank", 0)
+    if lora:  # its base, as Exp_Basic built it: the seeded initialisation, or the pre-trained weights
+        seed_everything(args.seed)
     model = build_model(args)
+    if lora:  # a LoRA run's checkpoint holds its adapters, checked against the base's hash as they load
+        from exp.adaptation import load_pretrained
+        from exp.lora import apply_lora
+
+        if args.adaptation:
+            load_pretrained(model, args.pretrain_model_path, torch.device("cpu"))
+        model = apply_lora(model, args)
     load_weights(model, checkpoint or os.path.join(args.checkpoints, setting, "checkpoint.pth"), map_location=device,
                  formats=export_formats())
     return model.to(device).eval()

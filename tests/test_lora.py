@@ -124,6 +124,12 @@ def test_the_same_global_batch_trains_the_same_adapters_on_1_2_3_processes(tmp_p
     checkpoint = tmp_path / "nproc1" / "checkpoints" / record["setting"] / "checkpoint.pth"
     assert_ok(run_cli(tmp_path / "eval", *argv, "--is_training", 0, "--checkpoint", checkpoint))
     assert records(tmp_path / "eval")[-1]["mse"] == pytest.approx(record["mse"], rel=1e-9)
+    # outside run.py: load_trained_model builds the base as the run did and loads the adapters on it
+    from exp.settings import load_trained_model
+
+    (metrics,) = (tmp_path / "nproc1").rglob("metrics.json")
+    loaded = load_trained_model(metrics).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in states[0].items() if ".lora_" in k)
 
 
 def _chronos_rows():
