@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import torch
+from data_provider.competitions import COMPETITIONS, prepare_competition
 from data_provider.corpus import CORPUS, prepare_corpus
 from data_provider.few_shot import few_shot_subset
 from data_provider.openltm_data import OPENLTM_DATA
@@ -32,7 +33,7 @@ def _cache_key(args):
 
 def prepared_data(args):
     """The scaled data of args' data set (a ForecastData), read once per process."""
-    known = DATASETS + (UNIVARIATE, CORPUS, M4)
+    known = DATASETS + (UNIVARIATE, CORPUS, M4, *COMPETITIONS)
     require(args.data in known + tuple(OPENLTM_DATA),
             f"unknown --data '{args.data}'; choose one of {', '.join(known)} (custom reads any CSV or raw numeric file), "
             f"or OpenLTM's {', '.join(OPENLTM_DATA)}")
@@ -40,7 +41,8 @@ def prepared_data(args):
     if key not in _prepared_cache:
         _prepared_cache.clear()
         kind = OPENLTM_DATA[args.data].kind if args.data in OPENLTM_DATA else args.data  # OpenLTM's: table or univariate
-        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus, M4: prepare_m4}.get(kind, prepare_table)
+        prepare = {UNIVARIATE: prepare_univariate, CORPUS: prepare_corpus, M4: prepare_m4,
+                   **dict.fromkeys(COMPETITIONS, prepare_competition)}.get(kind, prepare_table)
         _prepared_cache[key] = prepare(args)
     return _prepared_cache[key]
 

@@ -14,6 +14,7 @@ import os
 import torch
 
 from data_provider.data_factory import prepared_data, window_for
+from data_provider.competitions import COMPETITIONS, competition_settings
 from data_provider.m4 import M4, M4_LOSSES, short_term_settings
 from data_provider.splits import SPLITS
 from exp.adaptation import check_adaptation_args, check_series_as_given
@@ -213,11 +214,12 @@ def check_task(args):
     require(task != "zero_shot_forecast" or (not args.is_training and args.pretrain_model_path),
             "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
             "--pretrain_model_path FILE")
-    if task == "short_term_forecast" or args.data == M4:
-        require(task == "short_term_forecast", f"--data m4 is TSLib's short-term forecasting benchmark: use "
+    if task == "short_term_forecast" or args.data in (M4, *COMPETITIONS):
+        require(task == "short_term_forecast", f"--data {args.data} is a short-term forecasting benchmark: use "
                                                f"--task_name short_term_forecast (not {task})")
         # TSLib's short-term task: the frequency's horizon, an input twice it, a decoder label of it, MASE's lag
-        args.pred_len, args.seq_len, args.label_len, args.frequency_map = short_term_settings(args)
+        settings = competition_settings if args.data in COMPETITIONS else short_term_settings
+        args.pred_len, args.seq_len, args.label_len, args.frequency_map = settings(args)
     else:
         require(args.loss not in M4_LOSSES, f"--loss {args.loss} trains on M4 (--data m4) only; choose MSE or MAE")
 
@@ -256,13 +258,18 @@ def _check_weights_sources(args):
                              f"{' and '.join(f'--{name} {getattr(args, name)}' for name in named)} each name one; "
                              "keep one of them")
     args.weights_source = named[0] if named else "setting"
+    if not named and getattr(model_class(args), "needs_no_training", False):  # a baseline: nothing to load
+        args.weights_source = None
     if not zero_shot(args):
         check_adaptation_args(args)
 
 
 def evaluated_weights(args, setting):
     """(path, pretrained) of the weights --is_training 0 evaluates (_weights_to_evaluate), once rank 0 has
-    checked them against their training record: a collective, every rank raises the refusal together."""
+    checked them against their training record: a collective, every rank raises the refusal together. (None, False)
+    for a model that needs no training and is given no weights."""
+    if args.weights_source is None:
+        return None, False
     path, pretrained = _weights_to_evaluate(args, setting)
     distributed.raise_on_every_rank(lambda: weights_being_trained(path), on="main")  # not while a run writes them
     if not pretrained:  # zero-shot: pre-trained weights on other data, under arguments of their own by design

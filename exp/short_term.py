@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from data_provider.competitions import COMPETITIONS, OWA_DEFINED
 from data_provider.data_factory import data_provider, prepared_data
 from data_provider.m4 import read_m4
 from exp.exp_forecast import Exp_Forecast, _load_evaluated
@@ -42,7 +43,8 @@ class LossSums:
 
 
 def m4_results_dir(args):
-    return os.path.join(args.results_dir, "m4_results", args.model)
+    """<results_dir>/<data>_results/<model>: TSLib's m4_results for M4, m1_results, m3_results, tourism_results."""
+    return os.path.join(args.results_dir, f"{args.data}_results", args.model)
 
 
 class Exp_Short_Term_Forecast(Exp_Forecast):
@@ -85,8 +87,9 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
                    "test_split_windows": len(test_loader.dataset)}
         if gathered is not None:
             metrics.update(score_frequency(args, torch.cat(gathered).double().numpy()))
+            owa = f" owa {metrics['owa']:.6f}" if "owa" in metrics else ""
             logger.log(RESULT, f"test {setting}: {args.seasonal_patterns} smape {metrics['smape']:.6f} mape "
-                               f"{metrics['mape']:.6f} mase {metrics['mase']:.6f} owa {metrics['owa']:.6f} (vali "
+                               f"{metrics['mape']:.6f} mase {metrics['mase']:.6f}{owa} (vali "
                                f"{vali_loss:.6f}, {metrics['test_windows']} series, {distributed.world_size()} processes)")
             if "m4_summary" in metrics:
                 logger.log(RESULT, "M4 summary (TSLib's m4_summary):\n" + m4.summary_table(metrics["m4_summary"]))
@@ -99,10 +102,17 @@ def score_frequency(args, forecasts):
     pattern = args.seasonal_patterns
     folder = m4_results_dir(args)
     m4.write_forecasts(folder, pattern, forecasts)
-    naive = m4.naive2_forecasts(args.root_path, data.sets, {pattern: data.ids})[pattern]
+    if args.data in COMPETITIONS:  # M1, M3, Tourism: Naive2 computed here (no organisers' file to read)
+        naive = m4.naive2_forecasts(None, data.sets, {pattern: data.ids})[pattern]
+    else:
+        naive = m4.naive2_forecasts(args.root_path, data.sets, {pattern: data.ids})[pattern]
     smape, mape, mase, naive_smape, naive_mase = m4.group_figures(forecasts, naive, data.sets, pattern)
     figures = {"smape": smape, "mape": mape, "mase": mase, "owa": (mase / naive_mase + smape / naive_smape) / 2,
                "forecast_file": m4.forecast_file(folder, pattern)}
+    if args.data in COMPETITIONS:
+        if args.data not in OWA_DEFINED:  # Tourism's reference was not Naive2: no OWA
+            del figures["owa"]
+        return figures  # one frequency is the benchmark: no summary across frequencies
     missing = m4.missing_forecasts(folder)
     if missing:
         logger.info(f"M4 summary: after all six frequencies are forecast into {folder} (missing: {', '.join(missing)})")

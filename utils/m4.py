@@ -203,8 +203,8 @@ def missing_forecasts(folder):
 def naive2_forecasts(root_path, sets, ids):
     """{pattern: [series, horizon]} for the frequencies of `ids` ({pattern: series ids}): M4's own Naive2 forecasts from submission-Naive2.csv where the folder has it
     (read as float32, as TSLib reads them), else computed here (naive2)."""
-    path = os.path.join(root_path, NAIVE2_FILE)
-    if not os.path.exists(path):
+    path = None if root_path is None else os.path.join(root_path, NAIVE2_FILE)  # None: no organisers' file
+    if path is None or not os.path.exists(path):
         return {p: np.stack([naive2(s, sets.target[p].shape[1], sets.frequency[p]) for s in sets.insample[p]])
                 for p in ids}
     import pandas as pd
