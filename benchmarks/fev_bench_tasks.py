@@ -1,0 +1,253 @@
+"""fev's task definitions and data, read without fev (autogluon/fev 0.10.0, fev.Task and fev.utils, written here
+from their documented behaviour):
+
+- a task is fev.Task's fields (TASK_FIELDS, their defaults); a benchmark file is YAML with a `tasks:` list, as
+  fev.Benchmark.from_yaml reads it (fev-bench's tasks.yaml);
+- its data is one row per series (the id, a list of timestamps, a list per target and dynamic covariate, a
+  scalar per static covariate), read from `<data_root>/<dataset_config>/*.parquet` (fev's
+  FEV_DATASETS_PREFIX mirror layout) or from the task's dataset_path, a local .parquet / .arrow file;
+  `generate_univariate_targets_from` makes each listed column its own series, id `<id>_<column>`;
+- the windows: cutoffs initial_cutoff + k * window_step_size (initial_cutoff defaults to
+  -horizon - (num_windows - 1) * window_step_size; a timestamp cutoff counts the steps at or before it); a
+  series takes part in a window where it has at least min_context_length steps before the cutoff and horizon
+  steps after it; its past is the last max_context_length steps before the cutoff (all of them by default).
+"""
+import hashlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from utils.errors import UserError, require
+
+# fev.Task's fields and defaults, in to_dict's order: the task columns of every summary row
+TASK_FIELDS = {
+    "dataset_path": None, "dataset_config": None, "horizon": 1, "num_windows": 1, "initial_cutoff": None,
+    "window_step_size": None, "min_context_length": 1, "max_context_length": None, "seasonality": 1,
+    "eval_metric": "MASE", "extra_metrics": [], "quantile_levels": [], "id_column": "id",
+    "timestamp_column": "timestamp", "target": "target", "generate_univariate_targets_from": None,
+    "known_dynamic_columns": [], "past_dynamic_columns": [], "static_columns": [], "task_name": None,
+}
+# the names fev reads older task files with
+DEPRECATED = {"num_rolling_windows": "num_windows", "rolling_step_size": "window_step_size", "cutoff": "initial_cutoff",
+              "target_column": "target", "multiple_target_columns": "generate_univariate_targets_from"}
+METRICS = ("SQL", "MASE", "WAPE", "WQL")  # the metrics this harness scores (fev's definitions)
+
+
+def task(definition, where="a task"):
+    """A task's fields as fev.Task normalises them (sorted columns and levels, the defaults filled in)."""
+    require(isinstance(definition, dict), f"{where} is not a mapping of fev.Task's fields")
+    d = {DEPRECATED.get(k, k): v for k, v in definition.items() if k != "lead_time"}
+    unknown = sorted(set(d) - set(TASK_FIELDS))
+    require(not unknown, f"{where}: {', '.join(unknown)} is not a field of fev.Task ({', '.join(TASK_FIELDS)})")
+    require(d.get("dataset_path"), f"{where} names no dataset_path")
+    t = {**{k: (list(v) if isinstance(v, list) else v) for k, v in TASK_FIELDS.items()}, **d}
+    name = t["task_name"] or t["dataset_config"] or "/".join(Path(t["dataset_path"]).parts[-3:-1])
+    t["task_name"] = name
+    for field in ("horizon", "num_windows", "min_context_length", "seasonality"):
+        require(isinstance(t[field], int) and t[field] >= 1, f"{name}: {field} must be a whole number >= 1, "
+                f"got {t[field]!r}")
+    if t["window_step_size"] is None:
+        t["window_step_size"] = t["horizon"]
+    require(isinstance(t["window_step_size"], int) and t["window_step_size"] >= 1,
+            f"{name}: window_step_size must be a whole number of steps >= 1, got {t['window_step_size']!r}")
+    if t["initial_cutoff"] is None:
+        t["initial_cutoff"] = -t["horizon"] - (t["num_windows"] - 1) * t["window_step_size"]
+    if isinstance(t["initial_cutoff"], int):
+        last = -t["horizon"] - (t["num_windows"] - 1) * t["window_step_size"]
+        require(t["initial_cutoff"] >= 0 or t["initial_cutoff"] <= last, f"{name}: a negative initial_cutoff must "
+                f"be <= -horizon - (num_windows - 1) * window_step_size = {last}")
+    else:
+        import pandas as pd
+
+        try:
+            t["initial_cutoff"] = pd.Timestamp(t["initial_cutoff"]).isoformat()
+        except (ValueError, TypeError):
+            raise UserError(f"{name}: initial_cutoff {t['initial_cutoff']!r} is neither a step nor a timestamp") \
+                from None
+    levels = t["quantile_levels"]
+    require(isinstance(levels, list) and all(isinstance(q, (int, float)) and 0 < q < 1 for q in levels),
+            f"{name}: quantile_levels must be a list of levels in (0, 1)")
+    t["quantile_levels"] = sorted(levels)
+    metrics = [t["eval_metric"], *t["extra_metrics"]]
+    names = [m["name"] if isinstance(m, dict) else m for m in metrics]
+    other = [m for m in names if m not in METRICS]
+    require(not other, f"{name}: metric {', '.join(map(str, other))} is not scored here; use {', '.join(METRICS)}")
+    if isinstance(t["target"], list):
+        require(t["target"], f"{name}: target is an empty list")
+        t["target"] = sorted(t["target"])
+    for field in ("known_dynamic_columns", "past_dynamic_columns", "static_columns"):
+        t[field] = sorted(t[field])
+    return t
+
+
+def read_benchmark(path):
+    """[task] from a YAML file with a `tasks:` list (fev.Benchmark.from_yaml's layout)."""
+    import yaml
+
+    path = Path(path)
+    require(path.is_file(), f"--tasks {path}: no such file (a YAML file with a `tasks:` list, as fev-bench's)")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"--tasks {path} is not YAML ({str(exc).splitlines()[0]})") from None
+    require(isinstance(loaded, dict) and isinstance(loaded.get("tasks"), list) and loaded["tasks"],
+            f"--tasks {path} has no `tasks:` list of task definitions")
+    return [task(d, f"--tasks {path}: task {i + 1}") for i, d in enumerate(loaded["tasks"])]
+
+
+def data_files(t, data_root):
+    """The files a task's data is read from, in a fixed order."""
+    if t["dataset_config"] is not None:
+        folder = Path(data_root or ".") / t["dataset_config"]
+        files = sorted(folder.glob("*.parquet"))
+        require(files, f"{t['task_name']}: no {folder}/*.parquet (its data, in fev's mirror layout "
+                "<data_root>/<dataset_config>/*.parquet)")
+        return files
+    path = Path(t["dataset_path"])
+    if not path.is_absolute() and data_root is not None:
+        path = Path(data_root) / path
+    require(path.suffix in (".parquet", ".arrow"), f"{t['task_name']}: dataset_path {t['dataset_path']} is not a "
+            "local .parquet or .arrow file (no dataset host is read here)")
+    require(path.is_file(), f"{t['task_name']}: no file {path}")
+    return [path]
+
+
+def digest(files):
+    """The sha256 of the task's data: each file's name and bytes, in order (a stored result names it)."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(b"\0" + Path(path).name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _table(files, name):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import ipc
+
+    try:
+        tables = []
+        for path in files:
+            if str(path).endswith(".arrow"):
+                with pa.memory_map(str(path)) as source:
+                    try:
+                        tables.append(ipc.open_stream(source).read_all())
+                    except pa.ArrowInvalid:
+                        tables.append(ipc.open_file(source).read_all())
+            else:
+                tables.append(pq.read_table(path))
+        return pa.concat_tables(tables)
+    except (OSError, pa.ArrowException) as exc:
+        raise UserError(f"{name}: its data cannot be read ({str(exc).splitlines()[0]})") from None
+
+
+def load(t, files):
+    """{"ids": [str], "timestamps": [datetime64 [T]], "targets": [float64 [D, T]], "known"/"past": [float64 [K, T]],
+    "static": [[values]], "target_columns": [str]}, one entry per series, sorted by id as fev sorts them."""
+    name = t["task_name"]
+    table = _table(files, name)
+    columns = set(table.column_names)
+    id_col, ts_col = t["id_column"], t["timestamp_column"]
+    require(id_col in columns and ts_col in columns, f"{name}: its data has no column {id_col!r} or {ts_col!r} "
+            "(fev's layout: one row per series, the timestamps and each dynamic column a list)")
+    import pyarrow as pa
+
+    require(pa.types.is_list(table.schema.field(ts_col).type) or pa.types.is_large_list(table.schema.field(ts_col).type),
+            f"{name}: {ts_col!r} is not a list per row (the long layout, a row per step, is not read here: "
+            "convert it to one row per series)")
+    generate = t["generate_univariate_targets_from"]
+    if generate == "__ALL__":
+        generate = [c for c in table.column_names if c not in (id_col, ts_col)
+                    and pa.types.is_list(table.schema.field(c).type)]
+    targets = [t["target"]] if generate is None else list(generate)
+    if isinstance(t["target"], list):
+        targets = t["target"]
+    needed = [*targets, *t["known_dynamic_columns"], *t["past_dynamic_columns"], *t["static_columns"]]
+    missing = [c for c in needed if c not in columns]
+    require(not missing, f"{name}: its data has no column {', '.join(missing)}")
+    rows = table.to_pydict()
+    series = []
+    for i, sid in enumerate(rows[id_col]):
+        stamps = np.asarray(rows[ts_col][i], dtype="datetime64[ns]")
+
+        def dynamic(cols):
+            return np.array([np.asarray(rows[c][i], dtype=np.float64) for c in cols]).reshape(len(cols), len(stamps))
+
+        static = [rows[c][i] for c in t["static_columns"]]
+        known, past = dynamic(t["known_dynamic_columns"]), dynamic(t["past_dynamic_columns"])
+        if generate is None:
+            series.append((str(sid), stamps, dynamic(targets), known, past, static))
+        else:  # each column its own univariate series
+            series.extend((f"{sid}_{c}", stamps, dynamic([c]), known, past, static) for c in targets)
+    series.sort(key=lambda s: s[0])
+    lengths = {len(s[1]) for s in series}
+    require(series, f"{name}: its data holds no series")
+    require(all(s[2].shape[1] == len(s[1]) for s in series), f"{name}: a target's length differs from its timestamps'")
+    return {"ids": [s[0] for s in series], "timestamps": [s[1] for s in series], "targets": [s[2] for s in series],
+            "known": [s[3] for s in series], "past": [s[4] for s in series], "static": [s[5] for s in series],
+            "target_columns": [t["target"]] if generate is not None else targets, "lengths": lengths}
+
+
+def cutoffs(t):
+    """Each window's cutoff: a step index (negative from the end) or an ISO timestamp."""
+    if isinstance(t["initial_cutoff"], int):
+        return [t["initial_cutoff"] + k * t["window_step_size"] for k in range(t["num_windows"])]
+    raise UserError(f"{t['task_name']}: a timestamp initial_cutoff needs window steps in time; give initial_cutoff "
+                    "as a step index here")
+
+
+def windows(t, data):
+    """[(series, window, cutoff index)] of every series in every window it takes part in (fev's filter)."""
+    out = []
+    for k, cut in enumerate(cutoffs(t)):
+        for s, stamps in enumerate(data["timestamps"]):
+            n = len(stamps)
+            index = min(max(cut if cut >= 0 else n + cut, 0), n)
+            if index >= t["min_context_length"] and n - index >= t["horizon"]:
+                out.append((s, k, index))
+    require(out, f"{t['task_name']}: every series is too short for its windows (horizon {t['horizon']}, "
+            f"{t['num_windows']} window(s), min_context_length {t['min_context_length']})")
+    return out
+
+
+def safe_name(name):
+    return re.sub(r"[^A-Za-z0-9_.-]+", "__", name)
+
+
+def own_task(entry, horizon, num_windows, seasonality):
+    """`NAME=PATH` (--dataset): a task over the user's file, named NAME, fev-bench's metrics and levels."""
+    name, sep, path = entry.partition("=")
+    require(sep and name.strip() and path.strip(), f"--dataset {entry!r}: give NAME=PATH, PATH a .parquet or .arrow "
+            "file in fev's layout (one row per series: id, timestamp list, target list)")
+    require(horizon is not None, f"--dataset {name}: give its --horizon (steps to forecast)")
+    return task({"dataset_path": str(Path(path).resolve()), "task_name": name.strip(), "horizon": horizon,
+                 "num_windows": num_windows, "seasonality": seasonality, "eval_metric": "SQL",
+                 "extra_metrics": ["MASE", "WAPE", "WQL"], "quantile_levels": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7,
+                                                                               0.8, 0.9]}, f"--dataset {name}")
+
+
+def season_of(stamps):
+    """The season utils.metrics.seasonality gives the series' frequency (1 if it cannot be inferred)."""
+    import warnings
+
+    import pandas as pd
+
+    from utils.metrics import seasonality
+
+    with warnings.catch_warnings():  # pandas' notice that infer_freq will return an offset
+        warnings.simplefilter("ignore")
+        freq = pd.infer_freq(pd.DatetimeIndex(stamps[:min(len(stamps), 200)])) if len(stamps) >= 3 else None
+    freq = getattr(freq, "freqstr", freq)
+    try:
+        return seasonality(freq) if freq else 1
+    except (UserError, ValueError):
+        return 1
+
+
+def finite_or_none(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x

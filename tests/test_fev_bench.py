@@ -1,0 +1,183 @@
+"""The fev-bench harness (benchmarks/fev_bench.py): fev's own metrics on a tiny benchmark in fev's layout
+(tests/golden/fev_bench/expected.json, written by benchmarks/fev_bench_reference.py in a side environment with
+fev 0.10.0), the summaries file fev.analysis.leaderboard reads and its ranking, the same file on 1, 2 and 3
+processes and any batch size (a baseline and a zoo model), resuming per task, your own data under its own
+name, and bad inputs in one line."""
+import csv
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("yaml")
+
+from benchmarks import fev_bench, fev_bench_reference as reference  # noqa: E402
+from helpers import run_command, run_on_ranks  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+
+EXPECTED = json.loads((Path(__file__).resolve().parent / "golden" / "fev_bench" / "expected.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fev") / "data"
+    return reference.write_benchmark(root)
+
+
+def harness(tasks, out, *extra):
+    return fev_bench.parse_args(["--tasks", str(tasks), "--data_root", str(Path(tasks).parent), "--out", str(out),
+                                 *map(str, extra)])
+
+
+def rows(path):
+    return list(csv.DictReader(io.StringIO(Path(path).read_text())))
+
+
+def test_the_metrics_are_fevs_and_the_file_is_the_one_fev_ranked(bench, tmp_path, capsys):
+    fev_bench.run(harness(bench, tmp_path / "out", "--model", "mean"))
+    text = (tmp_path / "out" / "summaries.csv").read_text()
+    # the very file fev.analysis.leaderboard read when the fixture was made
+    assert text == EXPECTED["summaries_csv"]
+    ours = {(r["task_name"], r["model_name"]): r for r in rows(tmp_path / "out" / "summaries.csv")}
+    assert len(ours) == 6 and len(EXPECTED["fev"]) == 6
+    for theirs in EXPECTED["fev"]:  # fev.Task.evaluation_summary on the same forecasts
+        row = ours[(theirs["task_name"], theirs["model"])]
+        for metric in ("SQL", "MASE", "WAPE", "WQL", "test_error"):
+            assert float(row[metric]) == pytest.approx(theirs[metric], rel=1e-12, abs=0), (theirs, metric)
+        assert int(row["num_forecasts"]) == theirs["num_forecasts"]
+    assert EXPECTED["ranking"] == ["seasonal_naive", "mean"]
+    skill = EXPECTED["leaderboard"]["mean"]["skill_score"]
+    assert f"skill {skill:.4f}" in capsys.readouterr().out  # the harness's own line says fev's skill
+
+
+def test_fev_leaderboard_reads_our_file(bench, tmp_path):
+    fev = pytest.importorskip("fev")
+    fev_bench.run(harness(bench, tmp_path / "out", "--model", "mean"))
+    board = fev.analysis.leaderboard(str(tmp_path / "out" / "summaries.csv"))
+    assert list(board.index) == EXPECTED["ranking"]
+    assert board.loc["mean", "skill_score"] == pytest.approx(EXPECTED["leaderboard"]["mean"]["skill_score"])
+
+
+def _run_on_rank(rank, world_size, tasks, out, model_argv, batch_size):
+    fev_bench.run(harness(tasks, out, *model_argv, "--batch_size", batch_size, "--num_threads", 1))
+    return (Path(out) / "summaries.csv").read_text() if rank == 0 else None
+
+
+def _dlinear(path):
+    import torch
+
+    from exp.settings import build_model, resolve_args
+    from utils.arguments import parse_args
+
+    args = resolve_args(parse_args(["--model", "DLinear", *DLINEAR, "--data", "synthetic", "--features", "S",
+                                    "--synthetic_rows", "2000", "--num_threads", "1"]), 1)
+    torch.manual_seed(0)
+    torch.save(build_model(args).state_dict(), path)
+    return path
+
+
+DLINEAR = ["--seq_len", "16", "--label_len", "0", "--pred_len", "4"]
+
+
+def test_the_same_file_on_1_2_3_processes_and_any_batch_size(bench, tmp_path):
+    texts = []
+    for processes, batch_size in ((1, 512), (1, 1), (2, 3), (3, 2)):
+        out = tmp_path / f"base{processes}_{batch_size}"
+        args = (bench, out, ["--model", "seasonal_naive"], batch_size)
+        texts.append(_run_on_rank(0, 1, *args) if processes == 1 else run_on_ranks(_run_on_rank, processes, *args)[0])
+    assert all(t == texts[0] for t in texts) and len(rows(tmp_path / "base1_512" / "summaries.csv")) == 3
+    # a zoo model (DLinear, rolled out past its pred_len, a point model: its quantile metrics empty)
+    model = ["--model", "DLinear", "--model_name", "dlinear", "--checkpoint", _dlinear(tmp_path / "d.pth"), *DLINEAR]
+    one = _run_on_rank(0, 1, bench, tmp_path / "m1", model, 4)
+    assert run_on_ranks(_run_on_rank, 3, bench, tmp_path / "m3", model, 4)[0] == one
+    dl = [r for r in rows(tmp_path / "m1" / "summaries.csv") if r["model_name"] == "dlinear"]
+    assert len(dl) == 3 and all(r["SQL"] == "" and float(r["MASE"]) > 0 for r in dl)
+
+
+def test_a_run_resumes_per_task_and_scores_again_a_task_whose_data_changed(bench, tmp_path, capsys):
+    root = tmp_path / "data"
+    shutil.copytree(Path(bench).parent, root)
+    out = tmp_path / "out"
+    fev_bench.run(harness(root / "tasks.yaml", out, "--model", "seasonal_naive"))
+    first = (out / "summaries.csv").read_text()
+    stored = sorted((out / "tasks").iterdir())
+    assert [json.loads(p.read_text())["data_sha256"] for p in stored] == [r["data_sha256"] for r in rows(
+        out / "summaries.csv")]
+    capsys.readouterr()
+    stored[1].unlink()  # killed before the second task was written
+    fev_bench.run(harness(root / "tasks.yaml", out, "--model", "seasonal_naive"))
+    said = capsys.readouterr().out
+    assert "[2/3] tiny_monthly" in said and "[1/3]" not in said and "[3/3]" not in said
+    assert (out / "summaries.csv").read_text() == first
+    reference._write(root / "hourly.parquet", {"id": ["a"], "timestamp": [
+        np.arange(np.datetime64("2021-01-01T00"), np.datetime64("2021-01-01T00") + 100).astype("datetime64[s]")
+        .tolist()], "target": [np.arange(100.0).tolist()]})
+    fev_bench.run(harness(root / "tasks.yaml", out, "--model", "seasonal_naive"))
+    said = capsys.readouterr().out
+    assert "tiny_hourly: its stored result was computed on another definition or other data" in said
+    assert "[1/3] tiny_hourly" in said and "[2/3]" not in said
+
+
+def test_your_own_data_under_your_own_name(bench, tmp_path):
+    root = Path(bench).parent
+    fev_bench.run(fev_bench.parse_args(["--model", "seasonal_naive", "--dataset", f"my_shop={root / 'hourly.parquet'}",
+                                        "--horizon", "6", "--out", str(tmp_path / "own")]))
+    own = rows(tmp_path / "own" / "summaries.csv")
+    assert [r["task_name"] for r in own] == ["my_shop"] and own[0]["seasonality"] == "24"  # hourly's season
+    (tmp_path / "t.yaml").write_text(f"tasks:\n- {{dataset_path: {root / 'hourly.parquet'}, task_name: my_shop, "
+                                     "horizon: 6, seasonality: 24, eval_metric: SQL, extra_metrics: [MASE, WAPE, WQL], "
+                                     "quantile_levels: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]}\n")
+    fev_bench.run(fev_bench.parse_args(["--model", "seasonal_naive", "--tasks", str(tmp_path / "t.yaml"),
+                                        "--out", str(tmp_path / "yaml")]))
+    assert (tmp_path / "yaml" / "summaries.csv").read_text() == (tmp_path / "own" / "summaries.csv").read_text()
+
+
+@pytest.mark.parametrize("edit,extra,message", [
+    ("unknown", [], "task 1: lead is not a field of fev.Task"),
+    ("metric", [], "metric CRPS is not scored here; use SQL, MASE, WAPE, WQL"),
+    ("levels", [], "quantile_levels [0.05, 0.5, 0.95]; this harness scores fev-bench's"),
+    ("cutoff", [], "a timestamp initial_cutoff needs window steps in time"),
+    ("missing", [], "no file"),
+    ("short", [], "every series is too short for its windows"),
+    (None, ["--dataset", "nopath"], "--dataset 'nopath': give NAME=PATH"),
+    (None, ["--dataset", "x=y.parquet"], "--dataset x: give its --horizon"),
+    (None, ["--model_name", "seasonal_naive", "--tasks", "t.yaml"], "--model_name seasonal_naive is the harness's baseline's name"),
+])
+def test_bad_inputs_are_one_line(bench, tmp_path, edit, extra, message):
+    text = (Path(bench)).read_text()
+    first = text.index("- dataset_path: hourly.parquet")
+    second = text.index("- dataset_path: monthly.parquet")
+    block = text[first:second]
+    edits = {"unknown": block.replace("task_name:", "lead: foo\n  task_name:"),
+             "metric": block.replace("eval_metric: SQL", "eval_metric: CRPS"),
+             "levels": block.replace("quantile_levels:", "quantile_levels: [0.05, 0.5, 0.95]\n  old_levels:"),
+             "cutoff": block.replace("task_name:", "initial_cutoff: '2021-01-03'\n  task_name:"),
+             "missing": block.replace("hourly.parquet", "nowhere.parquet"),
+             "short": block.replace("horizon: 6", "horizon: 600")}
+    shutil.copytree(Path(bench).parent, tmp_path / "data")
+    tasks = tmp_path / "data" / "tasks.yaml"
+    if edit is not None:
+        replaced = edits[edit]
+        if edit == "levels":  # the old list under a name fev.Task lacks would be refused first: drop it
+            replaced = replaced[:replaced.index("  old_levels:")] + "\n"
+        tasks.write_text("tasks:\n" + replaced)
+    argv = ["--model", "mean" if "--model_name" in extra else "seasonal_naive", *extra]
+    if edit is not None:
+        argv += ["--tasks", str(tasks), "--data_root", str(tasks.parent)]
+    with pytest.raises(UserError, match=None) as caught:
+        fev_bench.run(fev_bench.parse_args([*argv, "--out", str(tmp_path / "out")]))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_input_is_one_line_on_the_command_line(tmp_path):
+    proc = run_command([sys.executable, "-m", "benchmarks.fev_bench", "--model", "seasonal_naive", "--tasks",
+                        str(tmp_path / "none.yaml"), "--out", str(tmp_path / "out")])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "none.yaml: no such file" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
