@@ -2,6 +2,7 @@
 
     python -m benchmarks.gift_eval --model seasonal_naive --data_root DIR [--terms short,medium,long]
         [--datasets electricity/H hospital ...] [--out DIR] [--batch_size 512]
+        [--dataset NAME=FOLDER ...]   # your own data sets in GIFT-Eval's layout, reported as NAME/<freq>/<term>
     python -m utils.launch --nproc_per_node 3 -m benchmarks.gift_eval --ddp ...   # the same CSV, byte for byte
     [--use_gpu false] [--gpu N]   # run.py's: a model forecasts on the GPU when there is one (one per process
                                   # under --ddp, nccl), else on the CPU (gloo); scores are summed on the host
@@ -109,9 +110,13 @@ def parse_args(argv=None):
     p.add_argument("--model", required=True, help=f"one of {', '.join(BASELINES)}, or any --model of run.py "
                    "with its weights (--pretrain_model_path / --checkpoint) and shape arguments")
     p.add_argument("--model_name", default=None, help="the CSV's model column (default: --model)")
-    p.add_argument("--data_root", required=True, help="GIFT-Eval's data: a folder per data set and frequency")
+    p.add_argument("--data_root", default=None, help="GIFT-Eval's data: a folder per data set and frequency")
     p.add_argument("--terms", default="short,medium,long")
     p.add_argument("--datasets", nargs="+", default=None, help="a subset of GIFT-Eval's 55 data sets")
+    p.add_argument("--dataset", action="append", default=[], metavar="NAME=FOLDER",
+                   help="your own data set (repeatable): FOLDER in GIFT-Eval's layout (save_to_disk's Arrow), its "
+                   "frequency read from the data, GIFT-Eval's rules for its horizon and windows, each --terms "
+                   "scored and reported as NAME/<freq>/<term>; alone it scores no GIFT-Eval data set")
     p.add_argument("--out", default=None, help="output folder (default results/gift_eval/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="windows forecast at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the windows across the processes")
@@ -132,6 +137,8 @@ def parse_args(argv=None):
     bad = [t for t in terms if t not in data.TERMS]
     require(terms and not bad, f"--terms: {', '.join(bad) or 'none given'}; use short, medium and/or long")
     args.terms = terms
+    args.own = own_datasets(args.dataset)
+    require(args.data_root or args.own, "give --data_root (GIFT-Eval's data) and/or --dataset NAME=FOLDER")
     args.model_name = args.model_name or args.model
     zero_shot = "--pretrain_model_path" in run_argv and "--checkpoint" not in run_argv
     args.model_type = args.model_type or ("statistical" if args.model in BASELINES else
@@ -144,9 +151,10 @@ def plan(args):
     """Every configuration's facts, checked before anything is written: [{name, term, csv, horizon, windows,
     season, freq, data_sha256}] (data_sha256: the data set's content, gift_eval_data.content_digest). Bad
     folders and undefined frequencies stop the run here (UserError)."""
-    configs = data.configurations(args.datasets, args.terms)
-    root = Path(args.data_root)
-    require(root.is_dir(), f"--data_root {root} is not a folder")
+    configs = data.configurations(args.datasets, args.terms) if args.datasets or not args.own else []
+    root = Path(args.data_root or ".")
+    require(not configs or args.data_root, "--datasets names GIFT-Eval's data sets: give their --data_root too")
+    require(not configs or root.is_dir(), f"--data_root {root} is not a folder")
     missing = [name for name in dict.fromkeys(n for n, _ in configs) if not (root / name).is_dir()]
     require(not missing, f"--data_root {root} lacks {len(missing)} of the data sets ({', '.join(missing[:3])}"
             f"{' ...' if len(missing) > 3 else ''}); download GIFT-Eval there or pick --datasets")
@@ -164,7 +172,44 @@ def plan(args):
         facts.append({"name": name, "term": term, "csv": data.csv_name(name, term), "freq": freq,
                       "horizon": horizon, "windows": n_windows,
                       "season": seasonality(freq), "data_sha256": digest})
+    for name, folder in args.own.items():
+        ds = data.read_dataset(folder)
+        freq, shortest, digest = ds["freq"], data.shortest(ds), data.content_digest(folder)
+        for term in args.terms:
+            horizon = data.prediction_length("", freq, term)  # GIFT-Eval's rules for a data set not of M4
+            n_windows = data.windows("", shortest, horizon)
+            require(shortest > horizon * n_windows, f"--dataset {name} ({term}): its shortest series ({shortest} "
+                    f"steps) has no history before its {n_windows} test window(s) of {horizon} steps; pick --terms")
+            facts.append({"name": name, "term": term, "csv": f"{name}/{freq}/{term}", "freq": freq,
+                          "horizon": horizon, "windows": n_windows, "season": seasonality(freq),
+                          "data_sha256": digest, "path": str(folder), "domain": "",
+                          "variates": int(ds["target"][0].shape[0]) if ds["target"][0].ndim == 2 else 1})
     return facts
+
+
+def own_datasets(entries):
+    """{NAME: folder} of --dataset NAME=FOLDER: a name of letters, digits, '_', '.', '-' that is none of
+    GIFT-Eval's, each given once."""
+    import re
+
+    own = {}
+    for entry in entries:
+        name, sep, folder = entry.partition("=")
+        require(sep and re.fullmatch(r"[A-Za-z0-9_.-]+", name) and folder, f"--dataset {entry!r}: give NAME=FOLDER, "
+                "NAME of letters, digits, '_', '.', '-', FOLDER a data set in GIFT-Eval's layout")
+        require(data.key_of(name) not in data.PROPERTIES and name not in data.SHORT, f"--dataset {name}: a name of "
+                "GIFT-Eval's own data sets; report yours under another")
+        require(name not in own, f"--dataset {name} is given twice")
+        own[name] = Path(folder)
+    return own
+
+
+def properties(config):
+    """(domain, variates) of a configuration: GIFT-Eval's dataset_properties.json's, or your data's own."""
+    if "path" in config:
+        return config["domain"], config["variates"]
+    domain, _, variates = data.PROPERTIES[data.key_of(config["name"])]
+    return domain, variates
 
 
 def evaluate(config, series, args):
@@ -231,7 +276,7 @@ def run(args):
         if finished[i]:
             continue
         began = time.perf_counter()
-        ds = data.read_dataset(Path(args.data_root) / config["name"])
+        ds = data.read_dataset(Path(config["path"]) if "path" in config else Path(args.data_root) / config["name"])
         rows, reference, n_windows, point_only, crossed = evaluate(config, data.univariate_series(ds), args)
         gathered = distributed.gather_on_main((rows, reference, point_only, crossed))
         if distributed.is_main():
@@ -310,7 +355,7 @@ def csv_text(results, model_name):
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for r in results:
-        domain, _, variates = data.PROPERTIES[data.key_of(r["config"]["name"])]
+        domain, variates = properties(r["config"])
         empty = ("MSIS", "mean_weighted_sum_quantile_loss") if r["point_only"] else ()
         values = ["" if c in empty else r["metrics"][c] for c in scores.COLUMNS]
         writer.writerow([r["config"]["csv"], model_name, *values, domain, variates])
@@ -329,7 +374,7 @@ def relative_table(results):
     """The leaderboard's aggregate: each configuration's MASE and CRPS divided by seasonal naive's, then the
     geometric mean over all configurations, per term, per domain and per frequency."""
     groups = {"overall": results}
-    for kind, of in (("term", lambda c: c["term"]), ("domain", lambda c: data.PROPERTIES[data.key_of(c["name"])][0]),
+    for kind, of in (("term", lambda c: c["term"]), ("domain", lambda c: properties(c)[0] or "(your own)"),
                      ("frequency", lambda c: c["csv"].split("/")[1])):
         for r in results:
             groups.setdefault(f"{kind} {of(r['config'])}", []).append(r)

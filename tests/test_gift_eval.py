@@ -559,3 +559,39 @@ def test_the_model_and_its_inputs_are_on_the_device_setup_chose(tmp_path, monkey
     assert _main_in_process(monkeypatch, ["--model", "seasonal_naive", "--data_root", tmp_path / "data", "--out",
                                           tmp_path / "naive", "--datasets", "hospital", "--num_threads", 1]) == 0
     assert chosen[1:] == [(False, False)] and (tmp_path / "naive" / "all_results.csv").is_file()
+
+
+def test_your_own_data_set_is_scored_under_its_own_name(tmp_path):
+    """--dataset NAME=FOLDER: GIFT-Eval's rules on your data (its frequency read from it), reported as
+    NAME/<freq>/<term>: the same figures as the same data scored under a GIFT-Eval name, with no --data_root."""
+    write_synthetic_sets(tmp_path / "data")
+    gift_eval.run(harness_args(tmp_path / "data", tmp_path / "gift", "--model", "naive", "--datasets", "hospital",
+                               "ett1/15T", "--terms", "short"))
+    gift_eval.run(gift_eval.parse_args(["--model", "naive", "--out", str(tmp_path / "own"), "--terms", "short",
+                                        "--dataset", f"my_clinic={tmp_path / 'data' / 'hospital'}",
+                                        "--dataset", f"plant.7={tmp_path / 'data' / 'ett1/15T'}"]))
+    gift, own = csv_rows(tmp_path / "gift" / "all_results.csv"), csv_rows(tmp_path / "own" / "all_results.csv")
+    assert [r["dataset"] for r in own] == ["my_clinic/M/short", "plant.7/15T/short"]
+    assert [r["num_variates"] for r in own] == ["1", "3"] and all(r["domain"] == "" for r in own)
+    by_name = {"hospital/M/short": "my_clinic/M/short", "ett1/15T/short": "plant.7/15T/short"}
+    for g in gift:
+        o = next(r for r in own if r["dataset"] == by_name[g["dataset"]])
+        assert [g[c] for c in CSV_METRICS] == [o[c] for c in CSV_METRICS]
+
+
+CSV_METRICS = [f"eval_metrics/{c}" for c in scores.COLUMNS]
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("nofolder", "--dataset 'nofolder': give NAME=FOLDER"),
+    ("a/b={data}/hospital", "--dataset 'a/b="),
+    ("Hospital={data}/hospital", "--dataset Hospital: a name of GIFT-Eval's own data sets"),
+    ("mine={data}/nowhere", "nowhere is not a GIFT-Eval data set: no state.json"),
+])
+def test_a_malformed_own_data_set_is_one_line(tmp_path, entry, message):
+    write_synthetic_sets(tmp_path / "data")
+    with pytest.raises(UserError) as caught:
+        gift_eval.run(gift_eval.parse_args(["--model", "naive", "--out", str(tmp_path / "out"), "--dataset",
+                                            entry.format(data=tmp_path / "data")]))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
