@@ -220,6 +220,8 @@ def check_task(args):
         # TSLib's short-term task: the frequency's horizon, an input twice it, a decoder label of it, MASE's lag
         settings = competition_settings if args.data in COMPETITIONS else short_term_settings
         args.pred_len, args.seq_len, args.label_len, args.frequency_map = settings(args)
+        if getattr(model_class(args), "whole_history", False):  # Naive2: M4's reference reads each series whole
+            args.seq_len = max(args.seq_len, *(len(s) for s in prepared_data(args).series))
     else:
         require(args.loss not in M4_LOSSES, f"--loss {args.loss} trains on M4 (--data m4) only; choose MSE or MAE")
 

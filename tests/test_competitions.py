@@ -61,3 +61,12 @@ def test_every_configuration_is_read_with_the_competitions_sizes():
     counts = {data: sum(len(CompetitionData(data, p).ids) for p in PATTERNS[data]) for data in PATTERNS}
     assert counts == {"m1": 1001, "m3": 3003, "tourism": 1311}
     assert json.dumps(CompetitionData("tourism", "Yearly").horizon) == "4"
+
+
+def test_the_naive2_model_is_the_owa_reference(tmp_path):
+    """Naive2 reads each series whole on the short-term task, so it is the reference OWA divides by: OWA 1."""
+    proc = run_cli(tmp_path, *SHORT, "--data", "m1", "--seasonal_patterns", "Monthly", "--model", "Naive2",
+                   "--is_training", 0)
+    assert_ok(proc)
+    record = records(tmp_path)[-1]
+    assert record["args"]["seq_len"] == 132 and abs(record["owa"] - 1) < 1e-6, (record["args"]["seq_len"], record["owa"])
