@@ -176,7 +176,12 @@ def load(t, files):
         stamps = np.asarray(rows[ts_col][i], dtype="datetime64[ns]")
 
         def dynamic(cols):
-            return np.array([np.asarray(rows[c][i], dtype=np.float64) for c in cols]).reshape(len(cols), len(stamps))
+            try:
+                values = [np.asarray(rows[c][i], dtype=np.float64) for c in cols]
+            except (TypeError, ValueError):
+                raise UserError(f"{name}: a dynamic column of {', '.join(cols)} is not numbers (series {sid}); "
+                                "encode categorical covariates as numbers") from None
+            return np.array(values).reshape(len(cols), len(stamps))
 
         static = [rows[c][i] for c in t["static_columns"]]
         known, past = dynamic(t["known_dynamic_columns"]), dynamic(t["past_dynamic_columns"])

@@ -35,7 +35,9 @@ def harness(tasks, out, *extra):
 
 
 def rows(path):
-    return list(csv.DictReader(io.StringIO(Path(path).read_text())))
+    """The summaries' rows, of a file or of a StringIO holding its text."""
+    text = path.getvalue() if isinstance(path, io.StringIO) else Path(path).read_text()
+    return list(csv.DictReader(io.StringIO(text)))
 
 
 def test_the_metrics_are_fevs_and_the_file_is_the_one_fev_ranked(bench, tmp_path, capsys):
@@ -193,3 +195,40 @@ def test_the_real_competition_series_give_fevs_published_seasonal_naive_mase(tmp
     fev_bench.run(harness(tasks, tmp_path / "out", "--model", "seasonal_naive"))
     mase = {r["task_name"]: float(r["MASE"]) for r in rows(tmp_path / "out" / "summaries.csv")}
     assert mase == pytest.approx({"m3_quarterly": 1.425344, "tourism_monthly": 1.630940}, abs=1e-6)
+
+
+def _chronos2_on_rank(rank, world_size, tasks, out, release):
+    import torch
+
+    torch.set_num_threads(1)  # as main() sets --num_threads (a float32 forward's sums follow the thread count)
+    fev_bench.run(harness(tasks, out, "--model", "Chronos2", "--pretrain_model_path", release, "--covariates",
+                          "--batch_size", 2, "--num_threads", 1))
+    return (Path(out) / "summaries.csv").read_text() if rank == 0 else None
+
+
+def test_chronos2_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp_path):
+    """--covariates: the package's Chronos-2 (a reduced release, random weights) sees a task's known and past
+    covariates: changing a known covariate's future changes that task's scores only; the file is the same on 1
+    and 2 processes."""
+    pytest.importorskip("chronos")
+    from models.foundation.chronos2.tests import writer
+
+    release = tmp_path / "release"
+    writer.write(release)
+    root = tmp_path / "data"
+    shutil.copytree(Path(bench).parent, root)
+    one = _chronos2_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", release)
+    assert run_on_ranks(_chronos2_on_rank, 2, root / "tasks.yaml", tmp_path / "two", release)[0] == one
+    stored = json.loads(next((tmp_path / "one" / "tasks").glob("001__*")).read_text())
+    assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price"]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(root / "monthly.parquet").to_pydict()
+    table["price"] = [(np.asarray(p) * 10).tolist() for p in table["price"]]  # the horizon's known values too
+    reference._write(root / "monthly.parquet", table)
+    _chronos2_on_rank(0, 1, root / "tasks.yaml", tmp_path / "changed", release)
+    before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == "Chronos2"}
+    after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "changed" / "summaries.csv")
+             if r["model_name"] == "Chronos2"}
+    assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
+    assert before["tiny_monthly"] != after["tiny_monthly"]
