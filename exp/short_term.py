@@ -1,4 +1,7 @@
-"""Exp_Short_Term_Forecast: TSLib's short-term forecasting of M4 (`--task_name short_term_forecast --data m4`).
+"""Exp_Short_Term_Forecast: TSLib's short-term forecasting of M4 (`--task_name short_term_forecast --data m4`), and
+of M1, M3 and Tourism (`--data m1 | m3 | tourism`, data_provider.competitions) the same way: their forecasts go to
+<results_dir>/<data>_results/<model>/, scored with M4's sMAPE, MAPE and MASE terms (fev's MASE), OWA against
+Naive2 computed here for M1 and M3 only, and no summary across frequencies.
 
 Training is Exp_Forecast's (global batches, one window per series and epoch, data_provider.m4), on TSLib's
 masked SMAPE (utils.metrics.m4_loss). What differs is the evaluation, TSLib's Exp_Short_Term_Forecast
