@@ -3,7 +3,7 @@ summaries file fev.analysis.leaderboard reads as it is.
 
     python -m benchmarks.fev_bench --model seasonal_naive --tasks tasks.yaml --data_root DIR [--out DIR]
         [--batch_size 512] [--dataset NAME=PATH --horizon H [--num_windows W] [--seasonality M]]
-    python -m benchmarks.fev_bench --model Chronos2 --pretrain_model_path FOLDER --covariates --tasks ...
+    python -m benchmarks.fev_bench --model RELEASE --pretrain_model_path FOLDER --covariates --tasks ...
     python -m utils.launch --nproc_per_node 3 -m benchmarks.fev_bench --ddp ...   # the same file, byte for byte
     [--use_gpu false] [--gpu N] [--num_threads N]   # as benchmarks.gift_eval's
 
@@ -15,8 +15,9 @@ benchmarks/fev_bench_tasks.py's; the metrics are fev's SQL, MASE, WAPE and WQL a
 from the window sums of benchmarks/gift_eval_scores.py (utils.metrics' definitions): each (window, target
 column) scored over its series, averaged over the target columns, then over the windows; test_error is the
 task's eval_metric. A model forecasts every target column of a series as its own univariate series from its
-past (NaNs filled as GIFT-Eval's baselines fill them); with --covariates, Chronos-2 forecasts a series' target
-columns together and is given its known and past covariates (benchmarks/fev_bench_covariates.py). The point
+past (NaNs filled as GIFT-Eval's baselines fill them); with --covariates, a release whose folder has a
+covariates.py (Chronos-2's) forecasts a series' target columns together and is given its known and past
+covariates (models/foundation/<release>/covariates.py). The point
 forecast fev scores (its `predictions`) is the median.
 
 Exact on any number of processes: a task's (series, target column, window) forecasts are cut into batches of
@@ -67,8 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--horizon", type=int, default=None)
     p.add_argument("--num_windows", type=int, default=1)
     p.add_argument("--seasonality", type=int, default=None)
-    p.add_argument("--covariates", action="store_true", help="--model Chronos2: give it each task's target columns "
-                   "together and its known and past covariates (benchmarks/fev_bench_covariates.py)")
+    p.add_argument("--covariates", action="store_true", help="a release that takes covariates (its folder's "
+                   "covariates.py: Chronos-2's): give it each task's target columns together and its known and past "
+                   "covariates")
     p.add_argument("--out", default=None, help="output folder (default results/fev_bench/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="forecasts made at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the forecasts across the processes")
@@ -85,8 +87,8 @@ def parse_args(argv=None):
     require(args.num_windows >= 1, f"--num_windows must be at least 1, got {args.num_windows}")
     require(args.horizon is None or args.horizon >= 1, f"--horizon must be at least 1, got {args.horizon}")
     require(args.seasonality is None or args.seasonality >= 1, f"--seasonality must be at least 1, got {args.seasonality}")
-    require(not args.covariates or args.model == "Chronos2", f"--covariates is Chronos-2's (--model Chronos2 "
-            f"--pretrain_model_path FOLDER), not --model {args.model}'s")
+    require(not args.covariates or args.model not in gift_eval.BASELINES, f"--covariates: the baseline "
+            f"{args.model} takes none; give a release that does (Chronos-2)")
     args.model_name = args.model_name or args.model
     require(args.model_name != "seasonal_naive" or args.model == "seasonal_naive", "--model_name seasonal_naive "
             "is the harness's baseline's name (its rows are written beside the model's); name the model otherwise")
@@ -152,18 +154,17 @@ def evaluate(t, data, args):
 
 def evaluate_with_covariates(t, data, args):
     """evaluate's sums where each forecast is a series' window, all its target columns and covariates at once."""
-    from benchmarks.fev_bench_covariates import CovariateForecaster, window_inputs
-
+    covariates = covariate_module(args.model)
     horizon, season, columns = t["horizon"], t["seasonality"], data["target_columns"]
     work = tasks.windows(t, data)
     batches = [work[b:b + args.batch_size] for b in range(0, len(work), args.batch_size)]
     start, stop = distributed.shard_range(len(batches))
     if getattr(args, "covariate_forecaster", None) is None:
-        args.covariate_forecaster = CovariateForecaster(args.run_argv, args.device)
+        args.covariate_forecaster = covariates.CovariateForecaster(args.run_argv, args.device, scores.LEVELS)
     rows, reference, keys = [], [], []
     for batch in batches[start:stop]:
         first = [max(0, cut - t["max_context_length"]) if t["max_context_length"] else 0 for _, _, cut in batch]
-        inputs = [window_inputs(data, s, a, cut, horizon, columns) for (s, _, cut), a in zip(batch, first)]
+        inputs = [covariates.window_inputs(data, s, a, cut, horizon, columns) for (s, _, cut), a in zip(batch, first)]
         quantiles = args.covariate_forecaster.forecast(inputs, horizon)  # [B, D, 9, H]
         for d in range(len(columns)):
             histories = [data["targets"][s][d][a:cut] for (s, _, cut), a in zip(batch, first)]
@@ -178,6 +179,22 @@ def evaluate_with_covariates(t, data, args):
     stack = lambda parts: np.concatenate(parts) if parts else np.zeros((0, width))  # noqa: E731
     return (stack(rows), stack(reference), np.array(keys, dtype=np.int64).reshape(-1, 2), False,
             len(work) * len(columns))
+
+
+def covariate_module(model):
+    """The covariates.py of the model's release folder (models/foundation/<release>/), or one line."""
+    import importlib
+
+    from models import get_model_class
+
+    package = get_model_class(model).__module__.rpartition(".")[0]
+    try:
+        return importlib.import_module(f"{package}.covariates")
+    except ModuleNotFoundError as missing:
+        if missing.name != f"{package}.covariates":
+            raise
+        raise UserError(f"--covariates: --model {model} takes no covariates here (a release does where its folder "
+                        "has covariates.py: Chronos-2's)") from None
 
 
 def _scale(history, season):

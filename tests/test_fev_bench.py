@@ -197,28 +197,41 @@ def test_the_real_competition_series_give_fevs_published_seasonal_naive_mase(tmp
     assert mase == pytest.approx({"m3_quarterly": 1.425344, "tourism_monthly": 1.630940}, abs=1e-6)
 
 
-def _chronos2_on_rank(rank, world_size, tasks, out, release):
+def _release_on_rank(rank, world_size, tasks, out, model, release):
     import torch
 
     torch.set_num_threads(1)  # as main() sets --num_threads (a float32 forward's sums follow the thread count)
-    fev_bench.run(harness(tasks, out, "--model", "Chronos2", "--pretrain_model_path", release, "--covariates",
+    fev_bench.run(harness(tasks, out, "--model", model, "--pretrain_model_path", release, "--covariates",
                           "--batch_size", 2, "--num_threads", 1))
     return (Path(out) / "summaries.csv").read_text() if rank == 0 else None
 
 
-def test_chronos2_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp_path):
-    """--covariates: the package's Chronos-2 (a reduced release, random weights) sees a task's known and past
-    covariates: changing a known covariate's future changes that task's scores only; the file is the same on 1
-    and 2 processes."""
-    pytest.importorskip("chronos")
-    from models.foundation.chronos2.tests import writer
+def covariate_releases():
+    """(folder, --model name) of each release whose folder has covariates.py (fev_bench --covariates)."""
+    found = []
+    for folder in sorted((Path(__file__).resolve().parents[1] / "models" / "foundation").glob("*/covariates.py")):
+        model = next(p.stem for p in sorted(folder.parent.glob("*.py")) if "class Model(" in p.read_text())
+        found.append((folder.parent.name, model))
+    return found
 
-    release = tmp_path / "release"
-    writer.write(release)
+
+@pytest.mark.parametrize("folder,model", covariate_releases())
+def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp_path, folder, model):
+    """--covariates: a release (its package's pipeline, a reduced release with random weights) sees a task's
+    known and past covariates: changing a known covariate's future changes that task's scores only; the file is
+    the same on 1 and 2 processes."""
+    import importlib
+
+    try:
+        writer = importlib.import_module(f"models.foundation.{folder}.tests.writer")
+        release = tmp_path / "release"
+        writer.write(release)
+    except ImportError as missing:
+        pytest.skip(f"{folder}'s package is not installed ({missing})")
     root = tmp_path / "data"
     shutil.copytree(Path(bench).parent, root)
-    one = _chronos2_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", release)
-    assert run_on_ranks(_chronos2_on_rank, 2, root / "tasks.yaml", tmp_path / "two", release)[0] == one
+    one = _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", model, release)
+    assert run_on_ranks(_release_on_rank, 2, root / "tasks.yaml", tmp_path / "two", model, release)[0] == one
     stored = json.loads(next((tmp_path / "one" / "tasks").glob("001__*")).read_text())
     assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price"]
     import pyarrow.parquet as pq
@@ -226,9 +239,14 @@ def test_chronos2_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp
     table = pq.read_table(root / "monthly.parquet").to_pydict()
     table["price"] = [(np.asarray(p) * 10).tolist() for p in table["price"]]  # the horizon's known values too
     reference._write(root / "monthly.parquet", table)
-    _chronos2_on_rank(0, 1, root / "tasks.yaml", tmp_path / "changed", release)
-    before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == "Chronos2"}
-    after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "changed" / "summaries.csv")
-             if r["model_name"] == "Chronos2"}
+    _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "changed", model, release)
+    before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == model}
+    after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "changed" / "summaries.csv") if r["model_name"] == model}
     assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
     assert before["tiny_monthly"] != after["tiny_monthly"]
+
+
+def test_a_model_without_covariates_is_one_line(bench, tmp_path):
+    with pytest.raises(UserError, match="--covariates: --model DLinear takes no covariates here"):
+        fev_bench.run(harness(bench, tmp_path / "out", "--model", "DLinear", "--covariates", "--checkpoint", "x.pth"))
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,6 @@
-"""Chronos-2 given a task's covariates (fev_bench --model Chronos2 --pretrain_model_path FOLDER --covariates): the
-release's folder run by its official package's pipeline (chronos-forecasting's Chronos2Pipeline.predict), each
-series of a window one input of the package's covariate form:
+"""Chronos-2 given a task's covariates (`python -m benchmarks.fev_bench --covariates`, which looks for this file in
+a release's folder): the release's folder run by its official package's pipeline (chronos-forecasting's
+Chronos2Pipeline.predict), each series of a window one input of the package's covariate form:
 
 - target: the task's target columns of the series together ([D, past]): the package's multivariate mode, its
   group attention across them;
@@ -8,21 +8,20 @@ series of a window one input of the package's covariate form:
 - future_covariates: the known dynamic columns over the horizon (fev hands a model the same split);
 - static columns are not given (Chronos-2 takes none).
 
-The codebase's own Chronos-2 module (models/foundation/chronos2) forecasts each channel alone, without
-covariates; this path is the package's, on the same weights. Its forward runs once per batch of --batch_size
+This folder's own module (Chronos2.py) forecasts each channel alone, without covariates; this path is the
+package's, on the same weights. Its forward runs once per batch of --batch_size
 windows, the batches shared out whole, so the file is the same on any number of processes; another batch
 size may round a window's float32 forward differently (the package left-pads a batch to its longest past).
 """
 import numpy as np
 
-from benchmarks.gift_eval_scores import LEVELS
 from utils.errors import UserError, require
 
 
 class CovariateForecaster:
-    """forecast(inputs, horizon) -> quantiles [B, D, 9, horizon] at GIFT-Eval's (fev-bench's) nine levels."""
+    """forecast(inputs, horizon) -> quantiles [B, D, len(levels), horizon] at the given levels."""
 
-    def __init__(self, run_argv, device):
+    def __init__(self, run_argv, device, levels):
         argv = list(run_argv)
         require("--pretrain_model_path" in argv[:-1], "--covariates runs a Chronos-2 release: give its folder, "
                 "--pretrain_model_path FOLDER")
@@ -37,9 +36,9 @@ class CovariateForecaster:
         except (OSError, ValueError) as exc:
             raise UserError(f"--pretrain_model_path {folder} is not a Chronos-2 release folder "
                             f"({str(exc).splitlines()[0]})") from None
-        missing = [q for q in LEVELS if q not in self.pipeline.quantiles]
+        missing = [q for q in levels if q not in self.pipeline.quantiles]
         require(not missing, f"{folder}: its quantiles lack {missing}")
-        self.index = [list(self.pipeline.quantiles).index(q) for q in LEVELS]
+        self.index = [list(self.pipeline.quantiles).index(q) for q in levels]
 
     def forecast(self, inputs, horizon):
         import torch
