@@ -215,7 +215,8 @@ def check_task(args):
             "--task_name zero_shot_forecast evaluates pre-trained weights without training: add --is_training 0 "
             "--pretrain_model_path FILE")
     if task == "short_term_forecast" or args.data in (M4, *COMPETITIONS):
-        require(task == "short_term_forecast", f"--data {args.data} is a short-term forecasting benchmark: use "
+        whose = "TSLib's" if args.data == M4 else "a"
+        require(task == "short_term_forecast", f"--data {args.data} is {whose} short-term forecasting benchmark: use "
                                                f"--task_name short_term_forecast (not {task})")
         # TSLib's short-term task: the frequency's horizon, an input twice it, a decoder label of it, MASE's lag
         settings = competition_settings if args.data in COMPETITIONS else short_term_settings
