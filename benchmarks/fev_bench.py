@@ -115,7 +115,6 @@ def plan(args):
                 f"harness scores fev-bench's {list(scores.LEVELS)} (or none)")
         quantile_metric = [m for m in (t["eval_metric"], *t["extra_metrics"]) if m in ("SQL", "WQL")]
         require(levels or not quantile_metric, f"{t['task_name']}: {quantile_metric[0]} needs quantile_levels")
-        tasks.cutoffs(t)
     facts = []
     for t in defined:
         files = tasks.data_files(t, args.data_root)

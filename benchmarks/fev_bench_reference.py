@@ -30,7 +30,7 @@ def _write(path, columns):
 
 
 def write_benchmark(root):
-    """Three tasks over small synthetic data in fev's layout; returns the tasks.yaml path. A univariate task with
+    """Four tasks over small synthetic data in fev's layout; returns the tasks.yaml path. A univariate task with
     NaN gaps, a series too short for one window and rolling windows of step 3; a multivariate one with known,
     past and static covariates; one of generate_univariate_targets_from in the mirror layout with a context limit."""
     import pyarrow as pa
@@ -78,6 +78,8 @@ def write_benchmark(root):
          "seasonality": 12, "id_column": "item", "timestamp_column": "date", "target": ["sales", "returns"],
          "known_dynamic_columns": ["price"], "past_dynamic_columns": ["footfall"], "static_columns": ["region"],
          **METRICS},
+        {"dataset_path": "hourly.parquet", "task_name": "tiny_dated", "horizon": 6, "num_windows": 2,
+         "initial_cutoff": "2021-01-04T12:00:00", "window_step_size": "5h", "seasonality": 24, **METRICS},
         {"dataset_path": "tiny/daily", "dataset_config": "daily_cfg", "horizon": 5, "num_windows": 2,
          "seasonality": 7, "max_context_length": 20, "generate_univariate_targets_from": ["u", "v"], **METRICS},
     ]

@@ -50,8 +50,22 @@ def task(definition, where="a task"):
                 f"got {t[field]!r}")
     if t["window_step_size"] is None:
         t["window_step_size"] = t["horizon"]
-    require(isinstance(t["window_step_size"], int) and t["window_step_size"] >= 1,
-            f"{name}: window_step_size must be a whole number of steps >= 1, got {t['window_step_size']!r}")
+    step = t["window_step_size"]
+    if isinstance(step, str):  # a pandas offset ('D', '15min'), with a timestamp initial_cutoff only
+        import pandas as pd
+
+        try:
+            offset = pd.tseries.frequencies.to_offset(step)
+        except ValueError:
+            raise UserError(f"{name}: window_step_size {step!r} is neither a number of steps nor a pandas offset") \
+                from None
+        require(offset.n >= 1, f"{name}: window_step_size {step!r} must be a positive offset")
+        t["window_step_size"] = offset.freqstr
+        require(t["initial_cutoff"] is not None and not isinstance(t["initial_cutoff"], int), f"{name}: a "
+                f"window_step_size in time ({step!r}) needs a timestamp initial_cutoff")
+    else:
+        require(isinstance(step, int) and step >= 1,
+                f"{name}: window_step_size must be a whole number of steps >= 1 or a pandas offset, got {step!r}")
     if t["initial_cutoff"] is None:
         t["initial_cutoff"] = -t["horizon"] - (t["num_windows"] - 1) * t["window_step_size"]
     if isinstance(t["initial_cutoff"], int):
@@ -193,26 +207,38 @@ def load(t, files):
     lengths = {len(s[1]) for s in series}
     require(series, f"{name}: its data holds no series")
     require(all(s[2].shape[1] == len(s[1]) for s in series), f"{name}: a target's length differs from its timestamps'")
-    return {"ids": [s[0] for s in series], "timestamps": [s[1] for s in series], "targets": [s[2] for s in series],
+    return {"freq": _frequency(series[0][1]), "ids": [s[0] for s in series], "timestamps": [s[1] for s in series], "targets": [s[2] for s in series],
             "known": [s[3] for s in series], "past": [s[4] for s in series], "static": [s[5] for s in series],
             "target_columns": [t["target"]] if generate is not None else targets, "lengths": lengths}
 
 
-def cutoffs(t):
-    """Each window's cutoff: a step index (negative from the end) or an ISO timestamp."""
+def cutoffs(t, freq=None):
+    """Each window's cutoff: a step index (negative from the end), or an ISO timestamp, the k-th the first plus k
+    window steps (an offset, or a number of steps of the data's frequency `freq`), as fev.Task.cutoffs."""
     if isinstance(t["initial_cutoff"], int):
         return [t["initial_cutoff"] + k * t["window_step_size"] for k in range(t["num_windows"])]
-    raise UserError(f"{t['task_name']}: a timestamp initial_cutoff needs window steps in time; give initial_cutoff "
-                    "as a step index here")
+    import pandas as pd
+
+    step = t["window_step_size"]
+    offset = (pd.tseries.frequencies.to_offset(step) if isinstance(step, str) else
+              pd.tseries.frequencies.to_offset(freq) * step if freq else None)
+    require(offset is not None or t["num_windows"] == 1, f"{t['task_name']}: its data's frequency cannot be "
+            "inferred, so window_step_size steps are no time; give window_step_size as an offset ('D', '15min')")
+    first = pd.Timestamp(t["initial_cutoff"])
+    # the first window's cutoff is not shifted (an anchored offset would move it: fev's rule)
+    return [(first if k == 0 else first + k * offset).isoformat() for k in range(t["num_windows"])]
 
 
 def windows(t, data):
     """[(series, window, cutoff index)] of every series in every window it takes part in (fev's filter)."""
     out = []
-    for k, cut in enumerate(cutoffs(t)):
+    for k, cut in enumerate(cutoffs(t, data["freq"])):
         for s, stamps in enumerate(data["timestamps"]):
             n = len(stamps)
-            index = min(max(cut if cut >= 0 else n + cut, 0), n)
+            if isinstance(cut, str):  # the steps at or before the timestamp
+                index = int(np.searchsorted(stamps, np.datetime64(cut, "ns"), side="right"))
+            else:
+                index = min(max(cut if cut >= 0 else n + cut, 0), n)
             if index >= t["min_context_length"] and n - index >= t["horizon"]:
                 out.append((s, k, index))
     require(out, f"{t['task_name']}: every series is too short for its windows (horizon {t['horizon']}, "
@@ -234,6 +260,20 @@ def own_task(entry, horizon, num_windows, seasonality):
                  "num_windows": num_windows, "seasonality": seasonality, "eval_metric": "SQL",
                  "extra_metrics": ["MASE", "WAPE", "WQL"], "quantile_levels": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7,
                                                                                0.8, 0.9]}, f"--dataset {name}")
+
+
+def _frequency(stamps):
+    """pandas' frequency string of a series' timestamps (fev infers it from the first series), or None."""
+    import warnings
+
+    import pandas as pd
+
+    if len(stamps) < 3:
+        return None
+    with warnings.catch_warnings():  # pandas' notice that infer_freq will return an offset
+        warnings.simplefilter("ignore")
+        freq = pd.infer_freq(pd.DatetimeIndex(stamps))
+    return getattr(freq, "freqstr", freq)
 
 
 def season_of(stamps):

@@ -46,7 +46,7 @@ def test_the_metrics_are_fevs_and_the_file_is_the_one_fev_ranked(bench, tmp_path
     # the very file fev.analysis.leaderboard read when the fixture was made
     assert text == EXPECTED["summaries_csv"]
     ours = {(r["task_name"], r["model_name"]): r for r in rows(tmp_path / "out" / "summaries.csv")}
-    assert len(ours) == 6 and len(EXPECTED["fev"]) == 6
+    assert len(ours) == 8 and len(EXPECTED["fev"]) == 8
     for theirs in EXPECTED["fev"]:  # fev.Task.evaluation_summary on the same forecasts
         row = ours[(theirs["task_name"], theirs["model"])]
         for metric in ("SQL", "MASE", "WAPE", "WQL", "test_error"):
@@ -92,13 +92,13 @@ def test_the_same_file_on_1_2_3_processes_and_any_batch_size(bench, tmp_path):
         out = tmp_path / f"base{processes}_{batch_size}"
         args = (bench, out, ["--model", "seasonal_naive"], batch_size)
         texts.append(_run_on_rank(0, 1, *args) if processes == 1 else run_on_ranks(_run_on_rank, processes, *args)[0])
-    assert all(t == texts[0] for t in texts) and len(rows(tmp_path / "base1_512" / "summaries.csv")) == 3
+    assert all(t == texts[0] for t in texts) and len(rows(tmp_path / "base1_512" / "summaries.csv")) == 4
     # a zoo model (DLinear, rolled out past its pred_len, a point model: its quantile metrics empty)
     model = ["--model", "DLinear", "--model_name", "dlinear", "--checkpoint", _dlinear(tmp_path / "d.pth"), *DLINEAR]
     one = _run_on_rank(0, 1, bench, tmp_path / "m1", model, 4)
     assert run_on_ranks(_run_on_rank, 3, bench, tmp_path / "m3", model, 4)[0] == one
     dl = [r for r in rows(tmp_path / "m1" / "summaries.csv") if r["model_name"] == "dlinear"]
-    assert len(dl) == 3 and all(r["SQL"] == "" and float(r["MASE"]) > 0 for r in dl)
+    assert len(dl) == 4 and all(r["SQL"] == "" and float(r["MASE"]) > 0 for r in dl)
 
 
 def test_a_run_resumes_per_task_and_scores_again_a_task_whose_data_changed(bench, tmp_path, capsys):
@@ -114,7 +114,7 @@ def test_a_run_resumes_per_task_and_scores_again_a_task_whose_data_changed(bench
     stored[1].unlink()  # killed before the second task was written
     fev_bench.run(harness(root / "tasks.yaml", out, "--model", "seasonal_naive"))
     said = capsys.readouterr().out
-    assert "[2/3] tiny_monthly" in said and "[1/3]" not in said and "[3/3]" not in said
+    assert "[2/4] tiny_monthly" in said and "[1/4]" not in said and "[3/4]" not in said
     assert (out / "summaries.csv").read_text() == first
     reference._write(root / "hourly.parquet", {"id": ["a"], "timestamp": [
         np.arange(np.datetime64("2021-01-01T00"), np.datetime64("2021-01-01T00") + 100).astype("datetime64[s]")
@@ -122,7 +122,7 @@ def test_a_run_resumes_per_task_and_scores_again_a_task_whose_data_changed(bench
     fev_bench.run(harness(root / "tasks.yaml", out, "--model", "seasonal_naive"))
     said = capsys.readouterr().out
     assert "tiny_hourly: its stored result was computed on another definition or other data" in said
-    assert "[1/3] tiny_hourly" in said and "[2/3]" not in said
+    assert "[1/4] tiny_hourly" in said and "[2/4]" not in said
 
 
 def test_your_own_data_under_your_own_name(bench, tmp_path):
@@ -143,7 +143,7 @@ def test_your_own_data_under_your_own_name(bench, tmp_path):
     ("unknown", [], "task 1: lead is not a field of fev.Task"),
     ("metric", [], "metric CRPS is not scored here; use SQL, MASE, WAPE, WQL"),
     ("levels", [], "quantile_levels [0.05, 0.5, 0.95]; this harness scores fev-bench's"),
-    ("cutoff", [], "a timestamp initial_cutoff needs window steps in time"),
+    ("cutoff", [], "a window_step_size in time ('3h') needs a timestamp initial_cutoff"),
     ("missing", [], "no file"),
     ("short", [], "every series is too short for its windows"),
     (None, ["--dataset", "nopath"], "--dataset 'nopath': give NAME=PATH"),
@@ -158,7 +158,7 @@ def test_bad_inputs_are_one_line(bench, tmp_path, edit, extra, message):
     edits = {"unknown": block.replace("task_name:", "lead: foo\n  task_name:"),
              "metric": block.replace("eval_metric: SQL", "eval_metric: CRPS"),
              "levels": block.replace("quantile_levels:", "quantile_levels: [0.05, 0.5, 0.95]\n  old_levels:"),
-             "cutoff": block.replace("task_name:", "initial_cutoff: '2021-01-03'\n  task_name:"),
+             "cutoff": block.replace("window_step_size: 3", "window_step_size: 3h"),
              "missing": block.replace("hourly.parquet", "nowhere.parquet"),
              "short": block.replace("horizon: 6", "horizon: 600")}
     shutil.copytree(Path(bench).parent, tmp_path / "data")
