@@ -16,8 +16,9 @@ from the window sums of benchmarks/gift_eval_scores.py (utils.metrics' definitio
 column) scored over its series, averaged over the target columns, then over the windows; test_error is the
 task's eval_metric. A model forecasts every target column of a series as its own univariate series from its
 past (NaNs filled as GIFT-Eval's baselines fill them); with --covariates, a release whose folder has a
-covariates.py (Chronos-2's) forecasts a series' target columns together and is given its known and past
-covariates (models/foundation/<release>/covariates.py). The point
+covariates.py (Chronos-2's) forecasts a series' target columns together and is given its known, past and
+static covariates (models/foundation/<release>/covariates.py; --static_covariates none leaves the static ones
+out, as fev's own Chronos-2 run does). The point
 forecast fev scores (its `predictions`) is the median.
 
 Exact on any number of processes: a task's (series, target column, window) forecasts are cut into batches of
@@ -71,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--covariates", action="store_true", help="a release that takes covariates (its folder's "
                    "covariates.py: Chronos-2's): give it each task's target columns together and its known and past "
                    "covariates")
+    p.add_argument("--static_covariates", choices=("constant", "none"), default=None, help="with --covariates: "
+                   "each static covariate as a known covariate constant over the past and the horizon (Chronos-2 "
+                   "has no static input), or none (fev's own Chronos-2 run gives none)")
     p.add_argument("--out", default=None, help="output folder (default results/fev_bench/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="forecasts made at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the forecasts across the processes")
@@ -89,6 +93,9 @@ def parse_args(argv=None):
     require(args.seasonality is None or args.seasonality >= 1, f"--seasonality must be at least 1, got {args.seasonality}")
     require(not args.covariates or args.model not in gift_eval.BASELINES, f"--covariates: the baseline "
             f"{args.model} takes none; give a release that does (Chronos-2)")
+    require(args.covariates or args.static_covariates is None,
+            "--static_covariates goes with --covariates (a model without them is given no covariates)")
+    args.static_covariates = args.static_covariates or "constant"
     args.model_name = args.model_name or args.model
     require(args.model_name != "seasonal_naive" or args.model == "seasonal_naive", "--model_name seasonal_naive "
             "is the harness's baseline's name (its rows are written beside the model's); name the model otherwise")
@@ -163,7 +170,9 @@ def evaluate_with_covariates(t, data, args):
     rows, reference, keys = [], [], []
     for batch in batches[start:stop]:
         first = [max(0, cut - t["max_context_length"]) if t["max_context_length"] else 0 for _, _, cut in batch]
-        inputs = [covariates.window_inputs(data, s, a, cut, horizon, columns) for (s, _, cut), a in zip(batch, first)]
+        static = args.static_covariates == "constant"
+        inputs = [covariates.window_inputs(data, s, a, cut, horizon, columns, static)
+                  for (s, _, cut), a in zip(batch, first)]
         quantiles = args.covariate_forecaster.forecast(inputs, horizon)  # [B, D, 9, H]
         for d in range(len(columns)):
             histories = [data["targets"][s][d][a:cut] for (s, _, cut), a in zip(batch, first)]
@@ -232,7 +241,7 @@ def run(args):
     identity = {"model": args.model_name, "method": args.model, "arguments": args.run_argv}
     paths = [folder / f"{i:03d}__{tasks.safe_name(f['task']['task_name'])}.json" for i, f in enumerate(facts)]
     distributed.raise_on_every_rank(lambda: gift_eval.another_runs(paths, identity))
-    finished = distributed.broadcast_object([computed_on(path, fact) if distributed.is_main() else None
+    finished = distributed.broadcast_object([computed_on(path, fact, given(args)) if distributed.is_main() else None
                                              for fact, path in zip(facts, paths)])
     bar = None
     if progress_mode() == "bar":
@@ -256,7 +265,7 @@ def run(args):
             shape = (all_keys, t["num_windows"], len(data["target_columns"]))
             result = {"identity": identity, "task": t, "data_sha256": fact["data_sha256"],
                       "num_forecasts": n_forecasts, "point_only": any(g[3] for g in gathered),
-                      "covariates_given_to_the_model": bool(args.covariates),
+                      **given(args),
                       "metrics": task_metrics(all_rows, *shape), "seasonal_naive": task_metrics(ref_rows, *shape),
                       "seconds": round(time.perf_counter() - began, 3)}
             atomic_write(path, lambda f: f.write(json.dumps(result, indent=1)), binary=False)
@@ -273,13 +282,24 @@ def run(args):
         print(relative_table(results))
 
 
-def computed_on(path, fact):
-    """Whether the stored result at `path` is of this task's definition and data as they are now."""
+def given(args):
+    """Which covariates the model is given: part of a stored result, so a run with others scores it again."""
+    return {"covariates_given_to_the_model": bool(args.covariates),
+            "static_covariates_given_to_the_model": bool(args.covariates) and args.static_covariates == "constant"}
+
+
+def computed_on(path, fact, covariates):
+    """Whether the stored result at `path` is of this task's definition and data as they are now, the model given
+    the same covariates."""
     if not path.exists():
         return False
     stored = json.loads(path.read_text())
     if stored.get("task") == fact["task"] and stored.get("data_sha256") == fact["data_sha256"]:
-        return True
+        if all(stored.get(k) == v for k, v in covariates.items()):
+            return True
+        print(f"{fact['task']['task_name']}: its stored result gave the model other covariates; scoring it again",
+              flush=True)
+        return False
     print(f"{fact['task']['task_name']}: its stored result was computed on another definition or other data "
           f"(sha256 {str(stored.get('data_sha256'))[:12]}, now {fact['data_sha256'][:12]}); scoring it again",
           flush=True)

@@ -162,7 +162,8 @@ def _table(files, name):
 
 def load(t, files):
     """{"ids": [str], "timestamps": [datetime64 [T]], "targets": [float64 [D, T]], "known"/"past": [float64 [K, T]],
-    "static": [[values]], "target_columns": [str]}, one entry per series, sorted by id as fev sorts them."""
+    "static": [[a float, or a str for a categorical column, per static column]], "target_columns": [str]}, one
+    entry per series, sorted by id as fev sorts them."""
     name = t["task_name"]
     table = _table(files, name)
     columns = set(table.column_names)
@@ -206,10 +207,21 @@ def load(t, files):
     series.sort(key=lambda s: s[0])
     lengths = {len(s[1]) for s in series}
     require(series, f"{name}: its data holds no series")
+    statics = _static_values([s[5] for s in series], len(t["static_columns"]))
     require(all(s[2].shape[1] == len(s[1]) for s in series), f"{name}: a target's length differs from its timestamps'")
     return {"freq": _frequency(series[0][1]), "ids": [s[0] for s in series], "timestamps": [s[1] for s in series], "targets": [s[2] for s in series],
-            "known": [s[3] for s in series], "past": [s[4] for s in series], "static": [s[5] for s in series],
+            "known": [s[3] for s in series], "past": [s[4] for s in series], "static": statics,
             "target_columns": [t["target"]] if generate is not None else targets, "lengths": lengths}
+
+
+def _static_values(rows, n_columns):
+    """Each static column's values as one kind for every series: numbers (float, None as NaN) where all its values
+    are numbers, else categories (str, None kept as missing)."""
+    columns = [[row[c] for row in rows] for c in range(n_columns)]
+    kinds = [all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in col)
+             for col in columns]
+    return [[(math.nan if v is None else float(v)) if numeric else (None if v is None else str(v))
+             for v, numeric in zip(row, kinds)] for row in rows]
 
 
 def cutoffs(t, freq=None):

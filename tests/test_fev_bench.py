@@ -197,12 +197,12 @@ def test_the_real_competition_series_give_fevs_published_seasonal_naive_mase(tmp
     assert mase == pytest.approx({"m3_quarterly": 1.425344, "tourism_monthly": 1.630940}, abs=1e-6)
 
 
-def _release_on_rank(rank, world_size, tasks, out, model, release):
+def _release_on_rank(rank, world_size, tasks, out, model, release, *extra):
     import torch
 
     torch.set_num_threads(1)  # as main() sets --num_threads (a float32 forward's sums follow the thread count)
     fev_bench.run(harness(tasks, out, "--model", model, "--pretrain_model_path", release, "--covariates",
-                          "--batch_size", 2, "--num_threads", 1))
+                          "--batch_size", 2, "--num_threads", 1, *extra))
     return (Path(out) / "summaries.csv").read_text() if rank == 0 else None
 
 
@@ -218,8 +218,8 @@ def covariate_releases():
 @pytest.mark.parametrize("folder,model", covariate_releases())
 def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp_path, folder, model):
     """--covariates: a release (its package's pipeline, a reduced release with random weights) sees a task's
-    known and past covariates: changing a known covariate's future changes that task's scores only; the file is
-    the same on 1 and 2 processes."""
+    known, past and static covariates (a categorical and a numeric one): leaving the static ones out, or changing
+    a known covariate's future, changes that task's scores only; the file is the same on 1 and 2 processes."""
     import importlib
 
     try:
@@ -228,19 +228,32 @@ def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tm
         writer.write(release)
     except ImportError as missing:
         pytest.skip(f"{folder}'s package is not installed ({missing})")
+    import pyarrow.parquet as pq
+
     root = tmp_path / "data"
     shutil.copytree(Path(bench).parent, root)
+    table = pq.read_table(root / "monthly.parquet").to_pydict()
+    table["size"] = [3, 1, 2]  # a numeric static covariate beside the categorical region
+    reference._write(root / "monthly.parquet", table)
+    (root / "tasks.yaml").write_text((root / "tasks.yaml").read_text().replace("- region", "- region\n  - size"))
     one = _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", model, release)
     assert run_on_ranks(_release_on_rank, 2, root / "tasks.yaml", tmp_path / "two", model, release)[0] == one
     stored = json.loads(next((tmp_path / "one" / "tasks").glob("001__*")).read_text())
     assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price"]
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(root / "monthly.parquet").to_pydict()
+    assert stored["static_covariates_given_to_the_model"] and stored["task"]["static_columns"] == ["region", "size"]
+    before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == model}
+    # without the static covariates, in the same folder: every task scored again, the static task's scores change
+    shutil.copytree(tmp_path / "one", tmp_path / "none")
+    _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "none", model, release, "--static_covariates", "none")
+    none = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "none" / "summaries.csv") if r["model_name"] == model}
+    assert json.loads(next((tmp_path / "none" / "tasks").glob("001__*")).read_text())[
+        "static_covariates_given_to_the_model"] is False
+    assert {k: v for k, v in none.items() if k != "tiny_monthly"} == {k: v for k, v in before.items()
+                                                                      if k != "tiny_monthly"}
+    assert none["tiny_monthly"] != before["tiny_monthly"]
     table["price"] = [(np.asarray(p) * 10).tolist() for p in table["price"]]  # the horizon's known values too
     reference._write(root / "monthly.parquet", table)
     _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "changed", model, release)
-    before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == model}
     after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "changed" / "summaries.csv") if r["model_name"] == model}
     assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
     assert before["tiny_monthly"] != after["tiny_monthly"]

@@ -6,7 +6,12 @@ Chronos2Pipeline.predict), each series of a window one input of the package's co
   group attention across them;
 - past_covariates: the known and the past-only dynamic columns over the past;
 - future_covariates: the known dynamic columns over the horizon (fev hands a model the same split);
-- static columns are not given (Chronos-2 takes none).
+- static columns: the package's pipeline has no static input (nor has fev's own Chronos-2 run, which drops
+  them), so each is given as a known covariate constant over the past and the horizon: a number as it is, a
+  categorical one as strings, which the package encodes as it encodes categorical covariates. Chronos-2
+  standardises every input row over its own past, so a constant row reaches the model as the same row whatever
+  its value: the series' forecast changes by the row's presence, not by the value it holds.
+  `static=False` leaves them out (fev's own Chronos-2 protocol).
 
 This folder's own module (Chronos2.py) forecasts each channel alone, without covariates; this path is the
 package's, on the same weights. Its forward runs once per batch of --batch_size
@@ -48,15 +53,26 @@ class CovariateForecaster:
         return np.stack([o[:, self.index, :horizon].double().cpu().numpy() for o in out])
 
 
-def window_inputs(data, series, first, cut, horizon, target_columns):
+def window_inputs(data, series, first, cut, horizon, target_columns, static=True):
     """One series' window in the package's covariate form (module docstring)."""
     target = data["targets"][series][:, first:cut]
     known, past = data["known"][series], data["past"][series]
+    constant = data["static"][series] if static else []
     one = {"target": target[0] if len(target_columns) == 1 else target}
     covariates = {**{f"known_{i}": k[first:cut] for i, k in enumerate(known)},
-                  **{f"past_{i}": p[first:cut] for i, p in enumerate(past)}}
+                  **{f"past_{i}": p[first:cut] for i, p in enumerate(past)},
+                  **{f"static_{i}": _repeat(v, cut - first) for i, v in enumerate(constant)}}
     if covariates:
         one["past_covariates"] = covariates
-    if len(known):
-        one["future_covariates"] = {f"known_{i}": k[cut:cut + horizon] for i, k in enumerate(known)}
+    if len(known) or len(constant):
+        one["future_covariates"] = {**{f"known_{i}": k[cut:cut + horizon] for i, k in enumerate(known)},
+                                    **{f"static_{i}": _repeat(v, horizon) for i, v in enumerate(constant)}}
     return one
+
+
+def _repeat(value, n):
+    """A static value as a constant covariate: float64, or an object array of str (None missing), the package's
+    categorical form."""
+    if isinstance(value, float):
+        return np.full(n, value)
+    return np.array([value] * n, dtype=object)
