@@ -149,6 +149,7 @@ def test_your_own_data_under_your_own_name(bench, tmp_path):
     (None, ["--dataset", "nopath"], "--dataset 'nopath': give NAME=PATH"),
     (None, ["--dataset", "x=y.parquet"], "--dataset x: give its --horizon"),
     (None, ["--model_name", "seasonal_naive", "--tasks", "t.yaml"], "--model_name seasonal_naive is the harness's baseline's name"),
+    (None, ["--static_covariates", "none", "--tasks", "t.yaml"], "--static_covariates goes with --covariates"),
 ])
 def test_bad_inputs_are_one_line(bench, tmp_path, edit, extra, message):
     text = (Path(bench)).read_text()

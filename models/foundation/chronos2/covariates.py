@@ -9,8 +9,8 @@ Chronos2Pipeline.predict), each series of a window one input of the package's co
 - static columns: the package's pipeline has no static input (nor has fev's own Chronos-2 run, which drops
   them), so each is given as a known covariate constant over the past and the horizon: a number as it is, a
   categorical one as strings, which the package encodes as it encodes categorical covariates. Chronos-2
-  standardises every input row over its own past, so a constant row reaches the model as the same row whatever
-  its value: the series' forecast changes by the row's presence, not by the value it holds.
+  standardises every input row over its own past, so a constant row reaches the model as zeros (or +-arcsinh 1
+  where float32 rounds its mean) whatever its value: a forecast changes by the row's presence, not its value.
   `static=False` leaves them out (fev's own Chronos-2 protocol).
 
 This folder's own module (Chronos2.py) forecasts each channel alone, without covariates; this path is the
