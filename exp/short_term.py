@@ -60,6 +60,8 @@ class Exp_Short_Term_Forecast(Exp_Forecast):
             for batch in self.paired(loader, loader, stage):  # --fsdp: each forward gathers
                 with self.autocast():
                     pred, true = forward(self.raw_model, batch, self.args, stage, self.device)
+                if self.objective is not None:  # a probabilistic forecast (a release's own objective): its median
+                    pred = self.objective.point(pred)
                 preds.append(pred.float()[..., 0])  # kept on the device: one copy to the host after the loop
                 trues.append(true[..., 0])
                 progress.update()

@@ -75,3 +75,26 @@ def test_the_naive2_model_is_the_owa_reference(tmp_path):
     assert_ok(proc)
     record = records(tmp_path)[-1]
     assert record["args"]["seq_len"] == 132 and abs(record["owa"] - 1) < 1e-6, (record["args"]["seq_len"], record["owa"])
+
+
+def _a_probabilistic_release():
+    from test_foundation import RELEASES
+
+    return [next(name for name, row in RELEASES.items() if row.levels)]
+
+
+@pytest.mark.parametrize("name", _a_probabilistic_release())
+def test_a_release_forecasts_a_competition_zero_shot_from_its_median(tmp_path, name):
+    """A release with a probabilistic objective (its fixture folder, random weights) zero-shot on M3 quarterly: the
+    short-term task scores its median, each series' forecast one value per step (planted: the quantiles left
+    unreduced -> the scoring's shapes do not match)."""
+    from test_foundation import RELEASES, needs, released_folder
+
+    row = needs(RELEASES[name])
+    folder = released_folder(row, tmp_path / "release")
+    proc = run_cli(tmp_path / "run", "--task_name", "short_term_forecast", "--data", "m3", "--seasonal_patterns",
+                   "Quarterly", "--model", name, "--loss", "SMAPE", "--is_training", 0, "--scale", "false",
+                   "--pretrain_model_path", folder)
+    assert_ok(proc)
+    record = records(tmp_path / "run")[-1]
+    assert record["test_windows"] == 756 and 0 < record["smape"] < 200 and record["mase"] > 0
