@@ -161,7 +161,8 @@ def _table(files, name):
 
 
 def load(t, files):
-    """{"ids": [str], "timestamps": [datetime64 [T]], "targets": [float64 [D, T]], "known"/"past": [float64 [K, T]],
+    """{"ids": [str], "timestamps": [datetime64 [T]], "targets": [float64 [D, T]], "known"/"past": [K arrays [T]:
+    float64, or object (str) for a categorical column],
     "static": [[a float, or a str for a categorical column, per static column]], "target_columns": [str]}, one
     entry per series, sorted by id as fev sorts them."""
     name = t["task_name"]
@@ -185,6 +186,11 @@ def load(t, files):
     needed = [*targets, *t["known_dynamic_columns"], *t["past_dynamic_columns"], *t["static_columns"]]
     missing = [c for c in needed if c not in columns]
     require(not missing, f"{name}: its data has no column {', '.join(missing)}")
+    covariate_columns = [*t["known_dynamic_columns"], *t["past_dynamic_columns"]]
+    not_lists = [c for c in covariate_columns if not (pa.types.is_list(table.schema.field(c).type)
+                                                       or pa.types.is_large_list(table.schema.field(c).type))]
+    require(not not_lists, f"{name}: dynamic column {', '.join(not_lists)} is not a list per row (fev's layout)")
+    numeric = {c: _numeric(table.schema.field(c).type.value_type) for c in covariate_columns}
     rows = table.to_pydict()
     series = []
     for i, sid in enumerate(rows[id_col]):
@@ -194,12 +200,24 @@ def load(t, files):
             try:
                 values = [np.asarray(rows[c][i], dtype=np.float64) for c in cols]
             except (TypeError, ValueError):
-                raise UserError(f"{name}: a dynamic column of {', '.join(cols)} is not numbers (series {sid}); "
-                                "encode categorical covariates as numbers") from None
+                raise UserError(f"{name}: a target column of {', '.join(cols)} is not numbers (series {sid})") \
+                    from None
             return np.array(values).reshape(len(cols), len(stamps))
 
+        def covariates(cols):
+            """Each column over the series' steps: float64 for a column of numbers, else an object array of str
+            (None where missing), a categorical covariate (the column's data type decides, for every series)."""
+            out = []
+            for c in cols:
+                values = rows[c][i] or []
+                require(len(values) == len(stamps), f"{name}: covariate {c!r} of series {sid} has {len(values)} "
+                        f"values for its {len(stamps)} timestamps")
+                out.append(np.asarray(values, dtype=np.float64) if numeric[c] else
+                           np.array([None if v is None else str(v) for v in values], dtype=object))
+            return out
+
         static = [rows[c][i] for c in t["static_columns"]]
-        known, past = dynamic(t["known_dynamic_columns"]), dynamic(t["past_dynamic_columns"])
+        known, past = covariates(t["known_dynamic_columns"]), covariates(t["past_dynamic_columns"])
         if generate is None:
             series.append((str(sid), stamps, dynamic(targets), known, past, static))
         else:  # each column its own univariate series
@@ -212,6 +230,13 @@ def load(t, files):
     return {"freq": _frequency(series[0][1]), "ids": [s[0] for s in series], "timestamps": [s[1] for s in series], "targets": [s[2] for s in series],
             "known": [s[3] for s in series], "past": [s[4] for s in series], "static": statics,
             "target_columns": [t["target"]] if generate is not None else targets, "lengths": lengths}
+
+
+def _numeric(value_type):
+    """Whether a column's values are numbers (else categories)."""
+    import pyarrow as pa
+
+    return pa.types.is_integer(value_type) or pa.types.is_floating(value_type) or pa.types.is_decimal(value_type)
 
 
 def _static_values(rows, n_columns):

@@ -219,8 +219,9 @@ def covariate_releases():
 @pytest.mark.parametrize("folder,model", covariate_releases())
 def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tmp_path, folder, model):
     """--covariates: a release (its package's pipeline, a reduced release with random weights) sees a task's
-    known, past and static covariates (a categorical and a numeric one): leaving the static ones out, or changing
-    a known covariate's future, changes that task's scores only; the file is the same on 1 and 2 processes."""
+    known (a numeric and a categorical one), past and static covariates (a categorical and a numeric one):
+    leaving the static ones out, or changing a known covariate's future, changes that task's scores only; the file
+    is the same on 1 and 2 processes."""
     import importlib
 
     try:
@@ -235,12 +236,15 @@ def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tm
     shutil.copytree(Path(bench).parent, root)
     table = pq.read_table(root / "monthly.parquet").to_pydict()
     table["size"] = [3, 1, 2]  # a numeric static covariate beside the categorical region
+    table["promo"] = [["on" if k % 3 == 0 else "off" for k in range(len(p))] for p in table["price"]]
+    table["promo"][1][5] = None  # a categorical known covariate, one value missing
     reference._write(root / "monthly.parquet", table)
-    (root / "tasks.yaml").write_text((root / "tasks.yaml").read_text().replace("- region", "- region\n  - size"))
+    (root / "tasks.yaml").write_text((root / "tasks.yaml").read_text().replace("- region", "- region\n  - size")
+                                     .replace("- price", "- price\n  - promo"))
     one = _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", model, release)
     assert run_on_ranks(_release_on_rank, 2, root / "tasks.yaml", tmp_path / "two", model, release)[0] == one
     stored = json.loads(next((tmp_path / "one" / "tasks").glob("001__*")).read_text())
-    assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price"]
+    assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price", "promo"]
     assert stored["static_covariates_given_to_the_model"] and stored["task"]["static_columns"] == ["region", "size"]
     before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == model}
     # without the static covariates, in the same folder: every task scored again, the static task's scores change
@@ -252,12 +256,18 @@ def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tm
     assert {k: v for k, v in none.items() if k != "tiny_monthly"} == {k: v for k, v in before.items()
                                                                       if k != "tiny_monthly"}
     assert none["tiny_monthly"] != before["tiny_monthly"]
-    table["price"] = [(np.asarray(p) * 10).tolist() for p in table["price"]]  # the horizon's known values too
-    reference._write(root / "monthly.parquet", table)
-    _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "changed", model, release)
-    after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "changed" / "summaries.csv") if r["model_name"] == model}
-    assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
-    assert before["tiny_monthly"] != after["tiny_monthly"]
+    price, promo = list(table["price"]), list(table["promo"])
+    for change in ("price", "promo"):
+        table["price"] = [(np.asarray(p) * 10).tolist() for p in price] if change == "price" else price
+        # the categorical one: its known future (the windows' horizons) flipped
+        table["promo"] = [p[:-8] + [{"on": "off", "off": "on"}[v] for v in p[-8:]] for p in promo] \
+            if change == "promo" else promo
+        reference._write(root / "monthly.parquet", table)
+        _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / change, model, release)
+        after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / change / "summaries.csv")
+                 if r["model_name"] == model}
+        assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
+        assert before["tiny_monthly"] != after["tiny_monthly"], change
 
 
 def test_a_model_without_covariates_is_one_line(bench, tmp_path):

@@ -5,7 +5,9 @@ Chronos2Pipeline.predict), each series of a window one input of the package's co
 - target: the task's target columns of the series together ([D, past]): the package's multivariate mode, its
   group attention across them;
 - past_covariates: the known and the past-only dynamic columns over the past;
-- future_covariates: the known dynamic columns over the horizon (fev hands a model the same split);
+- future_covariates: the known dynamic columns over the horizon (fev hands a model the same split); a
+  categorical column (not numbers in the data) as strings, None where missing, which the package encodes
+  (target encoding with one target column, ordinal codes over the batch's categories with several);
 - static columns: the package's pipeline has no static input (nor has fev's own Chronos-2 run, which drops
   them), so each is given as a known covariate constant over the past and the horizon: a number as it is, a
   categorical one as strings, which the package encodes as it encodes categorical covariates. Chronos-2
@@ -16,7 +18,8 @@ Chronos2Pipeline.predict), each series of a window one input of the package's co
 This folder's own module (Chronos2.py) forecasts each channel alone, without covariates; this path is the
 package's, on the same weights. Its forward runs once per batch of --batch_size
 windows, the batches shared out whole, so the file is the same on any number of processes; another batch
-size may round a window's float32 forward differently (the package left-pads a batch to its longest past).
+size may round a window's float32 forward differently (the package left-pads a batch to its longest past) and,
+with categorical covariates and several target columns, code their categories over another set.
 """
 import numpy as np
 
