@@ -16,9 +16,9 @@ from the window sums of benchmarks/gift_eval_scores.py (utils.metrics' definitio
 column) scored over its series, averaged over the target columns, then over the windows; test_error is the
 task's eval_metric. A model forecasts every target column of a series as its own univariate series from its
 past (NaNs filled as GIFT-Eval's baselines fill them); with --covariates, a release whose folder has a
-covariates.py (Chronos-2's) forecasts a series' target columns together and is given its known, past and
-static covariates (models/foundation/<release>/covariates.py; --static_covariates none leaves the static ones
-out, as fev's own Chronos-2 run does). The point
+covariates.py (Chronos-2's) forecasts a series' target columns together and is given its known and past
+covariates (models/foundation/<release>/covariates.py); the static ones only with --static_covariates constant
+(fev's own Chronos-2 run gives none, the default). The point
 forecast fev scores (its `predictions`) is the median.
 
 Exact on any number of processes: a task's (series, target column, window) forecasts are cut into batches of
@@ -73,8 +73,9 @@ def parse_args(argv=None):
                    "covariates.py: Chronos-2's): give it each task's target columns together and its known and past "
                    "covariates")
     p.add_argument("--static_covariates", choices=("constant", "none"), default=None, help="with --covariates: "
-                   "each static covariate as a known covariate constant over the past and the horizon (Chronos-2 "
-                   "has no static input), or none (fev's own Chronos-2 run gives none)")
+                   "none (the default, fev's own Chronos-2 protocol), or each static covariate as a known covariate "
+                   "constant over the past and the horizon (Chronos-2 has no static input, and standardises a "
+                   "constant row away: docs/benchmarks.md)")
     p.add_argument("--out", default=None, help="output folder (default results/fev_bench/<model name>)")
     p.add_argument("--batch_size", type=int, default=512, help="forecasts made at once")
     p.add_argument("--ddp", action="store_true", help="under torchrun: share the forecasts across the processes")
@@ -95,7 +96,7 @@ def parse_args(argv=None):
             f"{args.model} takes none; give a release that does (Chronos-2)")
     require(args.covariates or args.static_covariates is None,
             "--static_covariates goes with --covariates (a model without them is given no covariates)")
-    args.static_covariates = args.static_covariates or "constant"
+    args.static_covariates = args.static_covariates or "none"  # fev's protocol; Chronos-2 cannot read them (docs)
     args.model_name = args.model_name or args.model
     require(args.model_name != "seasonal_naive" or args.model == "seasonal_naive", "--model_name seasonal_naive "
             "is the harness's baseline's name (its rows are written beside the model's); name the model otherwise")

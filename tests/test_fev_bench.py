@@ -241,15 +241,16 @@ def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tm
     reference._write(root / "monthly.parquet", table)
     (root / "tasks.yaml").write_text((root / "tasks.yaml").read_text().replace("- region", "- region\n  - size")
                                      .replace("- price", "- price\n  - promo"))
-    one = _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", model, release)
-    assert run_on_ranks(_release_on_rank, 2, root / "tasks.yaml", tmp_path / "two", model, release)[0] == one
+    given = ("--static_covariates", "constant")  # left out by default (fev's protocol)
+    one = _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "one", model, release, *given)
+    assert run_on_ranks(_release_on_rank, 2, root / "tasks.yaml", tmp_path / "two", model, release, *given)[0] == one
     stored = json.loads(next((tmp_path / "one" / "tasks").glob("001__*")).read_text())
     assert stored["covariates_given_to_the_model"] and stored["task"]["known_dynamic_columns"] == ["price", "promo"]
     assert stored["static_covariates_given_to_the_model"] and stored["task"]["static_columns"] == ["region", "size"]
     before = {r["task_name"]: r["SQL"] for r in rows(io.StringIO(one)) if r["model_name"] == model}
     # without the static covariates, in the same folder: every task scored again, the static task's scores change
     shutil.copytree(tmp_path / "one", tmp_path / "none")
-    _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "none", model, release, "--static_covariates", "none")
+    _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / "none", model, release)  # the default: none
     none = {r["task_name"]: r["SQL"] for r in rows(tmp_path / "none" / "summaries.csv") if r["model_name"] == model}
     assert json.loads(next((tmp_path / "none" / "tasks").glob("001__*")).read_text())[
         "static_covariates_given_to_the_model"] is False
@@ -266,8 +267,9 @@ def test_a_release_is_given_the_covariates_and_is_exact_on_2_processes(bench, tm
         _release_on_rank(0, 1, root / "tasks.yaml", tmp_path / change, model, release)
         after = {r["task_name"]: r["SQL"] for r in rows(tmp_path / change / "summaries.csv")
                  if r["model_name"] == model}
-        assert before["tiny_hourly"] == after["tiny_hourly"] and before["daily_cfg"] == after["daily_cfg"]
-        assert before["tiny_monthly"] != after["tiny_monthly"], change
+        # against the run with the same covariates given (the default: no statics)
+        assert none["tiny_hourly"] == after["tiny_hourly"] and none["daily_cfg"] == after["daily_cfg"]
+        assert none["tiny_monthly"] != after["tiny_monthly"], change
 
 
 def test_a_model_without_covariates_is_one_line(bench, tmp_path):
