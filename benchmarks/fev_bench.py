@@ -33,7 +33,6 @@ import csv
 import io
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -42,12 +41,10 @@ import numpy as np
 from benchmarks import fev_bench_tasks as tasks
 from benchmarks import gift_eval
 from benchmarks import gift_eval_scores as scores
-from utils import distributed, worker
+from utils import distributed
 from utils.arguments import add_device_arguments
 from utils.errors import UserError, require
 from utils.files import atomic_write
-from utils.progress import progress_mode
-from utils.threads import same_on_any_world_size
 
 FEV_VERSION = "0.10.0"  # the fev whose task and metric definitions these are (leaderboard checks >= 0.6.0)
 SUMMARY_COLUMNS = ["model_name", *tasks.TASK_FIELDS, "test_error", "training_time_s", "inference_time_s",
@@ -244,12 +241,7 @@ def run(args):
     distributed.raise_on_every_rank(lambda: gift_eval.another_runs(paths, identity))
     finished = distributed.broadcast_object([computed_on(path, fact, given(args)) if distributed.is_main() else None
                                              for fact, path in zip(facts, paths)])
-    bar = None
-    if progress_mode() == "bar":
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(facts), initial=sum(finished), unit="task", leave=False)
-    say = (lambda line: print(line, flush=True)) if bar is None else bar.write
+    bar, say = gift_eval.item_progress(len(facts), sum(finished), "task")
     for i, (fact, path) in enumerate(zip(facts, paths)):
         if finished[i]:
             continue
@@ -354,26 +346,7 @@ def relative_table(results):
 
 
 def main(argv=None):
-    from exp.settings import check_gpu_choice
-
-    code = 0
-    worker.die_with_launcher()
-    try:
-        args = parse_args(argv)
-        args.num_threads = same_on_any_world_size(args.num_threads)
-        check_gpu_choice(args.ddp, args.gpu)
-        use_gpu = args.use_gpu and args.model not in gift_eval.BASELINES
-        args.device = distributed.setup(args.ddp, use_gpu, args.gpu, timeout_s=1800, threads=args.num_threads)
-        run(args)
-    except UserError as exc:
-        if distributed.env_rank() == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            worker.tell_the_launcher_a_line_was_printed()
-        distributed.wait_for_the_message(exc)
-        worker.end_job_on_user_error()
-        code = 2
-    distributed.cleanup()
-    distributed.exit_process(code)
+    gift_eval.harness_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -265,13 +265,7 @@ def run(args):
     finished = distributed.broadcast_object([computed_on(path, config) if distributed.is_main() else None
                                              for config, path in zip(facts, paths)])
     warned = False
-    # a bar of configurations on a terminal (rank 0), else one line per configuration
-    bar = None
-    if progress_mode() == "bar":
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(facts), initial=sum(finished), unit="configuration", leave=False)
-    say = (lambda line: print(line, flush=True)) if bar is None else bar.write
+    bar, say = item_progress(len(facts), sum(finished), "configuration")
     for i, (config, path) in enumerate(zip(facts, paths)):
         if finished[i]:
             continue
@@ -338,6 +332,17 @@ def computed_on(path, config):
     return False
 
 
+def item_progress(total, done, unit):
+    """(bar or None, say): a tqdm bar of `total` items (`done` of them already) on a terminal, its `write` saying a
+    line above it; else no bar and one printed line per item (a log, a pipe). Rank 0's; shared with fev_bench."""
+    if progress_mode() != "bar":
+        return None, lambda line: print(line, flush=True)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=done, unit=unit, leave=False)
+    return bar, bar.write
+
+
 def another_runs(paths, identity):
     """A message if a configuration file already in --out is another run's (model or arguments), else None."""
     for path in paths:
@@ -393,12 +398,19 @@ def _geometric_mean(ratios):
 
 
 def main(argv=None):
+    harness_main(parse_args, run, argv)
+
+
+def harness_main(parse, run_harness, argv=None):
+    """A harness's command line on every rank (this one's, and fev_bench's): `parse(argv)`'s arguments on run.py's
+    device, `run_harness(args)`; bad input (a UserError every rank meets, the same files and arguments) is one line
+    on rank 0 and exit 2 on every rank."""
     from exp.settings import check_gpu_choice
 
     code = 0
     worker.die_with_launcher()
     try:
-        args = parse_args(argv)
+        args = parse(argv)
         # threads that do not follow the number of processes: a model's float32 sums can depend on the count
         args.num_threads = same_on_any_world_size(args.num_threads)
         check_gpu_choice(args.ddp, args.gpu)
@@ -407,8 +419,8 @@ def main(argv=None):
         # baseline computes on the host: no GPU taken, so it runs on as many processes as there are cores
         use_gpu = args.use_gpu and args.model not in BASELINES
         args.device = distributed.setup(args.ddp, use_gpu, args.gpu, timeout_s=1800, threads=args.num_threads)
-        run(args)
-    except UserError as exc:  # every rank met it (the same files and arguments): one line, exit 2
+        run_harness(args)
+    except UserError as exc:
         if distributed.env_rank() == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             worker.tell_the_launcher_a_line_was_printed()  # utils.launch then adds no line of its own
