@@ -362,7 +362,8 @@ NOT_IDENTITY = {
                      "global_batch"),
     # where the processes run, not what they compute: the world size is checked apart (another
     # number of processes is allowed, with a warning), and DDP, --zero and --fsdp hold the same weights and Adam
-    # state, saved whole in one format: the distribution mode may change on resume; activation checkpointing
+    # state, each mode reading the others' training states (whole, or --fsdp's shards): the distribution mode may
+    # change on resume; activation checkpointing
     # recomputes the very numbers it does not keep (tests/test_activation_checkpointing.py)
     "devices and DDP": ("use_gpu", "gpu", "ddp", "nproc_per_node", "dist_timeout", "local_rank", "zero", "fsdp",
                         "gpu_type", "use_multi_gpu", "dp", "devices", "activation_checkpointing"),

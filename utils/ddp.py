@@ -150,9 +150,9 @@ def wrap_fsdp(module, accumulates=False, param_dtype=None):
     """`module` with its parameters, gradients and Adam state sharded between the ranks by FSDP2, in place
     (fully_shard on each repeated block, then on the whole); without a process group, `module` as it is.
     Parameter and buffer names stay the plain module's. Every forward then gathers each block's weights from
-    all ranks (a collective): evaluation runs the same number of forwards on every rank (paired_forwards), and
-    checkpoints and loads go through full_state_dict / load_on_main's full state on rank 0. When a step
-    `accumulates` micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last
+    all ranks (a collective): evaluation runs the same number of forwards on every rank (Exp_Basic.paired); best
+    weights go through full_state_dict, loads through load_on_main, training states through save_shards. When a
+    step `accumulates` micro-batches, the gathered weights stay for the whole step (no_sync): ranks of a short last
     step may run different numbers of forward passes, which must not each gather. With `param_dtype`
     (bfloat16) the gathered weights and the computation take it, the shards (the master weights), Adam and the
     reduction stay float32."""
@@ -298,11 +298,6 @@ def load_sharded(module, state):
     with torch.no_grad():
         set_model_state_dict(module, state if is_main() else {},
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True))
-
-
-def full_tensor(tensor):
-    """A tensor as a plain tensor: a DTensor's full value (a collective when sharded), else itself."""
-    return tensor.full_tensor() if tensor is not None and _is_dtensor(tensor) else tensor
 
 
 def ddp_module(model):
