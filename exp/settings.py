@@ -113,7 +113,11 @@ def fill_defaults(args):
 
 
 def model_class(args):
-    """The Model class of --model (models/<Name>.py)."""
+    """The Model class of --model (models/<Name>.py); `--model Ensemble`'s is built from --members (exp.ensemble)."""
+    from exp import ensemble  # it settles each member with this module's resolve_args
+
+    if ensemble.is_ensemble(args.model):
+        return ensemble.ensemble_class(args)
     return get_model_class(args.model)
 
 

@@ -215,6 +215,11 @@ def build_parser():
                         "window: its own window's; tiled: the official code's x_mark.repeat(C, 1, 1), "
                         "which gives series b*C+c window (b*C+c) mod B's, so a forecast depends on the "
                         "rest of its batch (only to reproduce the published figures)")
+    g.add_argument("--members", default=None, metavar="MEMBER,MEMBER,...",
+                   help="--model Ensemble: its members, each a release folder (DIR, or Name=DIR) or a trained "
+                        "checkpoint (checkpoints/SETTING/checkpoint.pth) (docs/ensembles.md)")
+    g.add_argument("--ensemble_rule", default="median", choices=("median", "mean"),
+                   help="--model Ensemble: the members' quantiles combined at each level by their median or mean")
     # TSLib's run.py defines these for its other models: a model file written for TSLib reads them from configs
     g.add_argument("--seg_len", type=positive_int, default=96, help="TSLib's SegRNN: segment length")
     g.add_argument("--distil", action="store_false", default=True,
