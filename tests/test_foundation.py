@@ -152,6 +152,12 @@ RELEASES = {row.name: row for row in [
                        "num_predict_token": 4, "quantile_levels": LEVELS_9},
             run=("--seq_len", 96, "--pred_len", 24, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
             too_long=(200, 60, r"at most 64 tokens of 4 steps")),
+    Release("Toto2", "toto2", "Toto-2.0-2.5B", export_to="toto2",
+            signature={"d_model": 2048, "num_heads": 32, "num_layers": 48, "layer_group_size": 48, "patch_size": 32,
+                       "num_variate_layers_per_group": 1, "variate_layer_first": False,
+                       "residual_attn_ratio": 5.136215466577748},
+            run=("--seq_len", 96, "--pred_len", 24, *RUN),
+            too_long=(65536, 8, r"at most 8192 patches of 8 steps")),
 ]}
 NAMES = list(RELEASES)
 

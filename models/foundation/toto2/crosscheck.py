@@ -1,0 +1,249 @@
+"""Toto 2.0 (Toto2.py) against the toto2 package (timecopilot-toto-2 0.1.1, DataDog/toto's toto2 code) through its
+own Toto2Model.forecast (one forward, decode_block_size None), random weights written as the release is
+(PyTorchModelHubMixin.save_pretrained: config.json + model.safetensors).
+
+    cd /work/main && /work/venvs/toto2/bin/python benchmarks/foundation_crosscheck.py --models Toto2
+    /work/venvs/toto2/bin/python -m models.foundation.toto2.crosscheck --write-fixture   # tests/fixture/
+
+The reference environment: the package pins gluonts 0.17, which pins pandas < 3, so it lives in a venv over this
+project's packages (torch 2.13, numpy 2.4 stay; pandas 2.3.3 inside the venv only):
+
+    python -m venv --system-site-packages /work/venvs/toto2
+    /work/venvs/toto2/bin/pip install timecopilot-toto-2==0.1.1
+
+Why the result is trustworthy: the reference is the package's own code, unmodified, through its own forecast
+path; ours is written apart from it, from its code and unit_scaling's read as facts.
+
+crosscheck(): our quantiles (the folder loaded through exp.export.load_weights) against Toto2Model.forecast on the
+same windows: the 2.5B release's flags at a reduced width (every code path of the 2.5B: xPos, per-dim scale,
+attention biases, one variate layer last), at the 2.5B's full width and depth when memory allows (--full: 9.8 GB
+a copy; ours is built on the meta device from the same file), a GQA + qk-norm + plain-RoPE variant, each channel
+alone and several variates of one series together; then our export read back by Toto2Model.from_pretrained.
+speed(): zero-shot at batch 64, ours against Toto2Model.forecast, medians of interleaved rounds."""
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+
+FIXTURE = Path(__file__).resolve().parent / "tests" / "fixture"
+# The tests' fixture: the 2.5B release's flags at a tiny size; GQA (4 heads over 2 key/value groups).
+TINY = {"attn_bias": True, "d_ff": 24, "d_model": 32, "dropout_p": 0.0, "layer_group_size": 3, "mlp_bias": False,
+        "norm_eps": 0.0005, "norm_include_weight": False, "num_groups": 2, "num_heads": 4, "num_layers": 3,
+        "num_output_patches": 1, "num_variate_layers_per_group": 1, "patch_size": 8, "per_dim_scale": True,
+        "pre_norm": True, "qk_dim": 8, "qk_norm": False, "qk_norm_include_weight": False,
+        "residual_attn_ratio": 5.136215466577748, "residual_mult": 0.75, "use_xpos": True, "v_dim": 8,
+        "variate_layer_first": False}
+FIXTURE_SEQ_LEN, FIXTURE_HORIZONS = 48, (8, 21)  # 6 patches; one patch, three (the last 3 steps past)
+# The 2.5B release's flags at reduced width and depth, and a variant of the other code paths (qk norm, plain RoPE,
+# a variate layer first of each group of two)
+REDUCED = {**TINY, "d_model": 256, "d_ff": 680, "num_heads": 4, "num_groups": 4, "qk_dim": 64, "v_dim": 64,
+           "num_layers": 4, "layer_group_size": 4, "patch_size": 32}
+VARIANT = {**REDUCED, "qk_norm": True, "use_xpos": False, "per_dim_scale": False, "attn_bias": False,
+           "num_groups": 2, "layer_group_size": 2, "variate_layer_first": True, "residual_mult": 1.0,
+           "residual_attn_ratio": 2.0}
+CASES = ((512, 64), (500, 96), (4096, 720))  # (seq_len, pred_len)
+SPEED = {"config": REDUCED, "seq_len": 4096, "pred_len": 96, "series": 64, "rounds": 3}
+
+
+def reference_model(config, seed=0):
+    """toto2's Toto2Model at `config`, its own initialisation, then biases and per-dim scales moved off 0."""
+    from toto2 import Toto2Model
+    from toto2.configuration import Toto2ModelConfig
+
+    torch.manual_seed(seed)
+    fields = {f.name for f in dataclasses.fields(Toto2ModelConfig)}
+    model = Toto2Model(Toto2ModelConfig(**{k: v for k, v in config.items() if k in fields}))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            if name.endswith("bias") or "per_dim_scale" in name:
+                value.add_(0.3 * torch.randn(value.shape, generator=generator))
+    return model.eval()
+
+
+def released_folder(root, config, seed=0, name="Toto-2.0"):
+    folder = Path(root) / name
+    reference_model(dict(config), seed).save_pretrained(str(folder))
+    (folder / "README.md").unlink(missing_ok=True)
+    return folder
+
+
+def ours(folder, seq_len, pred_len):
+    from exp.export import load_weights
+    from models.foundation.toto2 import Toto2
+
+    configs = Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=str(folder))
+    return load_weights(Toto2.Model(configs), str(folder)).eval()
+
+
+def reference_forecast(model, batch, pred_len, joint=False):
+    """Toto2Model.forecast on a window batch [B, L, C]: each channel its own series ([B*C, 1, L], our default),
+    or, joint, the window's channels one series ([B, C, L], series id 0): [B, H, C, 9]."""
+    count, length, channels = batch.shape
+    if joint:
+        target = batch.permute(0, 2, 1)
+    else:
+        target = batch.permute(0, 2, 1).reshape(count * channels, 1, length)
+    inputs = {"target": target, "target_mask": torch.ones_like(target, dtype=torch.bool),
+              "series_ids": torch.zeros(target.shape[:-1], dtype=torch.long)}
+    out = model.forecast(inputs, pred_len)  # [9, rows, V, H]
+    return out.reshape(9, count, channels, pred_len).permute(1, 3, 2, 0)
+
+
+def our_forecast(model, batch, joint=False):
+    if not joint:
+        return model(batch)
+    target = batch.permute(0, 2, 1)
+    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long))
+    return out.permute(1, 3, 2, 0)
+
+
+def windows(count, seq_len, channels, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    steps = torch.arange(seq_len, dtype=torch.float32)
+    season = torch.sin(2 * torch.pi * steps / 24)[None, :, None] * torch.rand(count, 1, channels, generator=generator)
+    return (torch.randn(count, seq_len, channels, generator=generator).cumsum(1) * 0.3 + 3 * season
+            + 10 * torch.rand(count, 1, channels, generator=generator))
+
+
+def _row(what, seq_len, pred_len, got, want):
+    difference = float((got - want).abs().max())
+    relative = difference / float(want.abs().max())
+    verdict = "ok" if relative <= 1e-5 else "FAILS 1e-5"
+    return f"| {what} | {seq_len} | {pred_len} | {difference:.3g} | {relative:.3g} ({verdict}) |"
+
+
+def crosscheck(full=False):
+    from exp.export import export
+
+    lines = ["| check | seq_len | pred_len | max abs difference | max relative difference (of the largest |quantile|) |",
+             "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as root:
+        for label, config in (("2.5B flags, d_model 256, 4 layers", REDUCED),
+                              ("GQA, qk norm, RoPE, variate layers first", VARIANT)):
+            folder = released_folder(root, config, name=label.split(",")[0].replace(" ", "_").replace(".", ""))
+            from toto2 import Toto2Model
+
+            reference = Toto2Model.from_pretrained(str(folder))
+            for seq_len, pred_len in CASES:
+                batch = windows(2, seq_len, 3)
+                model = ours(folder, seq_len, pred_len)
+                for joint in (False, True):
+                    with torch.no_grad():
+                        got = our_forecast(model, batch, joint)
+                    want = reference_forecast(reference, batch[:, -model.context:], pred_len, joint)
+                    mode = "3 channels one series" if joint else "each channel alone"
+                    lines.append(_row(f"{label}: {mode}", seq_len, pred_len, got, want))
+            if config is REDUCED:  # our weights (changed) exported, read back by the package
+                with torch.no_grad():
+                    for value in model.parameters():
+                        value.mul_(1.01)
+                source = Path(root) / "ours.pth"
+                torch.save({"model": model.state_dict()}, source)
+                exported = Path(root) / "exported"
+                export(str(source), str(exported), "toto2")
+                batch = windows(2, 4096, 3, seed=2)
+                with torch.no_grad():
+                    got = model(batch)
+                lines.append(_row("our export read by Toto2Model.from_pretrained", 4096, 720, got,
+                                  reference_forecast(Toto2Model.from_pretrained(str(exported)), batch, 720)))
+            del reference
+        if full:
+            lines.append(full_width(root))
+    lines += ["", "Ours: the folder read by exp.export.load_weights into models/foundation/toto2/Toto2.py; the reference: "
+              "toto2's Toto2Model.from_pretrained(folder).forecast(inputs, horizon) (one forward, its default), CPU, "
+              "float32. A seq_len not whole patches (500) loses its oldest steps in ours; the reference is given the "
+              "same whole-patch window (its GluonTS wrapper cuts so)."]
+    return lines
+
+
+def full_width(root):
+    """The 2.5B release's shape (d_model 2048, 48 layers, 2,454,281,792 parameters), one copy at a time: the
+    reference's random weights saved, the reference freed, ours loaded from the file; the reference's forecast
+    taken first and kept."""
+    from models.foundation.toto2.adapter import RELEASED
+    from toto2 import Toto2Model
+
+    folder = released_folder(root, RELEASED, name="Toto-2.0-2.5B")
+    batch = windows(1, 512, 2)
+    reference = Toto2Model.from_pretrained(str(folder))
+    with torch.no_grad():
+        want = reference_forecast(reference, batch, 64)
+    del reference
+    model = ours(folder, 512, 64)
+    with torch.no_grad():
+        got = model(batch)
+    return _row("the 2.5B release's shape (d_model 2048, 48 layers), each channel alone", 512, 64, got, want)
+
+
+def _timed(call):
+    wall, cpu = time.perf_counter(), time.process_time()
+    call()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def speed():
+    count, rounds, seq_len, pred_len = SPEED["series"], SPEED["rounds"], SPEED["seq_len"], SPEED["pred_len"]
+    lines = [f"{count} series a batch, context {seq_len}, horizon {pred_len}, the 2.5B flags at d_model 256 and 4 "
+             f"layers (a 2-core CPU), {torch.get_num_threads()} threads, {rounds} interleaved rounds: median wall "
+             "seconds and CPU seconds", "",
+             "| ours | toto2 Toto2Model.forecast | ours / reference windows/s (wall) | reference / ours CPU seconds |",
+             "|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as root:
+        from toto2 import Toto2Model
+
+        folder = released_folder(root, SPEED["config"])
+        reference, model = Toto2Model.from_pretrained(str(folder)), ours(folder, seq_len, pred_len)
+        batch = windows(count, seq_len, 1)
+        times = {"ours": [], "reference": []}
+        for _ in range(rounds):
+            with torch.no_grad():
+                times["ours"].append(_timed(lambda: model(batch)))
+                times["reference"].append(_timed(lambda: reference_forecast(reference, batch, pred_len)))
+        (ours_s, ours_cpu), (ref_s, ref_cpu) = ([statistics.median(t[i] for t in times[k]) for i in (0, 1)]
+                                                for k in ("ours", "reference"))
+        lines.append(f"| {ours_s:.3f} s ({count / ours_s:.1f}/s); CPU {ours_cpu:.2f} s | {ref_s:.3f} s "
+                     f"({count / ref_s:.1f}/s); CPU {ref_cpu:.2f} s | {ref_s / ours_s:.2f} | {ref_cpu / ours_cpu:.2f} |")
+    lines += ["", "Both run the same forward; the reference builds float masks for every time layer "
+              "(has_missing_values), ours the causal kernel where every patch is observed and a variate layer over "
+              "one variate as its value projection."]
+    return lines
+
+
+def write_fixture(folder=FIXTURE):
+    """The tests' golden folder: TINY written by the package's save_pretrained, and expected.safetensors holding
+    the windows [2, 48, 3], the reference's quantiles for each horizon, each channel alone (forecast_<H>) and the
+    3 channels one series (joint_<H>), all [2, H, 3, 9]."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = reference_model(dict(TINY), seed=3)
+    model.save_pretrained(str(folder))
+    (folder / "README.md").unlink(missing_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    batch = windows(2, FIXTURE_SEQ_LEN, 3, seed=4)
+    batch[1, :, 2] = 7.0  # a constant series: scale at the floor
+    tensors = {"windows": batch.contiguous()}
+    for horizon in FIXTURE_HORIZONS:
+        tensors[f"forecast_{horizon}"] = reference_forecast(model, batch, horizon).contiguous()
+        tensors[f"joint_{horizon}"] = reference_forecast(model, batch, horizon, joint=True).contiguous()
+    save_file(tensors, str(folder / "expected.safetensors"))
+    return folder
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write-fixture", action="store_true")
+    parser.add_argument("--full", action="store_true", help="also the 2.5B shape (about 20 GB of memory)")
+    options = parser.parse_args()
+    if options.write_fixture:
+        print(f"written {write_fixture()}")
+    else:
+        print("\n".join(crosscheck(options.full)))

@@ -1,0 +1,175 @@
+"""Toto 2.0 against the toto2 package through a committed fixture: tests/fixture/ (beside this file) is a tiny
+configuration with the 2.5B release's flags (xPos, per-dim scale, attention biases, one variate layer, the last;
+GQA: 4 heads over 2 key/value groups) in the released layout, written by the package's own save_pretrained, and
+expected.safetensors holds the package's Toto2Model.forecast quantiles on fixed windows, each channel alone and a
+window's 3 channels one series (models/foundation/toto2/crosscheck.py --write-fixture, run in the side
+environment). Here: the folder loads through our adapter and forecasts those quantiles; the training loss; the
+export's config; bad folders in one line. What every release shares is tests/test_foundation.py's contract."""
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from exp.export import export, load_weights
+from models.foundation.toto2 import Toto2
+from utils.errors import UserError
+
+FIXTURE = Path(__file__).resolve().parent / "fixture"
+SEQ_LEN, HORIZONS = 48, (8, 21)  # crosscheck.FIXTURE_SEQ_LEN / FIXTURE_HORIZONS
+
+
+def configs(folder, seq_len, pred_len, **sizes):
+    return Namespace(seq_len=seq_len, pred_len=pred_len, pretrain_model_path=None if folder is None else str(folder),
+                     **{"d_model": 16, "n_heads": 2, "e_layers": 2, "d_ff": 32, **sizes})
+
+
+def ours(folder, seq_len, pred_len):
+    return load_weights(Toto2.Model(configs(folder, seq_len, pred_len)), str(folder)).eval()
+
+
+def joint(model, windows):
+    target = windows.permute(0, 2, 1)
+    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long))
+    return out.permute(1, 3, 2, 0)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return load_file(FIXTURE / "expected.safetensors")
+
+
+@pytest.mark.parametrize("horizon", HORIZONS, ids=["one-patch", "three-patches"])
+def test_quantiles_equal_toto2_forecast(expected, horizon):
+    """48 steps: 6 patches of 8; 8 steps one patch, 21 three (the last 3 steps past the horizon). Window 1's third
+    channel is constant (its scale the scaler's floor). Each channel alone (the run's way) and the 3 channels one
+    series (the variate layer attending across them)."""
+    windows = expected["windows"]
+    model = ours(FIXTURE, SEQ_LEN, horizon)
+    with torch.no_grad():
+        alone, together = model(windows), joint(model, windows)
+    for got, want in ((alone, expected[f"forecast_{horizon}"]), (together, expected[f"joint_{horizon}"])):
+        assert got.shape == want.shape == (2, horizon, 3, 9)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert (together - alone).abs().max() > 1e-3 * alone.abs().max()  # the variate layer mixes the channels
+
+
+@pytest.mark.parametrize("part", ["per_dim_scale", "attn_tau", "xpos"])
+def test_the_agreement_sees_a_changed_part(expected, part, monkeypatch):
+    """Not vacuous: a 5 % larger per-dim scale or residual weight of one layer, or rotary position without xPos,
+    moves the quantiles past the tolerance (xPos, over 9 positions of base 256: 6e-5 relative)."""
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    layer = model.toto.transformer.layers[0]
+    with torch.no_grad():
+        if part == "per_dim_scale":
+            layer.attn._pds.per_dim_scale.mul_(1.05)
+        elif part == "attn_tau":
+            layer.attn_tau.mul_(1.05)
+        else:
+            layer.attn.xpos = False
+        got = model(expected["windows"])
+    want = expected["forecast_21"]
+    assert (got - want).abs().max() > 3e-5 * want.abs().max()
+
+
+def test_a_window_forecasts_the_same_alone_and_in_any_batch():
+    """Each channel alone: its quantiles do not depend on the other rows of the batch (exact)."""
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    windows = torch.randn(5, SEQ_LEN, 3, generator=torch.Generator().manual_seed(2)).cumsum(1)
+    with torch.no_grad():
+        whole = model(windows)
+        parts = torch.cat([model(windows[i:i + 1]) for i in range(5)])
+    assert (whole - parts).abs().max() <= 1e-6 * whole.abs().max()
+
+
+def test_a_context_not_whole_patches_loses_its_oldest_steps():
+    """seq_len 53 = 6 patches of 8 and 5 steps: the oldest 5 are dropped (the package's GluonTS wrapper cuts so)."""
+    windows = torch.randn(2, 53, 2, generator=torch.Generator().manual_seed(3)).cumsum(1)
+    with torch.no_grad():
+        assert torch.equal(ours(FIXTURE, 53, 8)(windows), ours(FIXTURE, 48, 8)(windows[:, 5:]))
+
+
+def test_the_training_loss_is_the_forecasts_pinball_loss_in_the_models_space():
+    """The loss of a window: the raw quantiles of the forecast's forward against asinh((y - loc) / scale), the
+    pinball loss averaged over 9 levels and the horizon, then over channels; written apart from Model.training_loss.
+    A perfect median alone is not zero (the other levels' spread)."""
+    model = ours(FIXTURE, SEQ_LEN, 10)
+    generator = torch.Generator().manual_seed(5)
+    x, future = torch.randn(2, SEQ_LEN, 2, generator=generator).cumsum(1), torch.randn(2, 10, 2, generator=generator)
+    with torch.no_grad():
+        got = model(x, target=future)
+        want = torch.zeros(2)
+        for b in range(2):
+            for c in range(2):
+                row = x[b, :, c].view(1, 1, -1)
+                raw, loc, scale = model.toto.forecast(row, torch.ones_like(row, dtype=torch.bool), None, 10, raw=True)
+                truth = torch.asinh((future[b, :, c] - loc[0, 0, :10]) / scale[0, 0, :10])
+                total = 0.0
+                for k, level in enumerate(model.quantile_levels):
+                    error = truth - raw[k, 0, 0, :10]
+                    total += float(torch.where(error > 0, level * error, (level - 1) * error).mean())
+                want[b] += total / 9 / 2
+    assert torch.allclose(got, want, rtol=1e-5, atol=0)
+
+
+def test_the_model_is_built_at_the_folders_sizes_and_without_one_at_configs():
+    model = Toto2.Model(configs(FIXTURE, 96, 24))
+    attention = model.toto.transformer.layers[0].attn
+    assert (len(model.toto.transformer.layers), attention.heads, attention.groups, attention.qk, model.patch,
+            model.toto.transformer.variate) == (3, 4, 2, 8, 8, [False, False, True])
+    scratch = Toto2.Model(configs(None, 96, 24))
+    assert (len(scratch.toto.transformer.layers), scratch.toto.transformer.layers[0].attn.heads, scratch.patch,
+            scratch.toto.transformer.variate) == (2, 2, 32, [False, True])
+    with pytest.raises(ValueError, match=r"at most 8192 patches of 8 steps .* --seq_len 65536 \+ --pred_len 8 make 8193"):
+        Toto2.Model(configs(FIXTURE, 65536, 8))
+    with pytest.raises(ValueError, match=r"--seq_len 7 is shorter than one Toto 2.0 patch \(8 steps\)"):
+        Toto2.Model(configs(FIXTURE, 7, 8))
+
+
+def test_the_released_size_is_2_454_281_792_parameters():
+    """Without a folder, at the 2.5B's sizes (--d_model 2048 --n_heads 32 --e_layers 48 --d_ff 5464) on the meta
+    device: the package's 2,454,281,792 parameters (its Toto2Model at the released config, counted there)."""
+    with torch.device("meta"):
+        model = Toto2.Model(configs(None, 4096, 96, d_model=2048, n_heads=32, e_layers=48, d_ff=5464))
+    assert sum(p.numel() for p in model.parameters()) == 2_454_281_792
+    assert len(model.state_dict()) == 444
+
+
+def test_an_export_writes_the_releases_layout_and_config(tmp_path):
+    """Changed weights exported: the fixture's tensor names and shapes, its config.json back from the weights'
+    shapes and taus (residual_mult, residual_attn_ratio to rounding), read back alike."""
+    model = ours(FIXTURE, 96, 24)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.01)
+    torch.save(model.state_dict(), tmp_path / "checkpoint.pth")
+    exported = tmp_path / "exported"
+    export(str(tmp_path / "checkpoint.pth"), str(exported), "toto2")
+    released, written = (load_file(folder / "model.safetensors") for folder in (FIXTURE, exported))
+    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in released.items()}
+    config, theirs = (json.loads((folder / "config.json").read_text()) for folder in (exported, FIXTURE))
+    for key in ("residual_mult", "residual_attn_ratio"):
+        assert config.pop(key) == pytest.approx(theirs.pop(key), rel=1e-5)
+    assert config == theirs
+    windows = torch.randn(2, 96, 3, generator=torch.Generator().manual_seed(3)).cumsum(1)
+    with torch.no_grad():
+        assert torch.equal(ours(exported, 96, 24)(windows), model(windows))
+
+
+def test_a_truncated_or_foreign_folder_is_one_line(tmp_path):
+    """Truncated weights, a config lacking Toto 2.0's fields, another model's config: each one line."""
+    import shutil
+
+    folder = tmp_path / "Toto-2.0"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "expected.safetensors").unlink()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(UserError, match=r"model.safetensors") as refused:
+        ours(folder, 96, 24)
+    assert "\n" not in str(refused.value)
+    (folder / "config.json").write_text(json.dumps({"d_model": 32, "num_layers": 3}))
+    with pytest.raises(UserError, match=r"lacks patch_size, num_heads, layer_group_size"):
+        Toto2.Model(configs(folder, 96, 24))
