@@ -16,9 +16,9 @@ path; ours is written apart from it, from its code and unit_scaling's read as fa
 
 crosscheck(): our quantiles (the folder loaded through exp.export.load_weights) against Toto2Model.forecast on the
 same windows: the 2.5B release's flags at a reduced width (every code path of the 2.5B: xPos, per-dim scale,
-attention biases, one variate layer last), at the 2.5B's full width and depth when memory allows (--full: 9.8 GB
-a copy; ours is built on the meta device from the same file), a GQA + qk-norm + plain-RoPE variant, each channel
-alone and several variates of one series together; then our export read back by Toto2Model.from_pretrained.
+attention biases, one variate layer last), a GQA + qk-norm + plain-RoPE variant, the 2.5B's width at 4 of its 48
+layers, each channel alone and several variates of one series together; the 2.5B's full shape only with --full
+(9.8 GB a copy, two copies at the peak: a machine with 24 GB free); then our export read back by Toto2Model.from_pretrained.
 speed(): zero-shot at batch 64, ours against Toto2Model.forecast, medians of interleaved rounds."""
 import argparse
 import dataclasses
@@ -47,6 +47,8 @@ REDUCED = {**TINY, "d_model": 256, "d_ff": 680, "num_heads": 4, "num_groups": 4,
 VARIANT = {**REDUCED, "qk_norm": True, "use_xpos": False, "per_dim_scale": False, "attn_bias": False,
            "num_groups": 2, "layer_group_size": 2, "variate_layer_first": True, "residual_mult": 1.0,
            "residual_attn_ratio": 2.0}
+# The 2.5B's width (d_model 2048, 32 heads of 64, d_ff 5464) at 4 of its 48 layers: 1 GB a copy on a shared machine
+WIDE = {**REDUCED, "d_model": 2048, "d_ff": 5464, "num_heads": 32, "num_groups": 32, "qk_dim": 64, "v_dim": 64}
 CASES = ((512, 64), (500, 96), (4096, 720))  # (seq_len, pred_len)
 SPEED = {"config": REDUCED, "seq_len": 4096, "pred_len": 96, "series": 64, "rounds": 3}
 
@@ -99,7 +101,7 @@ def reference_forecast(model, batch, pred_len, joint=False):
 def our_forecast(model, batch, joint=False):
     if not joint:
         return model(batch)
-    target = batch.permute(0, 2, 1)
+    target = batch[:, -model.context:].permute(0, 2, 1)
     out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long))
     return out.permute(1, 3, 2, 0)
 
@@ -126,7 +128,8 @@ def crosscheck(full=False):
              "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as root:
         for label, config in (("2.5B flags, d_model 256, 4 layers", REDUCED),
-                              ("GQA, qk norm, RoPE, variate layers first", VARIANT)):
+                              ("GQA, qk norm, RoPE, variate layers first", VARIANT),
+                              ("2.5B width (d_model 2048, 32 heads, d_ff 5464), 4 layers", WIDE)):
             folder = released_folder(root, config, name=label.split(",")[0].replace(" ", "_").replace(".", ""))
             from toto2 import Toto2Model
 
