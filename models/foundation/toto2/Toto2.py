@@ -86,20 +86,18 @@ class Model(nn.Module):
         if target is not None:  # training: each window's loss [B]
             future = target.permute(0, 2, 1).reshape(batch * channels, 1, -1).float()
             return self.training_loss(rows, future).view(batch, channels).mean(1)
-        quantiles = self.toto.forecast(rows, torch.ones_like(rows, dtype=torch.bool), None, self.pred_len)
+        quantiles = self.toto.forecast(rows, None, None, self.pred_len)
         return quantiles.reshape(len(self.quantile_levels), batch, channels, self.pred_len).permute(1, 3, 2, 0) \
             .to(x_enc.dtype)
 
     def forecast(self, target, mask=None, series_ids=None, horizon=None):
         """The package's Toto2Model.forecast: target [..., V, T] (T whole patches), series_ids [..., V] (variates
         of one series attend to each other in the variate layers; None: each its own) -> [9, ..., V, horizon]."""
-        mask = torch.ones_like(target, dtype=torch.bool) if mask is None else mask
         return self.toto.forecast(target, mask, series_ids, horizon or self.pred_len)
 
     def training_loss(self, rows, future):
         """Each row's pinball loss of the forecast's raw quantiles in the model's space (module docstring): [N]."""
-        raw, loc, scale = self.toto.forecast(rows, torch.ones_like(rows, dtype=torch.bool), None, self.pred_len,
-                                             raw=True)
+        raw, loc, scale = self.toto.forecast(rows, None, None, self.pred_len, raw=True)
         steps = future.shape[-1]
         truth = torch.asinh((future - loc[..., :steps]) / scale[..., :steps])  # [N, 1, H]
         error = truth.unsqueeze(0) - raw[..., :steps]  # [Q, N, 1, H]
@@ -141,8 +139,11 @@ class Network(nn.Module):
 
     def forecast(self, target, mask, series_ids, horizon, raw=False):
         """Toto2Model.forecast in one forward (module docstring): [..., V, T] -> [9, ..., V, horizon]; with raw,
-        (the head's quantiles in the model's space [9, ..., V, Hp * patch], loc, scale over the horizon)."""
+        (the head's quantiles in the model's space [9, ..., V, Hp * patch], loc, scale over the horizon). `mask`
+        None: every step observed (a run's windows; no value is read on the host)."""
         patch, lead = self.patch, target.shape[:-2]
+        whole = mask is None
+        mask = torch.ones_like(target, dtype=torch.bool) if whole else mask
         variates, length = target.shape[-2:]
         ahead = math.ceil(horizon / patch)
         full = torch.cat([target, target.new_zeros(*target.shape[:-1], ahead * patch)], -1)
@@ -155,7 +156,8 @@ class Network(nn.Module):
         context_patches = length // patch
         empty = seen[..., :length].unflatten(-1, (-1, patch)).sum(-1) == 0  # [..., V, context patches]
         if series_ids is None:
-            ids = None if not empty.any() else torch.zeros(*lead, variates, dtype=torch.long, device=full.device)
+            ids = None if whole or not empty.any() else torch.zeros(*lead, variates, dtype=torch.long,
+                                                                    device=full.device)
         else:
             ids = series_ids
         groups = None
