@@ -90,10 +90,13 @@ class Model(nn.Module):
         return quantiles.reshape(len(self.quantile_levels), batch, channels, self.pred_len).permute(1, 3, 2, 0) \
             .to(x_enc.dtype)
 
-    def forecast(self, target, mask=None, series_ids=None, horizon=None):
+    def forecast(self, target, mask=None, series_ids=None, horizon=None, known=None, known_mask=None, known_ids=None):
         """The package's Toto2Model.forecast: target [..., V, T] (T whole patches), series_ids [..., V] (variates
-        of one series attend to each other in the variate layers; None: each its own) -> [9, ..., V, horizon]."""
-        return self.toto.forecast(target, mask, series_ids, horizon or self.pred_len)
+        of one series attend to each other in the variate layers; None: each its own) -> [9, ..., V, horizon].
+        known [..., K, T + horizon] (known_mask, known_ids [..., K]): the package's known_dynamic rows, future-known
+        covariates read beside the targets and not forecast."""
+        return self.toto.forecast(target, mask, series_ids, horizon or self.pred_len, known=known,
+                                  known_mask=known_mask, known_ids=known_ids)
 
     def training_loss(self, rows, future):
         """Each row's pinball loss of the forecast's raw quantiles in the model's space (module docstring): [N]."""
@@ -137,18 +140,24 @@ class Network(nn.Module):
         self.transformer = Transformer(config)
         self.output_head = OutputHead(d_model, patch * len(release.QUANTILES))
 
-    def forecast(self, target, mask, series_ids, horizon, raw=False):
+    def forecast(self, target, mask, series_ids, horizon, raw=False, known=None, known_mask=None, known_ids=None):
         """Toto2Model.forecast in one forward (module docstring): [..., V, T] -> [9, ..., V, horizon]; with raw,
         (the head's quantiles in the model's space [9, ..., V, Hp * patch], loc, scale over the horizon). `mask`
         None: every step observed (a run's windows; no value is read on the host)."""
         patch, lead = self.patch, target.shape[:-2]
         whole = mask is None
         mask = torch.ones_like(target, dtype=torch.bool) if whole else mask
-        variates, length = target.shape[-2:]
+        targets, length = target.shape[-2:]
         ahead = math.ceil(horizon / patch)
         full = torch.cat([target, target.new_zeros(*target.shape[:-1], ahead * patch)], -1)
         seen = torch.cat([mask[..., :-patch], torch.ones_like(mask[..., -patch:]),
                           torch.zeros_like(mask[..., :1]).expand(*mask.shape[:-1], ahead * patch)], -1)
+        if known is not None:  # future-known rows over context and horizon, their own mask, then unobserved
+            pad = length + ahead * patch - known.shape[-1]
+            full = torch.cat([full, F.pad(known.to(full.dtype), (0, pad))], -2)
+            seen = torch.cat([seen, F.pad(known_mask, (0, pad))], -2)
+            series_ids = torch.cat([series_ids, known_ids], -1)
+        variates = full.shape[-2]
         loc, scale = causal_scaler(full, seen, patch)
         scaled = torch.where(seen, (full - loc) / scale, torch.zeros_like(full)).asinh()
         tokens = self.patch_proj(torch.cat([scaled.unflatten(-1, (-1, patch)),
@@ -172,10 +181,10 @@ class Network(nn.Module):
         loc_h = loc[..., length:].unflatten(-1, (ahead, patch))
         scale_h = scale[..., length:].unflatten(-1, (ahead, patch))
         if raw:
-            return out.flatten(-2), loc[..., length:], scale[..., length:]
+            return out[..., :targets, :, :].flatten(-2), loc[..., :targets, length:], scale[..., :targets, length:]
         real = out.sinh() * scale_h + loc_h
         real = clamp_nonfinite(real)
-        return real.sort(dim=0).values.flatten(-2)[..., :horizon]
+        return real.sort(dim=0).values.flatten(-2)[..., :targets, :horizon]
 
 
 def clamp_nonfinite(values):

@@ -98,6 +98,30 @@ def reference_forecast(model, batch, pred_len, joint=False):
     return out.reshape(9, count, channels, pred_len).permute(1, 3, 2, 0)
 
 
+def known_inputs(batch, known):
+    """A window's channels one series with a future-known row (known [B, 1, L + H], its last steps unobserved
+    past the first half of the horizon), the package's known_dynamic: (target [B, C, L], its ids, known, mask, ids)."""
+    target = batch.permute(0, 2, 1)
+    mask = torch.ones_like(known, dtype=torch.bool)
+    mask[..., batch.shape[1] + (known.shape[-1] - batch.shape[1]) // 2:] = False
+    ids = torch.zeros(known.shape[:-1], dtype=torch.long)
+    return target, torch.zeros(target.shape[:-1], dtype=torch.long), known, mask, ids
+
+
+def reference_known(model, batch, known, pred_len):
+    """Toto2Model.forecast with known_dynamic rows: [B, H, C, 9]."""
+    target, ids, known, mask, known_ids = known_inputs(batch, known)
+    inputs = {"target": target, "target_mask": torch.ones_like(target, dtype=torch.bool), "series_ids": ids,
+              "known_dynamic": known, "known_dynamic_mask": mask, "known_dynamic_series_ids": known_ids}
+    return model.forecast(inputs, pred_len).permute(1, 3, 2, 0)
+
+
+def our_known(model, batch, known, pred_len):
+    target, ids, known, mask, known_ids = known_inputs(batch, known)
+    return model.forecast(target, series_ids=ids, horizon=pred_len, known=known, known_mask=mask,
+                          known_ids=known_ids).permute(1, 3, 2, 0)
+
+
 def our_forecast(model, batch, joint=False):
     if not joint:
         return model(batch)
@@ -221,8 +245,9 @@ def speed():
 
 def write_fixture(folder=FIXTURE):
     """The tests' golden folder: TINY written by the package's save_pretrained, and expected.safetensors holding
-    the windows [2, 48, 3], the reference's quantiles for each horizon, each channel alone (forecast_<H>) and the
-    3 channels one series (joint_<H>), all [2, H, 3, 9]."""
+    the windows [2, 48, 3], the reference's quantiles for each horizon, each channel alone (forecast_<H>), the
+    3 channels one series (joint_<H>) and with a future-known row `known` [2, 1, 48 + 21] (known_<H>), all
+    [2, H, 3, 9]."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -234,9 +259,14 @@ def write_fixture(folder=FIXTURE):
     batch = windows(2, FIXTURE_SEQ_LEN, 3, seed=4)
     batch[1, :, 2] = 7.0  # a constant series: scale at the floor
     tensors = {"windows": batch.contiguous()}
+    generator = torch.Generator().manual_seed(5)
+    known = torch.randn(2, 1, FIXTURE_SEQ_LEN + max(FIXTURE_HORIZONS), generator=generator).cumsum(-1)
+    tensors["known"] = known.contiguous()
     for horizon in FIXTURE_HORIZONS:
         tensors[f"forecast_{horizon}"] = reference_forecast(model, batch, horizon).contiguous()
         tensors[f"joint_{horizon}"] = reference_forecast(model, batch, horizon, joint=True).contiguous()
+        tensors[f"known_{horizon}"] = reference_known(model, batch, known[..., :FIXTURE_SEQ_LEN + horizon],
+                                                      horizon).contiguous()
     save_file(tensors, str(folder / "expected.safetensors"))
     return folder
 
