@@ -219,3 +219,36 @@ def test_fsdp_fine_tunes_as_one_process_does(tmp_path):
     assert max(float((one[k].double() - initial[k].double()).abs().max()) for k in one) > 1e-4, "nothing trained"
     for key in one:
         assert torch.allclose(one[key].double(), two[key].double(), rtol=0, atol=1e-6), key
+
+
+def test_fev_bench_covariates_are_the_releases_rows():
+    """benchmarks.fev_bench --covariates (covariates.py): two target columns one series, a past-only column as a
+    target row, a known column over past and horizon, a numeric static one as a constant known row, a categorical
+    one left out; the forecast is Model.forecast's on those rows, a NaN an unobserved step carrying the last value."""
+    import numpy as np
+
+    from models.foundation.toto2 import covariates
+
+    generator = np.random.default_rng(0)
+    length, horizon = 45, 10  # 45 steps: left-padded to 48, 6 patches of 8
+    targets = generator.normal(size=(2, length + horizon)).cumsum(1) + 5
+    targets[1, 20] = np.nan
+    data = {"targets": [targets], "past": [[generator.normal(size=length + horizon)]],
+            "known": [[generator.normal(size=length + horizon), np.array(["a", "b"] * 28)[:length + horizon]]],
+            "static": [[3.0, "shop"]]}
+    one = covariates.window_inputs(data, 0, 0, length, horizon, ["y1", "y2"])
+    assert len(one["past"]) == 1 and len(one["known"]) == 2 and one["known"][1].tolist() == [3.0] * (length + horizon)
+    forecaster = covariates.CovariateForecaster(["--pretrain_model_path", str(FIXTURE)], "cpu", (0.1, 0.5, 0.9))
+    got = forecaster.forecast([one], horizon)
+    assert got.shape == (1, 2, 3, horizon)
+    pad = lambda rows: torch.nn.functional.pad(torch.as_tensor(rows, dtype=torch.float32), (3, 0))  # noqa: E731
+    rows = np.concatenate([targets[:, :length], data["past"][0][0][None, :length]])
+    seen = pad(~np.isnan(rows)).bool()
+    rows[1, 20] = rows[1, 19]
+    known = np.stack([data["known"][0][0], np.full(length + horizon, 3.0)])
+    model = ours(FIXTURE, 48, horizon)
+    with torch.no_grad():
+        want = model.forecast(pad(rows)[None], seen[None], torch.zeros(1, 3, dtype=torch.long), horizon,
+                              known=pad(known)[None], known_mask=pad(np.ones_like(known)).bool()[None],
+                              known_ids=torch.zeros(1, 2, dtype=torch.long))
+    assert np.allclose(got[0], want[[0, 4, 8], 0, :2].permute(1, 0, 2).double().numpy(), rtol=0, atol=1e-6)
