@@ -140,7 +140,7 @@ def parse_args(argv=None):
     args.own = own_datasets(args.dataset)
     require(args.data_root or args.own, "give --data_root (GIFT-Eval's data) and/or --dataset NAME=FOLDER")
     args.model_name = args.model_name or args.model
-    zero_shot = "--pretrain_model_path" in run_argv and "--checkpoint" not in run_argv
+    zero_shot = ("--pretrain_model_path" in run_argv and "--checkpoint" not in run_argv) or "--members" in run_argv
     args.model_type = args.model_type or ("statistical" if args.model in BASELINES else
                                           "zero-shot" if zero_shot else "deep-learning")
     args.out = Path(args.out or Path("results") / "gift_eval" / args.model_name)
@@ -244,9 +244,9 @@ def forecast_batch(args, histories, config, keys):
     if args.model in BASELINES:  # Gaussian quantiles around the point: never crossing
         return (*baseline_forecasts(BASELINES[args.model], histories, config["horizon"], config["season"]), 0)
     if getattr(args, "forecaster", None) is None:
-        from benchmarks.gift_eval_models import ModelForecaster
+        from benchmarks.gift_eval_models import forecaster
 
-        args.forecaster = ModelForecaster(["--model", args.model, "--num_threads", str(args.num_threads),
+        args.forecaster = forecaster(["--model", args.model, "--num_threads", str(args.num_threads),
                                            "--use_gpu", str(args.use_gpu), *args.run_argv], distributed.world_size(),
                                           args.device)
     return args.forecaster.forecast(histories, config["horizon"], impute)
@@ -312,9 +312,12 @@ def quantile_order(args, point_only):
         return None
     if args.model in BASELINES:
         return "sorted"
+    from exp.ensemble import is_ensemble
     from models import get_model_class
     from utils.probabilistic import native_levels
 
+    if is_ensemble(args.model):  # combined as the members forecast them, never sorted
+        return "as forecast"
     return "as forecast" if native_levels(get_model_class(args.model)) else "sorted"
 
 

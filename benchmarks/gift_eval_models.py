@@ -65,30 +65,83 @@ class ModelForecaster:
         return self.models[horizon]
 
     def forecast(self, histories, horizon, impute):
-        from exp.adaptation import series_as_given
+        return forecast_with(*self._built(horizon), histories, horizon, impute, self.device)
 
-        model, args = self._built(horizon)
-        contexts = np.stack([_context(impute(h), args.seq_len) for h in histories])  # [B, seq_len]
-        loc = np.zeros((len(contexts), 1))
-        scale = np.ones((len(contexts), 1))
-        if not series_as_given(model, args):
-            loc, scale = contexts.mean(1, keepdims=True), contexts.std(1, keepdims=True)
-            scale = np.where(scale > 1e-8, scale, 1.0)
-        # [B, seq_len, 1] on the model's device
-        x = torch.tensor((contexts - loc) / scale, dtype=torch.float32, device=self.device)[..., None]
-        points, quantiles, crossed = [], [], 0
-        steps = args.test_pred_len if args.autoregressive else args.pred_len
-        for _ in range(math.ceil(horizon / steps)):
-            point, levels, crossings = _one_call(model, args, x, horizon - steps * len(points), self.device)
-            points.append(point)
-            quantiles.append(levels)
-            crossed += crossings
-            x = torch.cat([x, point[..., None].to(x.dtype)], 1)[:, -args.seq_len:]
-        point = torch.cat(points, 1)[:, :horizon].cpu().double().numpy() * scale + loc
-        if quantiles[0] is None:
-            return point, None, 0
-        q = torch.cat(quantiles, 1)[:, :horizon].cpu().double().numpy()  # [B, P, 9]
-        return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None], crossed
+
+def forecaster(run_argv, world_size, device=None):
+    """The forecaster of run.py arguments `run_argv`: an EnsembleForecaster for --model Ensemble, else a
+    ModelForecaster."""
+    from exp.ensemble import is_ensemble
+
+    argv = [str(a) for a in run_argv]
+    model = argv[argv.index("--model") + 1] if "--model" in argv[:-1] else ""
+    return (EnsembleForecaster if is_ensemble(model) else ModelForecaster)(argv, world_size, device)
+
+
+def forecast_with(model, args, histories, horizon, impute, device):
+    """forecast's (point, quantiles, crossed) of `model` built for the settled run `args` (ModelForecaster's rules)."""
+    from exp.adaptation import series_as_given
+
+    contexts = np.stack([_context(impute(h), args.seq_len) for h in histories])  # [B, seq_len]
+    loc = np.zeros((len(contexts), 1))
+    scale = np.ones((len(contexts), 1))
+    if not series_as_given(model, args):
+        loc, scale = contexts.mean(1, keepdims=True), contexts.std(1, keepdims=True)
+        scale = np.where(scale > 1e-8, scale, 1.0)
+    # [B, seq_len, 1] on the model's device
+    x = torch.tensor((contexts - loc) / scale, dtype=torch.float32, device=device)[..., None]
+    points, quantiles, crossed = [], [], 0
+    steps = args.test_pred_len if args.autoregressive else args.pred_len
+    for _ in range(math.ceil(horizon / steps)):
+        point, levels, crossings = _one_call(model, args, x, horizon - steps * len(points), device)
+        points.append(point)
+        quantiles.append(levels)
+        crossed += crossings
+        x = torch.cat([x, point[..., None].to(x.dtype)], 1)[:, -args.seq_len:]
+    point = torch.cat(points, 1)[:, :horizon].cpu().double().numpy() * scale + loc
+    if quantiles[0] is None:
+        return point, None, 0
+    q = torch.cat(quantiles, 1)[:, :horizon].cpu().double().numpy()  # [B, P, 9]
+    return point, q.transpose(0, 2, 1) * scale[:, :, None] + loc[:, :, None], crossed
+
+
+class EnsembleForecaster(ModelForecaster):
+    """--model Ensemble --members ...: each member forecasts as its own row would (a release the raw history at
+    the horizon, a trained member from its own context and horizon, rolled out), and the members' quantiles at
+    GIFT-Eval's nine levels are combined as run.py combines them (models.Ensemble.combine: --ensemble_rule), a
+    point member joining the median; the point forecast is the combined median. Crossings are counted on the
+    combined quantiles."""
+
+    def _built(self, horizon):
+        from exp import settings
+        from exp.ensemble import member_model
+        from exp.settings import model_class, model_configs, resolve_args
+        from utils.arguments import parse_args
+
+        if horizon not in self.models:
+            argv = [*self.run_argv, "--pred_len", str(horizon), "--data", "synthetic", "--features", "S",
+                    "--synthetic_rows", "2000", "--is_training", "0"]
+            args = resolve_args(parse_args(argv), self.world_size)
+            configs = model_configs(args)
+            members = [member_model(configs, spec, settings, fixed=True) for spec in model_class(args).members_given]
+            self.models[horizon] = ([(model.to(self.device), run) for model, run in members], args)
+        return self.models[horizon]
+
+    def forecast(self, histories, horizon, impute):
+        from models.Ensemble import combine
+
+        members, args = self._built(horizon)
+        forecasts = [forecast_with(model, run, histories, horizon, impute, self.device) for model, run in members]
+        quantiles = [torch.from_numpy(q) for _, q, _ in forecasts if q is not None]  # [B, 9, P] each
+        points = [torch.from_numpy(p) for p, q, _ in forecasts if q is None]
+        if not quantiles:
+            return combine(torch.stack(points), args.ensemble_rule).numpy(), None, 0
+        combined = combine(torch.stack(quantiles), args.ensemble_rule)
+        median = LEVELS.index(0.5)
+        if points:
+            combined[:, median] = combine(torch.stack([q[:, median] for q in quantiles] + points), args.ensemble_rule)
+        q = combined.numpy()
+        return q[:, median].copy(), q, int((np.diff(q, axis=1) < 0).any(axis=1).sum())
 
 
 def _context(history, length):

@@ -35,6 +35,7 @@ TARGETS = {
     "exp/settings.py": ["test_training.py", "test_argument_checks.py", "test_run_identity.py", "test_zero_shot.py",
                         "test_multi_gpu_flags.py", "test_bad_input.py", "test_amp_and_compile.py"],
     "exp/adaptation.py": ["test_pretrain.py"],
+    "exp/ensemble.py": ["test_ensemble.py", "test_bad_input.py"],
     "exp/export.py": ["test_openltm_checkpoints.py", "test_foundation.py"],
     "exp/lora.py": ["test_lora.py"],
     "exp/scoring.py": ["test_probabilistic.py", "test_probabilistic_outputs.py"],

@@ -140,10 +140,12 @@ def reconciled_levels(specs):
 _classes = {}
 
 
-def ensemble_class(args):
+def ensemble_class(args, settings):
     """The ensemble's model class for the run's --members and --ensemble_rule: models.Ensemble.Ensemble declaring
     the reconciled levels (`quantile_levels`), built from a configs as every model is (its members settled,
-    built and loaded here). One line for an ensemble that cannot be: see member_specs, reconciled_levels."""
+    built and loaded here). `settings`: the module exp.settings, which settles and builds each member as any run
+    (handed in: it is the module asking). One line for an ensemble that cannot be: see member_specs,
+    reconciled_levels."""
     require(not getattr(args, "is_training", 0),
             f"--model {NAME} combines members trained already: it is zero-shot, add --is_training 0 (train a member "
             "on its own, then give its checkpoint)")
@@ -161,18 +163,17 @@ def ensemble_class(args):
             members_given = tuple(specs)
 
             def __init__(self, configs):
-                members, picks = zip(*(built_member(configs, spec, levels) for spec in specs))
+                members, picks = zip(*(built_member(configs, spec, levels, settings) for spec in specs))
                 super().__init__(members, picks, levels.index(0.5), configs.ensemble_rule)
 
         _classes[key] = Model
     return _classes[key]
 
 
-def member_run(configs, spec, fixed=False):
+def member_run(configs, spec, settings, fixed=False):
     """The settled run of member `spec` inside the ensemble whose model configs are `configs`: its zero-shot
     evaluation on the ensemble's data, context and horizon (`fixed`: a trained member at the context and horizon
     it was trained for, which the GIFT-Eval harness rolls out)."""
-    from exp.settings import EVALUATION_IDENTITY, resolve_args
     from utils.arguments import parser_defaults
 
     defaults = parser_defaults()
@@ -193,7 +194,7 @@ def member_run(configs, spec, fixed=False):
                 f"{where}: {spec.model} was trained for --seq_len {shapes['seq_len']} --pred_len {shapes['pred_len']} "
                 f"and takes only those (its weights' shapes); the ensemble asks --seq_len {ns.seq_len} --pred_len "
                 f"{ns.pred_len}: give the ensemble those, or a checkpoint trained for these")
-        for name in (*EVALUATION_IDENTITY, "loss", "quantiles", "adaptation", "pretrain_model_path"):
+        for name in (*settings.EVALUATION_IDENTITY, "loss", "quantiles", "adaptation", "pretrain_model_path"):
             if name in identity and name not in ("members", "ensemble_rule"):
                 setattr(ns, name, identity[name])
         ns.model, ns.checkpoint = spec.model, spec.path
@@ -201,7 +202,7 @@ def member_run(configs, spec, fixed=False):
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its settling's info lines (its levels) are the ensemble's to say
     try:
-        run = resolve_args(ns, 1)
+        run = settings.resolve_args(ns, 1)
     except UserError as exc:
         raise UserError(f"{where}: {exc}") from None
     finally:
@@ -211,23 +212,21 @@ def member_run(configs, spec, fixed=False):
     return run
 
 
-def member_model(configs, spec, fixed=False):
+def member_model(configs, spec, settings, fixed=False):
     """(the member's model, built and its weights loaded, in eval mode; its settled run)."""
-    from exp.settings import build_model
-
-    run = member_run(configs, spec, fixed)
+    run = member_run(configs, spec, settings, fixed)
     where = f"ensemble member {spec.given}"
     try:
-        model = build_model(run)
+        model = settings.build_model(run)
         load_weights(model, spec.path, map_location="cpu", formats=export_formats(), opener=open_release)
     except UserError as exc:
         raise UserError(f"{where}: {exc}") from None
     return model.eval(), run
 
 
-def built_member(configs, spec, levels):
+def built_member(configs, spec, levels, settings):
     """(the member as the ensemble runs it, the indices of the ensemble's `levels` among its own or None)."""
-    model, run = member_model(configs, spec)
+    model, run = member_model(configs, spec, settings)
     pick = None if spec.levels is None else [[_key(q) for q in spec.levels].index(_key(level)) for level in levels]
     return Member(model, run), pick
 

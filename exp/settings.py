@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 
 import torch
 
@@ -114,10 +115,10 @@ def fill_defaults(args):
 
 def model_class(args):
     """The Model class of --model (models/<Name>.py); `--model Ensemble`'s is built from --members (exp.ensemble)."""
-    from exp import ensemble  # it settles each member with this module's resolve_args
+    from exp import ensemble
 
-    if ensemble.is_ensemble(args.model):
-        return ensemble.ensemble_class(args)
+    if ensemble.is_ensemble(args.model):  # each member settled and built by this module, handed over
+        return ensemble.ensemble_class(args, sys.modules[__name__])
     return get_model_class(args.model)
 
 

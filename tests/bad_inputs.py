@@ -360,6 +360,38 @@ def release_probes():
         f"models.foundation.{row.folder}.tests.probes").probes(Probe, fixed, functools.partial(_release, name), reader)]
 
 
+# --model Ensemble: members written by the release table's rows and tests/test_ensemble.py's trained-checkpoint stand-in
+def _ensemble(*members, extra=()):
+    """run.py arguments evaluating an ensemble of `members`, each "release" or "Name=release" (the folder of the
+    first finished release, its cross-check result committed, that needs no package and forecasts nine levels), a
+    path under the probe's folder (FOLDER), or a callable writing a checkpoint there (folder -> path)."""
+    def build(folder):
+        from test_ensemble import release_rows
+        from test_foundation import RELEASES
+
+        row = next((r for r in release_rows(1) if not r.package), None) or next(iter(RELEASES.values()))
+        paths = []
+        for member in members:
+            if isinstance(member, str) and member.rpartition("=")[2] == "release":  # [Name=]release
+                release = folder / "release" / row.dirname
+                if not release.exists():
+                    row.write(release)
+                paths.append(member.rpartition("=")[0] + "=" * ("=" in member) + str(release))
+            else:
+                paths.append(str(member(folder) if callable(member) else member.replace("FOLDER", str(folder))))
+        return [*SMALL, "--label_len", 0, "--model", "Ensemble", "--is_training", 0, "--members", ",".join(paths),
+                *extra]
+    return build
+
+
+def _trained(name, **record):
+    def write(folder):
+        from test_ensemble import fake_checkpoint
+
+        return fake_checkpoint(folder / name, **{"seq_len": 48, **record})
+    return write
+
+
 def _has_gpu():
     import torch
 
@@ -645,6 +677,25 @@ PROBES = [
     Probe("activation checkpointing with --compile", fixed(*SMALL, "--model", "PatchTST", "--activation_checkpointing",
                                                            "--compile"),
           "--activation_checkpointing cannot be combined with --compile"),
+    # --model Ensemble --members (exp.ensemble)
+    Probe("ensemble of one member", _ensemble("release"), "an ensemble needs at least two members", (1,),
+          shows="`--model Ensemble --members DIR`"),
+    Probe("ensemble member given twice", _ensemble("release", _trained("a"), "release"),
+          "give each member once", (1,), shows="`--members DIR,CKPT,DIR`"),
+    Probe("ensemble member of an unknown model", _ensemble("Nope=release", _trained("a")),
+          "unknown --model 'Nope'", (1,), shows="`--members Nope=DIR,CKPT`"),
+    Probe("ensemble member that is no release and no checkpoint", _ensemble("FOLDER", _trained("a")),
+          "is no release folder (no release's files and config.json) and no checkpoint file", (1,),
+          shows="`--members FOLDER,CKPT`, FOLDER holding neither"),
+    Probe("ensemble members with no common level", _ensemble(
+              "release", _trained("quartiles", loss="quantile", quantiles="0.25,0.5,0.75")),
+          "--members share no quantile level but the median",
+          shows="a release of nine levels and a checkpoint of `--quantiles 0.25,0.5,0.75`"),
+    Probe("ensemble member that cannot take the context", _ensemble("release", _trained("longer", seq_len=96)),
+          "was trained for --seq_len 96 --pred_len 24 and takes only those",
+          shows="`--seq_len 48` with a checkpoint trained at `--seq_len 96`"),
+    Probe("ensemble trained", _ensemble("release", _trained("a"), extra=("--is_training", 1)),
+          "it is zero-shot, add --is_training 0", (1,), shows="`--model Ensemble --is_training 1`"),
 ]
 DOCUMENTED = list(PROBES)  # docs/reliability.md's table and the README's count
 if _has_gpu():

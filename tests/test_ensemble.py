@@ -1,0 +1,212 @@
+"""--model Ensemble --members A,B,... (exp/ensemble.py builds the members, models/Ensemble.py combines them).
+
+- the same scores on 1, 2 and 3 processes and at two --eval_batch_size, over three release fixtures (random weights,
+  written by tests/test_foundation.py's rows) and a checkpoint DLinear trained here;
+- each member forecasts as its own zero-shot run does, each runs once per batch, and the ensemble is the median
+  (or, --ensemble_rule mean, the mean) of their quantiles at each level, a point member joining the median only;
+- levels reconciled by the documented rule, and every bad --members one line (tests/bad_inputs.py runs them
+  through run.py on 1 and 2 processes).
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import test_foundation as foundation
+from helpers import ETTH1_ARGS, assert_ok, make_args, make_experiment, records, run_cli, write_etth1_shaped
+
+SHAPES = ("--seq_len", 64, "--pred_len", 24, "--label_len", 0)
+RUN = (*SHAPES, "--val_windows", 12, "--test_windows", 20, "--num_threads", 1)
+# three releases that forecast GIFT-Eval's nine levels, picked by that property from the foundation table
+LEVELS_9 = tuple(foundation.LEVELS_9)
+
+
+def release_rows(count=3):
+    """`count` finished release rows whose quantiles are the nine levels and whose package (if any) is installed,
+    fastest fixtures first (those committed or written without a package: no import of one)."""
+    import importlib.util
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    # finished releases (their cross-check result committed) forecasting the nine levels, taking the shared context
+    rows = [row for row in foundation.RELEASES.values() if tuple(row.levels) == LEVELS_9
+            and (results / f"foundation_{row.name}.md").is_file()
+            and (not row.package or importlib.util.find_spec(row.package.split(".")[0]) is not None)
+            and "--num_samples" not in row.run and int(row.run[1]) >= 64]  # takes the shared context
+    rows.sort(key=lambda row: bool(row.package))
+    if len(rows) < count:
+        pytest.skip(f"fewer than {count} release fixtures forecasting nine levels can be written here")
+    return rows[:count]
+
+
+def fake_checkpoint(folder, seq_len=64, pred_len=24, loss="MSE", quantiles=None, model="DLinear"):
+    """checkpoint.pth of a DLinear (random weights) with the training record a run writes beside it (last.pth:
+    its run identity, here the fields an ensemble member reads)."""
+    from models import get_model_class
+    from utils.probabilistic import parse_levels
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    width = 1 if loss == "MSE" else len(parse_levels(quantiles))
+    configs = argparse.Namespace(seq_len=seq_len, pred_len=pred_len * width, enc_in=7, individual=False, moving_avg=25)
+    torch.manual_seed(0)
+    torch.save(get_model_class(model)(configs).state_dict(), folder / "checkpoint.pth")
+    identity = {"model": model, "seq_len": seq_len, "pred_len": pred_len, "label_len": 0, "loss": loss,
+                "quantiles": quantiles or "0.05,0.1,0.2,0.25,0.3,0.4,0.5,0.6,0.7,0.75,0.8,0.9,0.95",
+                "moving_avg": 25, "individual": False}
+    torch.save({"identity": identity}, folder / "last.pth")
+    return folder / "checkpoint.pth"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ensemble")
+    data = write_etth1_shaped(root / "data")
+    folders = [row.write(root / "releases" / row.name / row.dirname) for row in release_rows()]
+    trained = root / "trained"
+    assert_ok(run_cli(trained, *ETTH1_ARGS, "--root_path", data, "--model", "DLinear", *RUN, "--loss", "quantile",
+                      "--train_epochs", 1, "--quiet"))
+    checkpoint = next((trained / "checkpoints").glob("*/checkpoint.pth"))
+    return argparse.Namespace(root=root, data=data, folders=folders, checkpoint=checkpoint)
+
+
+def ensemble_args(setup, members, *extra):
+    return [*ETTH1_ARGS, "--root_path", setup.data, "--model", "Ensemble", "--is_training", 0,
+            "--members", ",".join(map(str, members)), *RUN, *extra]
+
+
+SCORES = ("mse", "mae", "wql", "mase", "smape", "coverage_80", "vali_loss", "test_objective_loss")
+
+
+def test_the_ensemble_scores_the_same_on_1_2_3_processes_and_two_eval_batch_sizes(setup, tmp_path):
+    argv = ensemble_args(setup, [*setup.folders, setup.checkpoint])
+    outcomes = []
+    for nproc, extra in ((None, ()), (2, ("--ddp", "--eval_batch_size", 5)), (3, ("--ddp", "--eval_batch_size", 7))):
+        assert_ok(run_cli(tmp_path, *argv, *extra, nproc=nproc))
+        outcomes.append(records(tmp_path)[-1])
+    first = outcomes[0]
+    assert [o["world_size"] for o in outcomes] == [1, 2, 3]
+    assert first["test_windows"] == 20 and first["wql_levels"] == list(LEVELS_9)
+    assert first["quantile_order"] == "as forecast"
+    for outcome in outcomes[1:]:
+        for key in SCORES:
+            assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), (key, outcome["world_size"])
+    assert not any((tmp_path / "checkpoints").rglob("*.pth"))  # zero-shot: nothing saved
+
+
+# ------------------------------------------------------------------ in one process: members and the rule
+def experiment(argv):
+    return make_experiment(make_args(*argv))
+
+
+def test_each_member_forecasts_as_its_own_run_once_a_batch_and_the_ensemble_is_their_median(setup, tmp_path):
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+    from models.foundation.release import open_release
+    from utils.checkpoint import load_weights
+
+    point = fake_checkpoint(tmp_path / "point")  # a point member: its forecast is its median
+    members = [*setup.folders, setup.checkpoint, point]
+    exp = experiment(ensemble_args(setup, members, "--eval_batch_size", 8))
+    mean = experiment(ensemble_args(setup, members, "--eval_batch_size", 8, "--ensemble_rule", "mean"))
+    ensemble = exp.raw_model.eval()  # as the experiment evaluates it
+    mean.raw_model.eval()
+    assert exp.args.native_quantiles == list(LEVELS_9) and len(ensemble.members) == len(members)
+    loader = data_provider(exp.args, "test", exp.device)[1]
+    batch = next(iter(loader))
+    with torch.no_grad():
+        combined = forward(ensemble, batch, exp.args, "test", exp.device)[0]  # [B, P, C, 9]
+        by_mean = forward(mean.raw_model, batch, mean.args, "test", mean.device)[0]
+        own, levels = [], []
+        for path in members:  # each member as its own zero-shot run forecasts it
+            source = (("--pretrain_model_path", path) if Path(path).is_dir() else ("--checkpoint", path)
+                      + (("--loss", "quantile") if path == setup.checkpoint else ()))
+            alone = experiment([*ETTH1_ARGS, "--root_path", setup.data, "--model", _model_of(path), "--is_training",
+                                0, *source, *RUN])
+            load_weights(alone.raw_model, str(path), opener=open_release)
+            pred = forward(alone.raw_model.eval(), batch, alone.args, "test", alone.device)[0]
+            own.append(pred if alone.args.objective is None else alone.args.objective.quantiles(pred))
+            levels.append(None if alone.args.objective is None else [round(q, 9) for q in alone.args.objective.levels])
+    for member, expected in zip(ensemble.members, own):
+        with torch.no_grad():
+            got = member(batch[0], None, None, None)
+        assert torch.equal(got, expected)
+    # the quantile members at the nine levels every one of them forecasts (the trained one: 13)
+    quantiles = np.stack([o.numpy()[..., [lv.index(q) for q in LEVELS_9]] for o, lv in zip(own[:-1], levels)])
+    median = np.median(quantiles, axis=0)
+    median[..., 4] = np.median(np.concatenate([quantiles[..., 4], own[-1].numpy()[None]]), axis=0)
+    np.testing.assert_allclose(combined.numpy(), median, rtol=1e-6, atol=1e-6)
+    means = quantiles.astype(np.float64).mean(0)
+    means[..., 4] = np.concatenate([quantiles[..., 4], own[-1].numpy()[None]]).astype(np.float64).mean(0)
+    np.testing.assert_allclose(by_mean.numpy(), means, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(means, median)  # the two rules differ here
+
+    calls = [0] * len(members)  # one forward per member per batch, whatever the number of levels
+    for i, member in enumerate(ensemble.members):
+        member.model.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    exp.evaluate(loader, "test")
+    assert calls == [len(loader)] * len(members) and len(loader) == 3
+
+
+def _model_of(path):
+    from models.foundation.release import release_of
+
+    return release_of(str(path))[1] if Path(path).is_dir() else "DLinear"
+
+
+def test_levels_are_those_every_quantile_member_forecasts(setup, tmp_path):
+    from exp.ensemble import member_specs, reconciled_levels
+
+    three = fake_checkpoint(tmp_path / "three", loss="quantile", quantiles="0.1,0.5,0.9")
+    point = fake_checkpoint(tmp_path / "point")
+    folder = setup.folders[0]
+    assert reconciled_levels(member_specs(f"{folder},{three}")) == (0.1, 0.5, 0.9)
+    assert reconciled_levels(member_specs(f"{folder},{point}")) == LEVELS_9
+    assert reconciled_levels(member_specs(f"{point},{fake_checkpoint(tmp_path / 'other')}")) == (0.5,)
+
+
+def refusal(argv):
+    from utils.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        experiment(argv)
+    message = str(refused.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+def test_bad_members_are_one_line(setup, tmp_path):
+    folder, checkpoint = setup.folders[0], setup.checkpoint
+    name = _model_of(folder)
+    other = next(n for n in foundation.RELEASES if n != name)
+    quartiles = fake_checkpoint(tmp_path / "quartiles", loss="quantile", quantiles="0.25,0.5,0.75")
+    longer = fake_checkpoint(tmp_path / "longer", seq_len=96)
+    cases = {
+        "needs --members A,B": [],
+        "at least two members": [folder],
+        "give each member once": [folder, checkpoint, folder],
+        "unknown --model 'Nope'": [f"Nope={folder}", checkpoint],
+        f"read by --model {name}, not {other}": [f"{other}={folder}", checkpoint],
+        "is no release folder": [tmp_path, checkpoint],
+        "not found": [tmp_path / "nothing", checkpoint],
+        "no training record (last.pth)": [folder, _without_record(tmp_path / "bare")],
+        "share no quantile level but the median": [folder, quartiles],
+        "was trained for --seq_len 96 --pred_len 24": [folder, longer],
+    }
+    for message, members in cases.items():
+        argv = ensemble_args(setup, members) if members else [*ETTH1_ARGS, "--root_path", setup.data, "--model",
+                                                              "Ensemble", "--is_training", 0, *RUN]
+        assert message in refusal(argv), (message, refusal(argv))
+    assert "add --is_training 0" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--is_training", 1])
+    assert "not --checkpoint" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--checkpoint", checkpoint])
+    too_long = next(row for row in foundation.RELEASES.values() if row.name == name).too_long
+    if too_long:  # a member that cannot take the context: named, with what it takes
+        message = refusal([*ensemble_args(setup, [folder, checkpoint]), "--seq_len", too_long[0]])
+        assert f"ensemble member {folder}" in message or "ensemble member" in message, message
+
+
+def _without_record(folder):
+    path = fake_checkpoint(folder)
+    (folder / "last.pth").unlink()
+    return path
