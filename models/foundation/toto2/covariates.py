@@ -29,9 +29,9 @@ class CovariateForecaster:
     def __init__(self, run_argv, device, levels):
         from argparse import Namespace
 
-        from exp.export import load_weights
+        from models.foundation.release import open_release
         from models.foundation.toto2 import Toto2
-        from models.foundation.toto2.adapter import QUANTILES
+        from models.foundation.toto2.adapter import QUANTILES, TOTO2
 
         argv = list(run_argv)
         require("--pretrain_model_path" in argv[:-1], "--covariates runs a Toto 2.0 release: give its folder, "
@@ -40,8 +40,10 @@ class CovariateForecaster:
         missing = [q for q in levels if q not in QUANTILES]
         require(not missing, f"{folder}: Toto 2.0's quantiles {list(QUANTILES)} lack {missing}")
         self.index = [QUANTILES.index(q) for q in levels]
-        probe = Toto2.Model(Namespace(seq_len=4096, pred_len=1, pretrain_model_path=folder))
-        self.model = load_weights(probe, folder).eval().to(device or "cpu")
+        self.model = Toto2.Model(Namespace(seq_len=4096, pred_len=1, pretrain_model_path=folder))
+        state, config = open_release(folder).state()  # the release's layout: ours is one prefix away (adapter.py)
+        self.model.load_state_dict(TOTO2.to_ours(state, config), strict=True)
+        self.model.eval().to(device or "cpu")
         self.patch = self.model.patch
 
     def forecast(self, inputs, horizon):
