@@ -112,9 +112,10 @@ def project_imported_elsewhere():
 
 # What every run.py process imports (torch._dynamo comes with the first optimizer): loaded once
 # in the fork server, so each forked run starts warm.
-# chronos.chronos_bolt brings transformers (about 3 s a process): the foundation models' CLI tests fork warm too
+# chronos.chronos_bolt brings transformers (about 3 s a process): the foundation models' CLI tests fork warm too; tirex2 (its
+# class-level torch.compile brings TorchInductor: about 3 s)
 WARM_MODULES = ["run", "exp.exp_forecast", "exp.outputs", "torch._dynamo", "sklearn.preprocessing", "pandas",
-                "chronos.chronos_bolt"]
+                "chronos.chronos_bolt", "tirex2"]
 _fork_context = None
 
 
