@@ -22,8 +22,8 @@ def probes(Probe, fixed, release, reader):
               "config.json is the config of another model (model_type t5, ChronosBoltModelForForecasting), not Toto "
               "2.0's (toto2 Toto2ModelConfig", shows="`--model Toto2 --pretrain_model_path` a folder whose config.json "
                                                     "is Chronos-Bolt's"),
-        Probe("context and horizon past Toto 2.0's rotary table", lambda f: [*release()(f), "--seq_len", 65536],
-              "Toto 2.0 reads at most 8192 patches of 8 steps (its rotary table): --seq_len 65536 + --pred_len 24 "
-              "make 8195", shows="`--seq_len 65536 --pred_len 24` from a Toto 2.0 folder of patches of 8 steps "
-                                 "(released: 32, 262144 steps)"),
+        Probe("context shorter than one Toto 2.0 patch", lambda f: [*release()(f), "--seq_len", 4, "--label_len", 0],
+              "--seq_len 4 is shorter than one Toto 2.0 patch (8 steps)",
+              shows="`--seq_len 4` from a Toto 2.0 folder of patches of 8 steps (released: 32); a context past the "
+                    "rotary table (8192 patches) is tests/test_foundation.py's row"),
     ]
