@@ -14,6 +14,9 @@ def probes(Probe, fixed, release, reader):
         Probe("Toto 2.0 folder without model.safetensors", release(lacking="model.safetensors"),
               "is a partial Toto 2.0 folder: model.safetensors missing; download both files of the release "
               "(Datadog/Toto-2.0-2.5B)", shows="a Toto 2.0 folder holding config.json only"),
+        Probe("Toto 2.0 model.safetensors truncated", lambda f: _truncated(release()(f)),
+              "model.safetensors: not a valid safetensors file", shows="a Toto 2.0 folder whose model.safetensors is "
+                                                                       "cut after 5000 bytes"),
         Probe("Toto 2.0 weights missing a tensor", release(drop="transformer.layers.1.ffn.fc2.weight"),
               "converted) does not fit model Toto2: missing: toto.transformer.layers.1.ffn.fc2.weight",
               shows="a Toto 2.0 folder whose model.safetensors lacks transformer.layers.1.ffn.fc2.weight"),
@@ -27,3 +30,11 @@ def probes(Probe, fixed, release, reader):
               shows="`--seq_len 4` from a Toto 2.0 folder of patches of 8 steps (released: 32); a context past the "
                     "rotary table (8192 patches) is tests/test_foundation.py's row"),
     ]
+
+
+def _truncated(argv):
+    """The probe's arguments, its folder's model.safetensors cut after 5000 bytes."""
+    folder = argv[argv.index("--pretrain_model_path") + 1]
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    return argv
