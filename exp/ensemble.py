@@ -151,7 +151,7 @@ def ensemble_class(args, settings):
             "on its own, then give its checkpoint)")
     stray = [f"--{name}" for name in NOT_WITH_ENSEMBLE if getattr(args, name, None)]
     require(not stray, f"--model {NAME} takes its members' weights from --members, not {', '.join(stray)}; drop it")
-    key = (args.members, args.ensemble_rule)
+    key = (args.members, args.ensemble_rule, _stamps(args.members))
     if key not in _classes:
         specs = member_specs(args.members)
         levels = reconciled_levels(specs)
@@ -168,6 +168,17 @@ def ensemble_class(args, settings):
 
         _classes[key] = Model
     return _classes[key]
+
+
+def _stamps(text):
+    """What a member's files are now (their modification times), so that a class is built again for files that
+    changed under the same --members."""
+    stamps = []
+    for item in str(text or "").split(","):
+        path = item.rpartition("=")[2].strip()
+        for name in (path, os.path.join(os.path.dirname(os.path.abspath(path)), "last.pth")):
+            stamps.append(os.stat(name).st_mtime_ns if os.path.exists(name) else None)
+    return tuple(stamps)
 
 
 def member_run(configs, spec, settings, fixed=False):

@@ -210,3 +210,34 @@ def _without_record(folder):
     path = fake_checkpoint(folder)
     (folder / "last.pth").unlink()
     return path
+
+
+def test_the_harness_row_combines_the_members_own_harness_forecasts(setup, tmp_path):
+    """GIFT-Eval's harness (and fev-bench's, which forecasts through it): each member forecasts as its own row
+    would, the ensemble's quantiles their median; a zero-shot row, its quantiles as forecast."""
+    pytest.importorskip("pyarrow")
+    import json
+
+    from benchmarks import gift_eval
+    from benchmarks import gift_eval_models as models
+    from test_gift_eval import csv_rows, write_synthetic_sets
+
+    folder, checkpoint = setup.folders[0], setup.checkpoint
+    argv = ["--model", "Ensemble", "--members", f"{folder},{checkpoint}", "--seq_len", 64, "--num_threads", 1]
+    write_synthetic_sets(tmp_path / "data")
+    gift_eval.run(gift_eval.parse_args(["--data_root", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+                                        "--datasets", "hospital", "--terms", "short", *map(str, argv)]))
+    assert [r["dataset"] for r in csv_rows(tmp_path / "out" / "all_results.csv")] == ["hospital/M/short"]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "zero-shot"
+    result = json.loads(next((tmp_path / "out" / "configurations").iterdir()).read_text())
+    assert result["quantile_order"] == "as forecast" and not result["point_only"]
+
+    histories = [10 + np.sin(np.arange(n) / 3.0) for n in (50, 90)]
+    point, quantiles, _ = models.forecaster(argv, 1).forecast(histories, 30, gift_eval.impute)
+    own = [models.ModelForecaster(["--model", _model_of(folder), "--pretrain_model_path", folder, "--seq_len", 64,
+                                   "--num_threads", 1], 1),
+           models.ModelForecaster(["--model", "DLinear", "--checkpoint", checkpoint, *SHAPES, "--loss", "quantile",
+                                   "--num_threads", 1], 1)]
+    forecasts = [f.forecast(histories, 30, gift_eval.impute)[1] for f in own]
+    np.testing.assert_allclose(quantiles, (forecasts[0] + forecasts[1]) / 2, rtol=1e-12)  # two: their middle
+    np.testing.assert_allclose(point, quantiles[:, 4], rtol=0)
