@@ -8,6 +8,7 @@
   through run.py on 1 and 2 processes).
 """
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
@@ -200,10 +201,10 @@ def test_bad_members_are_one_line(setup, tmp_path):
         assert message in refusal(argv), (message, refusal(argv))
     assert "add --is_training 0" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--is_training", 1])
     assert "not --checkpoint" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--checkpoint", checkpoint])
-    too_long = next(row for row in foundation.RELEASES.values() if row.name == name).too_long
-    if too_long:  # a member that cannot take the context: named, with what it takes
-        message = refusal([*ensemble_args(setup, [folder, checkpoint]), "--seq_len", too_long[0]])
-        assert f"ensemble member {folder}" in message or "ensemble member" in message, message
+    seq_len, pred_len, says = next(row for row in foundation.RELEASES.values() if row.name == name).too_long
+    # a release member that cannot take the context or horizon: its own line, naming the member
+    message = refusal([*ensemble_args(setup, [folder, checkpoint]), "--seq_len", seq_len, "--pred_len", pred_len])
+    assert message.startswith(f"ensemble member {folder}: ") and re.search(says, message), message
 
 
 def _without_record(folder):
