@@ -40,6 +40,13 @@ def is_ensemble(name):
     return str(name).replace("_", "").replace("-", "").lower() == NAME.lower()
 
 
+def check_not_an_ensemble(args):
+    """One line for the ensemble's arguments given to another --model, which would ignore them."""
+    stray = [f"--{name}" for name in ("members", "ensemble_rule") if name in getattr(args, "given", ())]
+    require(not stray, f"{' and '.join(stray)} are read by --model {NAME} only, not --model {args.model}: use --model "
+                       f"{NAME}, or drop {' and '.join(stray)}")
+
+
 # ------------------------------------------------------------ --members, read
 class MemberSpec(argparse.Namespace):
     """One member as the command line gave it (`given`): `kind` "release" or "checkpoint", `model` the --model

@@ -119,6 +119,7 @@ def model_class(args):
 
     if ensemble.is_ensemble(args.model):  # each member settled and built by this module, handed over
         return ensemble.ensemble_class(args, sys.modules[__name__])
+    ensemble.check_not_an_ensemble(args)
     return get_model_class(args.model)
 
 

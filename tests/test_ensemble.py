@@ -199,6 +199,8 @@ def test_bad_members_are_one_line(setup, tmp_path):
         argv = ensemble_args(setup, members) if members else [*ETTH1_ARGS, "--root_path", setup.data, "--model",
                                                               "Ensemble", "--is_training", 0, *RUN]
         assert message in refusal(argv), (message, refusal(argv))
+    assert "are read by --model Ensemble only, not --model DLinear" in refusal(
+        [*ETTH1_ARGS, "--root_path", setup.data, "--model", "DLinear", "--members", f"{folder},{checkpoint}", *RUN])
     assert "add --is_training 0" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--is_training", 1])
     assert "not --checkpoint" in refusal([*ensemble_args(setup, [folder, checkpoint]), "--checkpoint", checkpoint])
     seq_len, pred_len, says = next(row for row in foundation.RELEASES.values() if row.name == name).too_long
