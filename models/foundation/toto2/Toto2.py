@@ -79,6 +79,10 @@ class Model(nn.Module):
                              f"rotary table): --seq_len {self.seq_len} + --pred_len {self.pred_len} make {positions}; "
                              f"keep their patches within {release.ROPE_POSITIONS * self.patch} steps")
         self.toto = Network(config)
+        # the levels' float32 bits as int32: on the model's device (no copy from the host per step) and exact in a
+        # half-precision copy; not persistent, so not in the state dict
+        self.register_buffer("level_bits", torch.tensor(self.quantile_levels, dtype=torch.float32).view(torch.int32),
+                             persistent=False)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None, target=None):
         batch, _, channels = x_enc.shape
@@ -104,7 +108,7 @@ class Model(nn.Module):
         steps = future.shape[-1]
         truth = torch.asinh((future - loc[..., :steps]) / scale[..., :steps])  # [N, 1, H]
         error = truth.unsqueeze(0) - raw[..., :steps]  # [Q, N, 1, H]
-        levels = torch.tensor(self.quantile_levels, dtype=error.dtype, device=error.device).view(-1, 1, 1, 1)
+        levels = self.level_bits.view(torch.float32).to(error.dtype).view(-1, 1, 1, 1)
         return torch.maximum(levels * error, (levels - 1) * error).mean((0, 2, 3))
 
 
