@@ -6,10 +6,11 @@ a release's folder), as the release defines them (toto2's Toto2GluonTSModel and 
 - past-only dynamic columns: extra target rows of the same series over the past (the GluonTS wrapper's
   past_feat_dynamic_real), forecast like the targets and then dropped;
 - known dynamic columns: future-known rows over the past and the horizon (known_dynamic), read and not forecast;
-- static columns: the package has no static input; with --static_covariates constant each numeric one is a
+- static columns: the package has no static input; with --static_covariates constant each one is a
   future-known row constant over past and horizon (the causal scaler makes it zeros whatever its value, so a
   forecast changes by its presence only), as Chronos-2's covariates.py gives them.
-Columns that are not numbers (categorical) are left out: Toto 2.0 reads numbers only. A missing value (NaN) is
+Toto 2.0 reads numbers only: a categorical column is given as the ordinal codes of its categories (sorted) in the
+window, a categorical static one as a constant 0 row. A missing value (NaN) is
 an unobserved step (mask false, its value the last one before it, as the wrapper's ffill imputation). A past that is not whole patches is left-padded with unobserved steps
 (the GluonTS wrapper's past_is_pad); one longer than the rotary table allows loses its oldest patches.
 
@@ -93,24 +94,27 @@ def forward_filled(values):
 
 
 def _numeric(values):
+    """A column as numbers: as it is, or a categorical one as ordinal codes of its sorted categories in the
+    window (None missing)."""
     array = np.asarray(values)
     if array.dtype.kind in "fiub":
         return array.astype(np.float64)
     try:
         return np.array([np.nan if v is None else float(v) for v in array], dtype=np.float64)
     except (TypeError, ValueError):
-        return None  # categorical: left out (module docstring)
+        codes = {c: float(k) for k, c in enumerate(sorted({str(v) for v in array if v is not None}))}
+        return np.array([np.nan if v is None else codes[str(v)] for v in array], dtype=np.float64)
 
 
 def window_inputs(data, series, first, cut, horizon, target_columns, static=True):
     """One series' window in the form CovariateForecaster reads (module docstring)."""
     target = np.asarray(data["targets"][series], dtype=np.float64)[:, first:cut]
-    past = [p for p in (_numeric(p[first:cut]) for p in data["past"][series]) if p is not None]
-    known = [k for k in (_numeric(k[first:cut + horizon]) for k in data["known"][series]) if k is not None]
-    if static:
+    past = [_numeric(p[first:cut]) for p in data["past"][series]]
+    known = [_numeric(k[first:cut + horizon]) for k in data["known"][series]]
+    if static:  # a constant row: a number as it is, a category its only code, 0
         for value in data["static"][series]:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                known.append(np.full(cut - first + horizon, float(value)))
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+            known.append(np.full(cut - first + horizon, number))
     if len(target_columns) != target.shape[0]:
         raise UserError(f"series {series}: {target.shape[0]} target rows for {len(target_columns)} target columns")
     return {"target": target, "past": past, "known": known}

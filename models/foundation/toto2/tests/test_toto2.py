@@ -223,8 +223,9 @@ def test_fsdp_fine_tunes_as_one_process_does(tmp_path):
 
 def test_fev_bench_covariates_are_the_releases_rows():
     """benchmarks.fev_bench --covariates (covariates.py): two target columns one series, a past-only column as a
-    target row, a known column over past and horizon, a numeric static one as a constant known row, a categorical
-    one left out; the forecast is Model.forecast's on those rows, a NaN an unobserved step carrying the last value."""
+    target row, known columns over past and horizon (a categorical one as its ordinal codes), statics as constant
+    known rows (a categorical one 0); the forecast is Model.forecast's on those rows, a NaN an unobserved step
+    carrying the last value."""
     import numpy as np
 
     from models.foundation.toto2 import covariates
@@ -237,7 +238,9 @@ def test_fev_bench_covariates_are_the_releases_rows():
             "known": [[generator.normal(size=length + horizon), np.array(["a", "b"] * 28)[:length + horizon]]],
             "static": [[3.0, "shop"]]}
     one = covariates.window_inputs(data, 0, 0, length, horizon, ["y1", "y2"])
-    assert len(one["past"]) == 1 and len(one["known"]) == 2 and one["known"][1].tolist() == [3.0] * (length + horizon)
+    assert len(one["past"]) == 1 and len(one["known"]) == 4 and one["known"][1].tolist() == [0.0, 1.0] * 27 + [0.0]
+    assert one["known"][2].tolist() == [3.0] * (length + horizon) and one["known"][3].tolist() == [0.0] * 55
+    one["known"] = [one["known"][0], one["known"][2]]
     forecaster = covariates.CovariateForecaster(["--pretrain_model_path", str(FIXTURE)], "cpu", (0.1, 0.5, 0.9))
     got = forecaster.forecast([one], horizon)
     assert got.shape == (1, 2, 3, horizon)
