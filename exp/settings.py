@@ -7,6 +7,7 @@ before distributed.setup, so a bad argument ends every rank alike before any col
 returns the settled run (`Run`): read-only from then on; the model gets a copy (`model_configs`).
 """
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -582,6 +583,9 @@ def setting_name(args, ii):
         parts += [f"it{args.input_token_len}", f"ot{args.output_token_len}"]
     if args.loss not in POINT_LOSSES:  # a probabilistic model is another model: its own folder
         parts.append(args.loss)
+    if getattr(args, "members", None):  # an ensemble is its members and its rule: each its own folder
+        members = ",".join(os.path.realpath(item.split("=", 1)[-1].strip()) for item in args.members.split(","))
+        parts.append(f"{args.ensemble_rule}{hashlib.sha256(members.encode()).hexdigest()[:8]}")
     return "_".join(parts + [args.des, f"seed{args.seed}", str(ii)])
 
 

@@ -244,3 +244,21 @@ def test_the_harness_row_combines_the_members_own_harness_forecasts(setup, tmp_p
     forecasts = [f.forecast(histories, 30, gift_eval.impute)[1] for f in own]
     np.testing.assert_allclose(quantiles, (forecasts[0] + forecasts[1]) / 2, rtol=1e-12)  # two: their middle
     np.testing.assert_allclose(point, quantiles[:, 4], rtol=0)
+
+
+def test_two_ensembles_never_share_a_results_folder(tmp_path):
+    """The setting (the folder under --results_dir and --checkpoints) names the rule and the members' real paths:
+    two ensembles of the same --model, data and shapes otherwise wrote metrics.json into one folder."""
+    from exp.settings import setting_name
+
+    base = make_args(*ETTH1_ARGS, "--model", "Ensemble")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+
+    def name(members, rule="median"):
+        return setting_name(argparse.Namespace(**{**vars(base), "members": members, "ensemble_rule": rule,
+                                                     "autoregressive": False}), 0)
+
+    one = name(f"{tmp_path}/a,{tmp_path}/b")
+    assert one == name(f"Chronos2={tmp_path}/a/../a, {tmp_path}/b")  # the same members, spelled otherwise
+    assert len({one, name(f"{tmp_path}/a,{tmp_path}/b", "mean"), name(f"{tmp_path}/b,{tmp_path}/a"),
+                name(f"{tmp_path}/a,{tmp_path}/c")}) == 4
