@@ -607,6 +607,8 @@ def load_trained_model(metrics_json_path, checkpoint=None, device="cpu"):
     if lora:  # its base, as Exp_Basic built it: the seeded initialisation, or the pre-trained weights
         seed_everything(args.seed)
     model = build_model(args)
+    if checkpoint is None and getattr(model, "needs_no_training", False):  # a baseline, an ensemble: no weights
+        return model.to(device).eval()  # of its own (an ensemble's members load theirs as it is built)
     if lora:  # a LoRA run's checkpoint holds its adapters, checked against the base's hash as they load
         from exp.adaptation import load_pretrained
         from exp.lora import apply_lora

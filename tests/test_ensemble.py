@@ -94,6 +94,10 @@ def test_the_ensemble_scores_the_same_on_1_2_3_processes_and_two_eval_batch_size
         for key in SCORES:
             assert outcome[key] == pytest.approx(first[key], rel=1e-9, abs=0), (key, outcome["world_size"])
     assert not any((tmp_path / "checkpoints").rglob("*.pth"))  # zero-shot: nothing saved
+    from exp.settings import load_trained_model  # the finished run's model back outside run.py, members loaded
+
+    model = load_trained_model(next((tmp_path / "results").rglob("metrics.json")))
+    assert len(model.members) == 4 and not model.training
 
 
 # ------------------------------------------------------------------ in one process: members and the rule
