@@ -10,9 +10,10 @@ a release's folder), as the release defines them (toto2's Toto2GluonTSModel and 
   future-known row constant over past and horizon (the causal scaler makes it zeros whatever its value, so a
   forecast changes by its presence only), as Chronos-2's covariates.py gives them.
 Toto 2.0 reads numbers only: a categorical column is given as the ordinal codes of its categories (sorted) in the
-window, a categorical static one as a constant 0 row. A missing value (NaN) is
-an unobserved step (mask false, its value the last one before it, as the wrapper's ffill imputation). A past that is not whole patches is left-padded with unobserved steps
-(the GluonTS wrapper's past_is_pad); one longer than the rotary table allows loses its oldest patches.
+window, a categorical static one as a constant 0 row. A missing value (NaN) is an unobserved step (mask false, its
+value the last one before it, as the wrapper's ffill imputation). A past that is not whole patches is left-padded
+with unobserved steps (the GluonTS wrapper's past_is_pad); one longer than the rotary table allows loses its oldest
+patches.
 
 Our native model (Toto2.py) computes it, one window at a time, so a window's forecast is the same in any batch
 and on any number of processes.

@@ -17,8 +17,9 @@ path; ours is written apart from it, from its code and unit_scaling's read as fa
 crosscheck(): our quantiles (the folder loaded through exp.export.load_weights) against Toto2Model.forecast on the
 same windows: the 2.5B release's flags at a reduced width (every code path of the 2.5B: xPos, per-dim scale,
 attention biases, one variate layer last), a GQA + qk-norm + plain-RoPE variant, the 2.5B's width at 4 of its 48
-layers, each channel alone and several variates of one series together; the 2.5B's full shape only with --full
-(9.8 GB a copy, two copies at the peak: a machine with 24 GB free); then our export read back by Toto2Model.from_pretrained.
+layers, each channel alone and several variates of one series together; the 2.5B's full shape (one 9.8 GB copy
+of the weights, shared by both sides; `--full-only` runs it alone, `--no-full` leaves it out); then our export
+read back by Toto2Model.from_pretrained.
 speed(): zero-shot at batch 64, ours against Toto2Model.forecast, medians of interleaved rounds."""
 import argparse
 import dataclasses
@@ -145,7 +146,7 @@ def _row(what, seq_len, pred_len, got, want):
     return f"| {what} | {seq_len} | {pred_len} | {difference:.3g} | {relative:.3g} ({verdict}) |"
 
 
-def crosscheck(full=False):
+def crosscheck(full=True):
     from exp.export import export
 
     lines = ["| check | seq_len | pred_len | max abs difference | max relative difference (of the largest |quantile|) |",
@@ -182,7 +183,7 @@ def crosscheck(full=False):
                                   reference_forecast(Toto2Model.from_pretrained(str(exported)), batch, 720)))
             del reference
         if full:
-            lines.append(full_width(root))
+            lines.append(full_width())
     lines += ["", "Ours: the folder read by exp.export.load_weights into models/foundation/toto2/Toto2.py; the reference: "
               "toto2's Toto2Model.from_pretrained(folder).forecast(inputs, horizon) (one forward, its default), CPU, "
               "float32. A seq_len not whole patches (500) loses its oldest steps in ours; the reference is given the "
@@ -190,23 +191,31 @@ def crosscheck(full=False):
     return lines
 
 
-def full_width(root):
-    """The 2.5B release's shape (d_model 2048, 48 layers, 2,454,281,792 parameters), one copy at a time: the
-    reference's random weights saved, the reference freed, ours loaded from the file; the reference's forecast
-    taken first and kept."""
-    from models.foundation.toto2.adapter import RELEASED
-    from toto2 import Toto2Model
+def full_width(root=None):
+    """The 2.5B release's shape (d_model 2048, 48 layers, 2,454,281,792 parameters) with one copy of the weights in
+    memory (9.8 GB): the reference at random weights forecasts first; ours, built on the meta device, is then given
+    the same tensors (load_state_dict(assign=True): shared, not copied) and forecasts the same windows. The file
+    reader is the smaller checks' (the layout is the same at every size)."""
+    import gc
 
-    folder = released_folder(root, RELEASED, name="Toto-2.0-2.5B")
+    from models.foundation.toto2 import Toto2
+    from models.foundation.toto2.adapter import RELEASED
+
+    reference = reference_model(dict(RELEASED), seed=7)
     batch = windows(1, 512, 2)
-    reference = Toto2Model.from_pretrained(str(folder))
     with torch.no_grad():
         want = reference_forecast(reference, batch, 64)
+    with torch.device("meta"):
+        model = Toto2.Model(Namespace(seq_len=512, pred_len=64, pretrain_model_path=None, d_model=2048, n_heads=32,
+                                      e_layers=48, d_ff=5464))
+    model.toto.load_state_dict(reference.state_dict(), strict=True, assign=True)
+    model.level_bits = torch.tensor(model.quantile_levels, dtype=torch.float32).view(torch.int32)
     del reference
-    model = ours(folder, 512, 64)
+    gc.collect()
+    count = sum(p.numel() for p in model.parameters())
     with torch.no_grad():
-        got = model(batch)
-    return _row("the 2.5B release's shape (d_model 2048, 48 layers), each channel alone", 512, 64, got, want)
+        got = model.eval()(batch)
+    return _row(f"the 2.5B release's shape ({count:,} parameters, 48 layers), each channel alone", 512, 64, got, want)
 
 
 def _timed(call):
@@ -274,9 +283,12 @@ def write_fixture(folder=FIXTURE):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-fixture", action="store_true")
-    parser.add_argument("--full", action="store_true", help="also the 2.5B shape (about 20 GB of memory)")
+    parser.add_argument("--no-full", action="store_true", help="without the 2.5B shape (about 10 GB of memory)")
+    parser.add_argument("--full-only", action="store_true", help="the 2.5B shape alone")
     options = parser.parse_args()
     if options.write_fixture:
         print(f"written {write_fixture()}")
+    elif options.full_only:
+        print(full_width())
     else:
-        print("\n".join(crosscheck(options.full)))
+        print("\n".join(crosscheck(not options.no_full)))

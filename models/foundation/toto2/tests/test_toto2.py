@@ -2,9 +2,10 @@
 configuration with the 2.5B release's flags (xPos, per-dim scale, attention biases, one variate layer, the last;
 GQA: 4 heads over 2 key/value groups) in the released layout, written by the package's own save_pretrained, and
 expected.safetensors holds the package's Toto2Model.forecast quantiles on fixed windows, each channel alone, a
-window's 3 channels one series, and with a future-known row (known_dynamic) (models/foundation/toto2/crosscheck.py --write-fixture, run in the side
-environment). Here: the folder loads through our adapter and forecasts those quantiles; the training loss; the
-export's config; bad folders in one line. What every release shares is tests/test_foundation.py's contract."""
+window's 3 channels one series, and with a future-known row (known_dynamic) (models/foundation/toto2/crosscheck.py
+--write-fixture, run in the side environment). Here: the folder loads through our adapter and forecasts those
+quantiles; the training loss; the export's config; bad folders in one line. What every release shares is
+tests/test_foundation.py's contract."""
 import json
 from argparse import Namespace
 from pathlib import Path
