@@ -27,10 +27,10 @@ Block decoding (decode_block_size: the median of each block fed back, a KV cache
 names one forward the leaderboard setting, and any horizon runs in one forward here.
 
 Each channel of a window is a series of its own: [B, L, C] -> B*C rows, so a variate layer sees one variate, and
-attention over one key is that key's value (computed so). The rows are padded to a multiple of 8 (copies of the
-first, dropped after): the matrix kernels then round a row the same in any batch (measured on one thread; 1 ULP
-apart otherwise), so a forecast does not depend on --eval_batch_size or the process count. Model.forecast takes
-several variates of one series together (series ids), the package's multivariate mode.
+attention over one key is that key's value (computed so). In evaluation the rows are padded to a multiple of 8
+(copies of the first, dropped after): the matrix kernels then round a row the same in any batch (measured on one
+thread; 1 ULP apart otherwise), so a forecast does not depend on --eval_batch_size or the process count.
+Model.forecast takes several variates of one series together (series ids), the package's multivariate mode.
 
 A context that is not whole patches loses its oldest seq_len % patch_size steps (the package's GluonTS wrapper
 cuts its context so); context plus horizon past the rotary table (8192 patches) is refused. The released
@@ -93,8 +93,9 @@ class Model(nn.Module):
         if target is not None:  # training: each window's loss [B]
             future = target.permute(0, 2, 1).reshape(batch * channels, 1, -1).float()
             return self.training_loss(rows, future).view(batch, channels).mean(1)
-        count = rows.shape[0]  # padded to a multiple of 8 rows: the kernels then round a row alike in any batch
-        rows = torch.cat([rows, rows[:1].expand(-count % ROW_MULTIPLE, -1, -1)])
+        count = rows.shape[0]  # evaluating, padded to a multiple of 8 rows: the kernels round a row alike in any batch
+        if not self.training:
+            rows = torch.cat([rows, rows[:1].expand(-count % ROW_MULTIPLE, -1, -1)])
         quantiles = self.toto.forecast(rows, None, None, self.pred_len)[:, :count]
         return quantiles.reshape(len(self.quantile_levels), batch, channels, self.pred_len).permute(1, 3, 2, 0) \
             .to(x_enc.dtype)
