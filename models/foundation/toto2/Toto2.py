@@ -170,8 +170,9 @@ class Network(nn.Module):
         variates = full.shape[-2]
         loc, scale = causal_scaler(full, seen, patch)
         scaled = torch.where(seen, (full - loc) / scale, torch.zeros_like(full)).asinh()
+        dtype = self.patch_proj.linear1.weight.dtype  # the network's (a half-precision copy: its own)
         tokens = self.patch_proj(torch.cat([scaled.unflatten(-1, (-1, patch)),
-                                            (~seen).to(full.dtype).unflatten(-1, (-1, patch))], -1))
+                                            (~seen).to(full.dtype).unflatten(-1, (-1, patch))], -1).to(dtype))
         context_patches = length // patch
         empty = seen[..., :length].unflatten(-1, (-1, patch)).sum(-1) == 0  # [..., V, context patches]
         if series_ids is None:
@@ -186,7 +187,8 @@ class Network(nn.Module):
         hidden = self.transformer(tokens.flatten(0, -3) if lead else tokens, groups, variates,
                                   singletons=series_ids is None)
         hidden = hidden.reshape(*lead, variates, *hidden.shape[-2:])
-        out = self.output_head(hidden[..., context_patches - 1:context_patches - 1 + ahead, :])  # [.., Hp, patch, Q]
+        anchors = hidden[..., context_patches - 1:context_patches - 1 + ahead, :]  # each predicts the next patch
+        out = self.output_head(anchors).float()  # [..., V, Hp, patch, Q]
         out = out.movedim(-1, 0)  # [Q, ..., V, Hp, patch]
         loc_h = loc[..., length:].unflatten(-1, (ahead, patch))
         scale_h = scale[..., length:].unflatten(-1, (ahead, patch))
