@@ -106,6 +106,16 @@ def test_a_window_forecasts_the_same_bits_alone_and_in_any_batch():
         torch.set_num_threads(threads)
 
 
+def test_a_bfloat16_copy_forecasts_near_the_float32_one(expected):
+    """The network runs in its own dtype: the patch embeddings' input cast to it, the quantiles back to float32."""
+    windows = expected["windows"]
+    with torch.no_grad():
+        full = ours(FIXTURE, SEQ_LEN, 21)(windows)
+        half = ours(FIXTURE, SEQ_LEN, 21).to(torch.bfloat16)(windows.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and half.shape == full.shape
+    assert (half.float() - full).abs().max() <= 0.02 * full.abs().max()
+
+
 def test_a_context_not_whole_patches_loses_its_oldest_steps():
     """seq_len 53 = 6 patches of 8 and 5 steps: the oldest 5 are dropped (the package's GluonTS wrapper cuts so)."""
     windows = torch.randn(2, 53, 2, generator=torch.Generator().manual_seed(3)).cumsum(1)
