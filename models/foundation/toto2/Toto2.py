@@ -23,8 +23,12 @@ What a forecast is (Toto2Model.forecast, decode_block_size None: one forward, th
   readouts 1 / fan_in, attention scores 1 / qk_dim, silu times a fixed constant in the residual MLPs;
 - the last context position and the horizon's but last give the horizon's patches: 9 quantiles each, sinh, times
   the scale plus the location, sorted (never crossing).
-Block decoding (decode_block_size: the median of each block fed back, a KV cache) is not implemented: the release
-names one forward the leaderboard setting, and any horizon runs in one forward here.
+Block decoding (the package's decode_block_size, for long horizons): the horizon in blocks of whole patches, one
+forward each over everything so far, each block's median fed back as observed (and flagged observed for every
+row) and the causal scaler run again. The package keeps the keys of earlier forwards in a KV cache, rotated and
+xPos-scaled at their own forward's centre; ours recomputes them and gives each position that centre, which the
+cache implies, so the forecasts agree. A configs attribute (decode_block_size) or Model.forecast's `block`; run.py
+forecasts in one forward, the setting of the release's leaderboard results.
 
 Each channel of a window is a series of its own: [B, L, C] -> B*C rows, so a variate layer sees one variate, and
 attention over one key is that key's value (computed so). In evaluation the rows are padded to a multiple of 8
@@ -81,6 +85,11 @@ class Model(nn.Module):
             raise ValueError(f"Toto 2.0 reads at most {release.ROPE_POSITIONS} patches of {self.patch} steps (its "
                              f"rotary table): --seq_len {self.seq_len} + --pred_len {self.pred_len} make {positions}; "
                              f"keep their patches within {release.ROPE_POSITIONS * self.patch} steps")
+        # the package's decode_block_size (a configs attribute, from Python; run.py's runs forecast in one forward)
+        self.decode_block = getattr(configs, "decode_block_size", None) or None
+        if self.decode_block is not None and (self.decode_block <= 0 or self.decode_block % self.patch):
+            raise ValueError(f"decode_block_size {self.decode_block} is not a positive multiple of the Toto 2.0 patch "
+                             f"({self.patch} steps)")
         self.toto = Network(config)
         # the levels' float32 bits as int32: on the model's device (no copy from the host per step) and exact in a
         # half-precision copy; not persistent, so not in the state dict
@@ -96,17 +105,18 @@ class Model(nn.Module):
         count = rows.shape[0]  # evaluating, padded to a multiple of 8 rows: the kernels round a row alike in any batch
         if not self.training:
             rows = torch.cat([rows, rows[:1].expand(-count % ROW_MULTIPLE, -1, -1)])
-        quantiles = self.toto.forecast(rows, None, None, self.pred_len)[:, :count]
+        quantiles = self.toto.forecast(rows, None, None, self.pred_len, block=self.decode_block)[:, :count]
         return quantiles.reshape(len(self.quantile_levels), batch, channels, self.pred_len).permute(1, 3, 2, 0) \
             .to(x_enc.dtype)
 
-    def forecast(self, target, mask=None, series_ids=None, horizon=None, known=None, known_mask=None, known_ids=None):
+    def forecast(self, target, mask=None, series_ids=None, horizon=None, known=None, known_mask=None, known_ids=None,
+                 block=None):
         """The package's Toto2Model.forecast: target [..., V, T] (T whole patches), series_ids [..., V] (variates
         of one series attend to each other in the variate layers; None: each its own) -> [9, ..., V, horizon].
         known [..., K, T + horizon] (known_mask, known_ids [..., K]): the package's known_dynamic rows, future-known
-        covariates read beside the targets and not forecast."""
+        covariates read beside the targets and not forecast. block: its decode_block_size (default the model's)."""
         return self.toto.forecast(target, mask, series_ids, horizon or self.pred_len, known=known,
-                                  known_mask=known_mask, known_ids=known_ids)
+                                  known_mask=known_mask, known_ids=known_ids, block=block or self.decode_block)
 
     def training_loss(self, rows, future):
         """Each row's pinball loss of the forecast's raw quantiles in the model's space (module docstring): [N]."""
@@ -150,10 +160,13 @@ class Network(nn.Module):
         self.transformer = Transformer(config)
         self.output_head = OutputHead(d_model, patch * len(release.QUANTILES))
 
-    def forecast(self, target, mask, series_ids, horizon, raw=False, known=None, known_mask=None, known_ids=None):
-        """Toto2Model.forecast in one forward (module docstring): [..., V, T] -> [9, ..., V, horizon]; with raw,
-        (the head's quantiles in the model's space [9, ..., V, Hp * patch], loc, scale over the horizon). `mask`
-        None: every step observed (a run's windows; no value is read on the host)."""
+    def forecast(self, target, mask, series_ids, horizon, raw=False, known=None, known_mask=None, known_ids=None,
+                 block=None):
+        """Toto2Model.forecast (module docstring): [..., V, T] -> [9, ..., V, horizon]; with raw, (the head's
+        quantiles in the model's space [9, ..., V, Hp * patch], loc, scale over the horizon), one forward. `mask`
+        None: every step observed (a run's windows; no value is read on the host). `block` (steps, a multiple of
+        the patch): the package's decode_block_size, blocks of the horizon decoded in turn, each block's median fed
+        back as observed."""
         patch, lead = self.patch, target.shape[:-2]
         whole = mask is None
         mask = torch.ones_like(target, dtype=torch.bool) if whole else mask
@@ -168,11 +181,6 @@ class Network(nn.Module):
             seen = torch.cat([seen, F.pad(known_mask, (0, pad))], -2)
             series_ids = torch.cat([series_ids, known_ids], -1)
         variates = full.shape[-2]
-        loc, scale = causal_scaler(full, seen, patch)
-        scaled = torch.where(seen, (full - loc) / scale, torch.zeros_like(full)).asinh()
-        dtype = self.patch_proj.linear1.weight.dtype  # the network's (a half-precision copy: its own)
-        tokens = self.patch_proj(torch.cat([scaled.unflatten(-1, (-1, patch)),
-                                            (~seen).to(full.dtype).unflatten(-1, (-1, patch))], -1).to(dtype))
         context_patches = length // patch
         empty = seen[..., :length].unflatten(-1, (-1, patch)).sum(-1) == 0  # [..., V, context patches]
         if series_ids is None:
@@ -184,19 +192,48 @@ class Network(nn.Module):
         if ids is not None:
             groups = ids.unsqueeze(-1).expand(*ids.shape, context_patches + ahead).clone()
             groups[..., :context_patches][empty] = -1
-        hidden = self.transformer(tokens.flatten(0, -3) if lead else tokens, groups, variates,
-                                  singletons=series_ids is None)
-        hidden = hidden.reshape(*lead, variates, *hidden.shape[-2:])
-        anchors = hidden[..., context_patches - 1:context_patches - 1 + ahead, :]  # each predicts the next patch
-        out = self.output_head(anchors).float()  # [..., V, Hp, patch, Q]
-        out = out.movedim(-1, 0)  # [Q, ..., V, Hp, patch]
-        loc_h = loc[..., length:].unflatten(-1, (ahead, patch))
-        scale_h = scale[..., length:].unflatten(-1, (ahead, patch))
-        if raw:
-            return out[..., :targets, :, :].flatten(-2), loc[..., :targets, length:], scale[..., :targets, length:]
-        real = out.sinh() * scale_h + loc_h
-        real = clamp_nonfinite(real)
-        return real.sort(dim=0).values.flatten(-2)[..., :targets, :horizon]
+        if block is not None and block % patch:
+            raise ValueError(f"decode block {block} is not a multiple of the patch ({patch} steps)")
+        step = ahead if not block else min(block // patch, ahead)
+        ends = [context_patches + min(done + step, ahead) for done in range(0, ahead, step)]  # tokens of each pass
+        # xPos centres the positions of each forward at (its last + 1) // 2; the package keeps keys of earlier
+        # passes (its KV cache) with their pass's centre: a position keeps the centre of the pass it entered as
+        # observed (the context: the first; a block's medians: the next), a pass's placeholders take its own
+        centres = torch.empty(ends[-1], dtype=torch.long, device=full.device)
+        starts = [context_patches, *ends[:-1]]
+        centres[:context_patches] = ends[0] // 2
+        for first, last, after in zip(starts, ends, ends[1:]):
+            centres[first:last] = after // 2
+        fed = torch.zeros_like(seen)  # steps fed back as medians: flagged observed for every row
+        pieces = []
+        for first, last in zip(starts, ends):
+            loc, scale = causal_scaler(full, seen, patch)  # again: the medians fed back count
+            scaled = torch.where(seen, (full - loc) / scale, torch.zeros_like(full)).asinh()
+            dtype = self.patch_proj.linear1.weight.dtype  # the network's (a half-precision copy: its own)
+            unobserved = (~(seen | fed)).to(full.dtype)
+            tokens = self.patch_proj(torch.cat([scaled[..., :last * patch].unflatten(-1, (-1, patch)),
+                                                unobserved[..., :last * patch].unflatten(-1, (-1, patch))],
+                                               -1).to(dtype))
+            hidden = self.transformer(tokens.flatten(0, -3) if lead else tokens,
+                                      None if groups is None else groups[..., :last], variates,
+                                      singletons=series_ids is None,
+                                      centres=torch.cat([centres[:first], centres.new_full((last - first,), last // 2)]))
+            hidden = hidden.reshape(*lead, variates, *hidden.shape[-2:])
+            anchors = hidden[..., first - 1:last - 1, :]  # each predicts the next patch
+            out = self.output_head(anchors).float().movedim(-1, 0)  # [Q, ..., V, patches, patch]
+            span = slice(first * patch, last * patch)
+            if raw:
+                return out[..., :targets, :, :].flatten(-2), loc[..., :targets, span], scale[..., :targets, span]
+            real = out.sinh() * scale[..., span].unflatten(-1, (-1, patch)) + loc[..., span].unflatten(-1, (-1, patch))
+            real = clamp_nonfinite(real).sort(dim=0).values
+            pieces.append(real)
+            if last < ends[-1]:  # the block's median, fed back as observed
+                full = full.clone()
+                full[..., :targets, span] = real[len(release.QUANTILES) // 2, ..., :targets, :, :].flatten(-2)
+                seen, fed = seen.clone(), fed.clone()
+                seen[..., :targets, span] = True
+                fed[..., span] = True
+        return torch.cat(pieces, -2).flatten(-2)[..., :targets, :horizon]
 
 
 def clamp_nonfinite(values):
@@ -249,9 +286,9 @@ class Transformer(nn.Module):
         self.eps = float(config["norm_eps"])
         self.layers = nn.ModuleList(Layer(config, i, v) for i, v in enumerate(self.variate))
 
-    def forward(self, state, groups, variates, singletons):
+    def forward(self, state, groups, variates, singletons, centres):
         """state [N*V, S, d]; groups [N, V, S] (series ids, -1 for patches observing nothing) or None (every
-        patch observed, every variate of its own series); variates V."""
+        patch observed, every variate of its own series); variates V; centres [S], each position's xPos centre."""
         rows, length, _ = state.shape
         time_mask = variate_mask = None
         if groups is not None:
@@ -268,7 +305,7 @@ class Transformer(nn.Module):
                 across = layer(across, mask=variate_mask, alone=singletons or variates == 1)
                 state = across.unflatten(0, (-1, length)).transpose(1, 2).flatten(0, 1)
             else:
-                state = layer(state, mask=time_mask, positions=positions)
+                state = layer(state, mask=time_mask, positions=positions, centres=centres)
         return rms_norm(state, self.eps)
 
 
@@ -347,7 +384,7 @@ class Attention(nn.Module):
         self._pds = PerDimScale(self.qk) if config["per_dim_scale"] else None
         self.scales = (d_model ** -0.5, (self.v * self.heads) ** -0.5)
 
-    def rotary(self, q, k, positions):
+    def rotary(self, q, k, positions, centres):
         """Rotary position on the first half of each head's dimensions (interleaved pairs, base 10000); with xPos
         the queries times base_scale ** ((pos - centre) / 256), the keys divided so."""
         width = self.qk // 2
@@ -363,14 +400,13 @@ class Attention(nn.Module):
         q_rot, k_rot = cos * q_rot + sin * turn(q_rot), cos * k_rot + sin * turn(k_rot)
         if self.xpos:
             base = (torch.arange(0, width, 2, device=q.device).float() + 0.4 * width) / (1.4 * width)
-            centre = torch.div(positions.max() + 1, 2, rounding_mode="floor")
-            power = (positions.float() - centre) / 256
+            power = (positions.float() - centres) / 256
             scale = (base ** power.unsqueeze(-1)).repeat_interleave(2, -1)
             q_rot = q_rot * (scale ** 1.0).to(q.dtype)
             k_rot = k_rot * (scale ** -1.0).to(q.dtype)
         return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
 
-    def forward(self, x, mask=None, positions=None, alone=False):
+    def forward(self, x, mask=None, positions=None, centres=None, alone=False):
         batch, length, _ = x.shape
         q, k, v = (self.in_proj(x) * self.scales[0]).split(
             [self.qk * self.heads, self.qk * self.groups, self.v * self.groups], -1)
@@ -385,7 +421,7 @@ class Attention(nn.Module):
         if self._pds is not None:
             q = self._pds(q)
         if not self.variate:
-            q, k = self.rotary(q, k, positions)
+            q, k = self.rotary(q, k, positions, centres)
         causal = not self.variate and mask is None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=1.0 / self.qk,
                                              enable_gqa=self.heads != self.groups)

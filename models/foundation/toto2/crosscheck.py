@@ -41,6 +41,7 @@ TINY = {"attn_bias": True, "d_ff": 24, "d_model": 32, "dropout_p": 0.0, "layer_g
         "residual_attn_ratio": 5.136215466577748, "residual_mult": 0.75, "use_xpos": True, "v_dim": 8,
         "variate_layer_first": False}
 FIXTURE_SEQ_LEN, FIXTURE_HORIZONS = 48, (8, 21)  # 6 patches; one patch, three (the last 3 steps past)
+FIXTURE_BLOCK = 8  # decode_block_size: the 21 steps decoded a patch at a time
 # The 2.5B release's flags at reduced width and depth, and a variant of the other code paths (qk norm, plain RoPE,
 # a variate layer first of each group of two)
 REDUCED = {**TINY, "d_model": 256, "d_ff": 680, "num_heads": 4, "num_groups": 4, "qk_dim": 64, "v_dim": 64,
@@ -51,6 +52,7 @@ VARIANT = {**REDUCED, "qk_norm": True, "use_xpos": False, "per_dim_scale": False
 # The 2.5B's width (d_model 2048, 32 heads of 64, d_ff 5464) at 4 of its 48 layers: 1 GB a copy on a shared machine
 WIDE = {**REDUCED, "d_model": 2048, "d_ff": 5464, "num_heads": 32, "num_groups": 32, "qk_dim": 64, "v_dim": 64}
 CASES = ((512, 64), (500, 96), (4096, 720))  # (seq_len, pred_len)
+BLOCK = 256  # decode_block_size of the rolled-out checks: 720 steps in 3 forwards
 SPEED = {"config": REDUCED, "seq_len": 4096, "pred_len": 96, "series": 64, "rounds": 3}
 
 
@@ -85,7 +87,7 @@ def ours(folder, seq_len, pred_len):
     return load_weights(Toto2.Model(configs), str(folder)).eval()
 
 
-def reference_forecast(model, batch, pred_len, joint=False):
+def reference_forecast(model, batch, pred_len, joint=False, block=None):
     """Toto2Model.forecast on a window batch [B, L, C]: each channel its own series ([B*C, 1, L], our default),
     or, joint, the window's channels one series ([B, C, L], series id 0): [B, H, C, 9]."""
     count, length, channels = batch.shape
@@ -95,7 +97,7 @@ def reference_forecast(model, batch, pred_len, joint=False):
         target = batch.permute(0, 2, 1).reshape(count * channels, 1, length)
     inputs = {"target": target, "target_mask": torch.ones_like(target, dtype=torch.bool),
               "series_ids": torch.zeros(target.shape[:-1], dtype=torch.long)}
-    out = model.forecast(inputs, pred_len)  # [9, rows, V, H]
+    out = model.forecast(inputs, pred_len, decode_block_size=block)  # [9, rows, V, H]
     return out.reshape(9, count, channels, pred_len).permute(1, 3, 2, 0)
 
 
@@ -109,25 +111,29 @@ def known_inputs(batch, known):
     return target, torch.zeros(target.shape[:-1], dtype=torch.long), known, mask, ids
 
 
-def reference_known(model, batch, known, pred_len):
+def reference_known(model, batch, known, pred_len, block=None):
     """Toto2Model.forecast with known_dynamic rows: [B, H, C, 9]."""
     target, ids, known, mask, known_ids = known_inputs(batch, known)
     inputs = {"target": target, "target_mask": torch.ones_like(target, dtype=torch.bool), "series_ids": ids,
               "known_dynamic": known, "known_dynamic_mask": mask, "known_dynamic_series_ids": known_ids}
-    return model.forecast(inputs, pred_len).permute(1, 3, 2, 0)
+    return model.forecast(inputs, pred_len, decode_block_size=block).permute(1, 3, 2, 0)
 
 
-def our_known(model, batch, known, pred_len):
+def our_known(model, batch, known, pred_len, block=None):
     target, ids, known, mask, known_ids = known_inputs(batch, known)
     return model.forecast(target, series_ids=ids, horizon=pred_len, known=known, known_mask=mask,
-                          known_ids=known_ids).permute(1, 3, 2, 0)
+                          known_ids=known_ids, block=block).permute(1, 3, 2, 0)
 
 
-def our_forecast(model, batch, joint=False):
-    if not joint:
-        return model(batch)
+def our_forecast(model, batch, joint=False, block=None):
     target = batch[:, -model.context:].permute(0, 2, 1)
-    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long))
+    if not joint and block is None:
+        return model(batch)
+    if not joint:
+        count, channels, length = target.shape
+        out = model.forecast(target.reshape(count * channels, 1, length), block=block)  # [9, B*C, 1, H]
+        return out.reshape(9, count, channels, -1).permute(1, 3, 2, 0)
+    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long), block=block)
     return out.permute(1, 3, 2, 0)
 
 
@@ -162,11 +168,13 @@ def crosscheck(full=True):
             for seq_len, pred_len in CASES:
                 batch = windows(2, seq_len, 3)
                 model = ours(folder, seq_len, pred_len)
-                for joint in (False, True):
+                for joint, block in ((False, None), (True, None), *(((False, BLOCK), (True, BLOCK))
+                                                                    if pred_len > BLOCK else ())):
                     with torch.no_grad():
-                        got = our_forecast(model, batch, joint)
-                    want = reference_forecast(reference, batch[:, -model.context:], pred_len, joint)
-                    mode = "3 channels one series" if joint else "each channel alone"
+                        got = our_forecast(model, batch, joint, block)
+                    want = reference_forecast(reference, batch[:, -model.context:], pred_len, joint, block)
+                    mode = ("3 channels one series" if joint else "each channel alone") + (
+                        f", decoded in blocks of {block}" if block else "")
                     lines.append(_row(f"{label}: {mode}", seq_len, pred_len, got, want))
             if config is REDUCED:  # our weights (changed) exported, read back by the package
                 with torch.no_grad():
@@ -185,9 +193,10 @@ def crosscheck(full=True):
         if full:
             lines.append(full_width())
     lines += ["", "Ours: the folder read by exp.export.load_weights into models/foundation/toto2/Toto2.py; the reference: "
-              "toto2's Toto2Model.from_pretrained(folder).forecast(inputs, horizon) (one forward, its default), CPU, "
-              "float32. A seq_len not whole patches (500) loses its oldest steps in ours; the reference is given the "
-              "same whole-patch window (its GluonTS wrapper cuts so)."]
+              "toto2's Toto2Model.from_pretrained(folder).forecast(inputs, horizon) (one forward, its default; "
+              f"decode_block_size={BLOCK} where decoded in blocks: medians fed back, its KV cache), CPU, float32. "
+              "A seq_len not whole patches (500) loses its oldest steps in ours; the reference is given the same "
+              "whole-patch window (its GluonTS wrapper cuts so)."]
     return lines
 
 
@@ -205,6 +214,7 @@ def full_width(root=None):
     batch = windows(1, 512, 2)
     with torch.no_grad():
         want = reference_forecast(reference, batch, 64)
+        rolled = reference_forecast(reference, batch, 720, block=BLOCK)
     with torch.device("meta"):
         model = Toto2.Model(Namespace(seq_len=512, pred_len=64, pretrain_model_path=None, d_model=2048, n_heads=32,
                                       e_layers=48, d_ff=5464))
@@ -215,7 +225,10 @@ def full_width(root=None):
     count = sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         got = model.eval()(batch)
-    return _row(f"the 2.5B release's shape ({count:,} parameters, 48 layers), each channel alone", 512, 64, got, want)
+        rolled_ours = our_forecast(model, batch, block=BLOCK)
+    what = f"the 2.5B release's shape ({count:,} parameters, 48 layers), each channel alone"
+    return "\n".join([_row(what, 512, 64, got, want),
+                      _row(f"{what}, decoded in blocks of {BLOCK}", 512, 720, rolled_ours, rolled)])
 
 
 def _timed(call):
@@ -255,8 +268,8 @@ def speed():
 def write_fixture(folder=FIXTURE):
     """The tests' golden folder: TINY written by the package's save_pretrained, and expected.safetensors holding
     the windows [2, 48, 3], the reference's quantiles for each horizon, each channel alone (forecast_<H>), the
-    3 channels one series (joint_<H>) and with a future-known row `known` [2, 1, 48 + 21] (known_<H>), all
-    [2, H, 3, 9]."""
+    3 channels one series (joint_<H>) and with a future-known row `known` [2, 1, 48 + 21] (known_<H>), and the 21
+    steps decoded in blocks of a patch, each way (block_21, block_joint_21, block_known_21), all [2, H, 3, 9]."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -276,6 +289,11 @@ def write_fixture(folder=FIXTURE):
         tensors[f"joint_{horizon}"] = reference_forecast(model, batch, horizon, joint=True).contiguous()
         tensors[f"known_{horizon}"] = reference_known(model, batch, known[..., :FIXTURE_SEQ_LEN + horizon],
                                                       horizon).contiguous()
+    horizon = max(FIXTURE_HORIZONS)  # decoded in blocks of one patch (3 forwards, medians fed back)
+    tensors[f"block_{horizon}"] = reference_forecast(model, batch, horizon, block=FIXTURE_BLOCK).contiguous()
+    tensors[f"block_joint_{horizon}"] = reference_forecast(model, batch, horizon, joint=True,
+                                                           block=FIXTURE_BLOCK).contiguous()
+    tensors[f"block_known_{horizon}"] = reference_known(model, batch, known, horizon, block=FIXTURE_BLOCK).contiguous()
     save_file(tensors, str(folder / "expected.safetensors"))
     return folder
 

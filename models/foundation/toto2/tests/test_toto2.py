@@ -72,6 +72,32 @@ def test_future_known_rows_equal_toto2_forecasts_known_dynamic(expected, horizon
     assert (got - expected[f"joint_{horizon}"]).abs().max() > 1e-3 * want.abs().max()  # the row is read
 
 
+def test_block_decoding_equals_toto2_forecast_with_decode_block_size(expected):
+    """21 steps decoded a patch at a time (3 forwards, each block's median fed back as observed, the scaler run
+    again), each channel alone, 3 channels one series, with a future-known row: the package's decode_block_size 8
+    (its KV cache's keys at their own forward's xPos centre). One forward forecasts otherwise."""
+    from models.foundation.toto2.crosscheck import FIXTURE_BLOCK, our_forecast, our_known
+
+    windows = expected["windows"]
+    model = ours(FIXTURE, SEQ_LEN, 21)
+    with torch.no_grad():
+        got = {"block_21": our_forecast(model, windows, block=FIXTURE_BLOCK),
+               "block_joint_21": our_forecast(model, windows, joint=True, block=FIXTURE_BLOCK),
+               "block_known_21": our_known(model, windows, expected["known"], 21, block=FIXTURE_BLOCK)}
+    for name, values in got.items():
+        want = expected[name]
+        assert values.shape == want.shape == (2, 21, 3, 9)
+        assert (values - want).abs().max() <= 1e-5 * want.abs().max(), name
+    assert (got["block_21"] - expected["forecast_21"]).abs().max() > 1e-2 * want.abs().max()
+    assert (got["block_21"][:, :8] - expected["forecast_8"]).abs().max() <= 1e-5 * want.abs().max()  # one forward
+    by_configs = load_weights(Toto2.Model(configs(FIXTURE, SEQ_LEN, 21, decode_block_size=FIXTURE_BLOCK)),
+                              str(FIXTURE)).eval()
+    with torch.no_grad():
+        assert (by_configs(windows) - got["block_21"]).abs().max() <= 1e-6 * want.abs().max()
+    with pytest.raises(ValueError, match=r"decode_block_size 12 is not a positive multiple of the Toto 2.0 patch"):
+        Toto2.Model(configs(FIXTURE, SEQ_LEN, 21, decode_block_size=12))
+
+
 @pytest.mark.parametrize("part", ["per_dim_scale", "attn_tau", "xpos"])
 def test_the_agreement_sees_a_changed_part(expected, part, monkeypatch):
     """Not vacuous: a 5 % larger per-dim scale or residual weight of one layer, or rotary position without xPos,
