@@ -50,8 +50,10 @@ def check_not_an_ensemble(args):
 # ------------------------------------------------------------ --members, read
 class MemberSpec(argparse.Namespace):
     """One member as the command line gave it (`given`): `kind` "release" or "checkpoint", `model` the --model
-    that reads it, `path`, `levels` (its quantile levels, None for a point forecast) and, for a checkpoint, the
-    run identity its training record holds (`identity`)."""
+    that reads it, `path`, `levels` (its quantile levels, None for a point forecast), `release` (the release
+    folder it is built from: its own, or the one a checkpoint was fine-tuned from; None for a model whose
+    weights fix its context and horizon) and, for a checkpoint, the run identity its training record holds
+    (`identity`)."""
 
 
 def member_specs(text):
@@ -90,7 +92,8 @@ def member_spec(item):
             require(named == reads, f"{where}: {path} is {what}, read by --model {reads}, not {name}; write "
                                     f"{reads}={path} or the folder alone")
         cls = get_model_class(model)
-        return MemberSpec(given=item, kind="release", model=model, path=path, levels=native_levels(cls), identity=None)
+        return MemberSpec(given=item, kind="release", model=model, path=path, levels=native_levels(cls), identity=None,
+                          release=path)
     require(os.path.isfile(path), f"{where}: {path} is no release folder (no release's files and config.json) and no "
                                   "checkpoint file; give a release folder as downloaded or a trained run's "
                                   "checkpoints/SETTING/checkpoint.pth")
@@ -104,7 +107,18 @@ def member_spec(item):
     levels = native_levels(cls)
     if levels is None and identity.get("loss") not in POINT_LOSSES:
         levels = parse_levels(identity.get("quantiles"))
-    return MemberSpec(given=item, kind="checkpoint", model=model, path=path, levels=levels, identity=identity)
+    return MemberSpec(given=item, kind="checkpoint", model=model, path=path, levels=levels, identity=identity,
+                      release=fine_tuned_release(identity))
+
+
+def fine_tuned_release(identity):
+    """The release folder a trained checkpoint was fine-tuned from (its record's --adaptation
+    --pretrain_model_path, a release folder here), or None. Such a model is built from that folder, whose sizes
+    do not depend on the context or horizon: its own `--is_training 0 --adaptation` run evaluates it at any."""
+    base = identity.get("pretrain_model_path") if identity.get("adaptation") else None
+    if not base or not os.path.isdir(base) or release_of(base) is None:
+        return None
+    return base if open_release(base) is not None else None
 
 
 def _identity_beside(path, where):
@@ -190,8 +204,9 @@ def _stamps(text):
 
 def member_run(configs, spec, settings, fixed=False):
     """The settled run of member `spec` inside the ensemble whose model configs are `configs`: its zero-shot
-    evaluation on the ensemble's data, context and horizon (`fixed`: a trained member at the context and horizon
-    it was trained for, which the GIFT-Eval harness rolls out)."""
+    evaluation on the ensemble's data, context and horizon (`fixed`: a trained member at the horizon it was
+    trained for, which the GIFT-Eval harness rolls out, as its own row with --checkpoint does; at the context it
+    was trained for too unless it is a fine-tuned release, which takes any)."""
     from utils.arguments import parser_defaults
 
     defaults = parser_defaults()
@@ -206,12 +221,17 @@ def member_run(configs, spec, settings, fixed=False):
     else:
         identity = spec.identity
         shapes = {"seq_len": identity.get("seq_len"), "pred_len": identity.get("pred_len")}
-        if fixed:
-            vars(ns).update(shapes)
-        require(shapes == {"seq_len": ns.seq_len, "pred_len": ns.pred_len},
-                f"{where}: {spec.model} was trained for --seq_len {shapes['seq_len']} --pred_len {shapes['pred_len']} "
-                f"and takes only those (its weights' shapes); the ensemble asks --seq_len {ns.seq_len} --pred_len "
-                f"{ns.pred_len}: give the ensemble those, or a checkpoint trained for these")
+        if spec.release is not None:  # a fine-tuned release: sized by its folder, evaluated at any shape
+            if fixed:
+                ns.pred_len = shapes["pred_len"]
+        else:
+            if fixed:
+                vars(ns).update(shapes)
+            require(shapes == {"seq_len": ns.seq_len, "pred_len": ns.pred_len},
+                    f"{where}: {spec.model} was trained for --seq_len {shapes['seq_len']} --pred_len "
+                    f"{shapes['pred_len']} and takes only those (its weights' shapes); the ensemble asks --seq_len "
+                    f"{ns.seq_len} --pred_len {ns.pred_len}: give the ensemble those, or a checkpoint trained for "
+                    "these")
         for name in (*settings.EVALUATION_IDENTITY, "loss", "quantiles", "adaptation", "pretrain_model_path"):
             if name in identity and name not in ("members", "ensemble_rule"):
                 setattr(ns, name, identity[name])

@@ -9,10 +9,12 @@ runs once per forward, whatever the number of levels.
 
 The combination at each level is over the members that forecast it: the median of their values (the mean of the
 two middle values where their number is even, as numpy's median), or their mean (`rule` "mean"), in float64,
-returned in the members' dtype. The ensemble's quantiles are kept as combined (not sorted): the median and the
-mean of non-crossing quantiles do not cross, and a point member moves the median level alone.
+returned in the widest of the members' dtypes. The ensemble's quantiles are kept as combined (not sorted): the
+median and the mean of non-crossing quantiles do not cross, and a point member moves the median level alone.
 
 Not a registered --model file of its own: `--model Ensemble` is exp/ensemble.py's, which subclasses this one."""
+import functools
+
 import torch
 from torch import nn
 
@@ -53,7 +55,9 @@ class Ensemble(nn.Module):
         outputs = [member(x_enc, x_mark_enc, x_dec, x_mark_dec) for member in self.members]  # once each
         quantiles = [out[..., pick] for out, pick in zip(outputs, self.picks) if pick is not None]
         points = [out for out, pick in zip(outputs, self.picks) if pick is None]
-        dtype = outputs[0].dtype
+        # the widest of the members' dtypes: a distribution member's quantiles (float64, its inverse CDF's) are
+        # combined and returned as its own run scores them, whatever the members' order
+        dtype = functools.reduce(torch.promote_types, [out.dtype for out in outputs])
         if not quantiles:  # point members only: their median (or mean) is the one level
             return combine(torch.stack(points), self.rule).to(dtype).unsqueeze(-1)
         combined = combine(torch.stack(quantiles), self.rule)  # [B, P, C, levels]

@@ -263,6 +263,134 @@ def test_two_ensembles_never_share_a_results_folder(tmp_path):
                                                      "autoregressive": False}), 0)
 
     one = name(f"{tmp_path}/a,{tmp_path}/b")
-    assert one == name(f"Chronos2={tmp_path}/a/../a, {tmp_path}/b")  # the same members, spelled otherwise
+    assert one == name(f"Named={tmp_path}/a/../a, {tmp_path}/b")  # the same members, spelled otherwise
     assert len({one, name(f"{tmp_path}/a,{tmp_path}/b", "mean"), name(f"{tmp_path}/b,{tmp_path}/a"),
                 name(f"{tmp_path}/a,{tmp_path}/c")}) == 4
+
+
+# ------------------------------------------------------------------ fine-tuned releases and distribution members
+OTHER_SHAPES = ("--seq_len", 96, "--pred_len", 48, "--label_len", 0, "--val_windows", 12, "--test_windows", 20,
+                "--num_threads", 1)
+
+
+@pytest.fixture(scope="module")
+def tuned(setup):
+    """A release fixture fine-tuned here (--adaptation --pretrain_model_path, two steps) and a DLinear trained
+    with a distribution loss (--loss studentt, two steps): checkpoint.pth with the last.pth of its run beside."""
+    folder = setup.folders[0]
+    name = _model_of(folder)
+    runs = {"release": ("--model", name, "--adaptation", "--pretrain_model_path", folder),
+            "studentt": ("--model", "DLinear", "--loss", "studentt")}
+    found = {}
+    for key, model in runs.items():
+        out = setup.root / key
+        assert_ok(run_cli(out, *ETTH1_ARGS, "--root_path", setup.data, *model, *RUN, "--train_epochs", 1,
+                          "--train_steps", 2, "--quiet"))
+        found[key] = next((out / "checkpoints").glob("*/checkpoint.pth"))
+    return argparse.Namespace(folder=folder, name=name, checkpoint=found["release"], studentt=found["studentt"])
+
+
+def own_evaluation(setup, argv, shapes=RUN):
+    """The experiment of `argv`'s own --is_training 0 run, with the weights that run evaluates loaded as its test
+    loads them (exp.settings.evaluated_weights, exp.exp_forecast's loader), in eval mode."""
+    from exp.exp_forecast import _load_evaluated
+    from exp.settings import evaluated_weights, setting_name
+
+    alone = experiment([*ETTH1_ARGS, "--root_path", setup.data, "--is_training", 0, *argv, *shapes])
+    path, pretrained = evaluated_weights(alone.args, setting_name(alone.args, 0))
+    _load_evaluated(alone.raw_model, path, pretrained, alone.device)
+    alone.raw_model.eval()
+    return alone
+
+
+def own_quantiles(alone, batch):
+    from exp.forward import forward
+
+    with torch.no_grad():
+        return alone.args.objective.quantiles(forward(alone.raw_model, batch, alone.args, "test", alone.device)[0])
+
+
+def test_a_fine_tuned_release_forecasts_as_its_own_evaluation_at_any_context_and_horizon(setup, tuned):
+    """A checkpoint fine-tuned from a release is built from that release's folder (its record's
+    --pretrain_model_path), so its own `--is_training 0 --adaptation --pretrain_model_path DIR` run evaluates it at
+    any context and horizon, and the ensemble does as that run does: the same bits, at the shapes it was
+    fine-tuned for and at others."""
+    from data_provider.data_factory import data_provider
+
+    own_argv = ("--model", tuned.name, "--adaptation", "--pretrain_model_path", tuned.folder)
+    # the run's own weights: the setting's checkpoint.pth, what --is_training 0 --adaptation evaluates
+    assert own_evaluation(setup, [*own_argv, "--checkpoints", tuned.checkpoint.parents[1]]).args.weights_source \
+        == "setting"
+    for shapes in (RUN, OTHER_SHAPES):
+        shapes = (*shapes, "--eval_batch_size", 4)
+        exp = experiment([*ETTH1_ARGS, "--root_path", setup.data, "--model", "Ensemble", "--is_training", 0,
+                          "--members", f"{setup.folders[1]},{tuned.checkpoint}", *shapes])
+        batch = next(iter(data_provider(exp.args, "test", exp.device)[1]))
+        alone = own_evaluation(setup, [*own_argv, "--checkpoint", tuned.checkpoint], shapes)
+        expected = own_quantiles(alone, batch)
+        if shapes[1] == RUN[1]:  # fine-tuning changed its forecast: the release's own would not pass
+            zero_shot = own_evaluation(setup, ["--model", tuned.name, "--pretrain_model_path", tuned.folder], shapes)
+            assert not torch.equal(expected, own_quantiles(zero_shot, batch))
+        with torch.no_grad():
+            got = exp.raw_model.eval().members[1](batch[0], None, None, None)
+        assert got.shape[1] == alone.args.pred_len and torch.equal(got, expected), shapes
+    # what its release cannot take: the release's own line, naming the member
+    seq_len, pred_len, says = next(row for row in foundation.RELEASES.values() if row.name == tuned.name).too_long
+    message = refusal([*ensemble_args(setup, [tuned.checkpoint, setup.folders[1]]), "--seq_len", seq_len,
+                       "--pred_len", pred_len])
+    assert message.startswith(f"ensemble member {tuned.checkpoint}: ") and re.search(says, message), message
+
+
+def test_a_distribution_member_is_scored_at_the_ensembles_levels_as_its_own_run(setup, tuned):
+    """A checkpoint trained with --loss studentt forecasts its --quantiles from its exact inverse CDF (float64):
+    inside the ensemble, the same bits as its own run scores, at each of the ensemble's levels, and combined
+    without rounding whatever the members' order (here the median of three is its value wherever it is the
+    middle one)."""
+    from data_provider.data_factory import data_provider
+    from exp.forward import forward
+    from utils.probabilistic import DEFAULT_LEVELS
+
+    members = [setup.folders[1], tuned.studentt, setup.folders[2]]
+    exp = experiment(ensemble_args(setup, members))
+    ensemble = exp.raw_model.eval()
+    batch = next(iter(data_provider(exp.args, "test", exp.device)[1]))
+    alone = own_evaluation(setup, ["--model", "DLinear", "--checkpoint", tuned.studentt, "--loss", "studentt"])
+    own = own_quantiles(alone, batch)
+    assert alone.args.objective.levels == DEFAULT_LEVELS and own.dtype == torch.float64
+    assert exp.args.native_quantiles == list(LEVELS_9)
+    with torch.no_grad():
+        outputs = [member(batch[0], None, None, None) for member in ensemble.members]
+        combined = forward(ensemble, batch, exp.args, "test", exp.device)[0]
+    assert torch.equal(outputs[1], own)
+    at_levels = outputs[1][..., ensemble.picks[1]]
+    assert torch.equal(at_levels, own[..., [DEFAULT_LEVELS.index(q) for q in LEVELS_9]])
+    values = torch.stack([out[..., pick].double() for out, pick in zip(outputs, ensemble.picks)])
+    assert combined.dtype == torch.float64 and torch.equal(combined, values.sort(0).values[1])
+    middle = values.sort(0).indices[1] == 1  # where the distribution member is the median: its own value
+    assert middle.any() and torch.equal(combined[middle], at_levels[middle])
+
+
+def test_the_harness_row_with_a_fine_tuned_release_and_a_distribution_member(setup, tuned):
+    """GIFT-Eval's harness: each member forecasts as its own row (ModelForecaster) would, a fine-tuned release
+    from the ensemble's context at the horizon it was fine-tuned for, rolled out as its row with --checkpoint
+    is; the ensemble's quantiles the median of the three, bit for bit."""
+    pytest.importorskip("pyarrow")
+    from benchmarks import gift_eval
+    from benchmarks import gift_eval_models as models
+
+    release = setup.folders[1]
+    argv = ["--model", "Ensemble", "--members", f"{release},{tuned.checkpoint},{tuned.studentt}", "--seq_len", 96,
+            "--num_threads", 1]
+    histories = [10 + np.sin(np.arange(n) / 3.0) for n in (50, 130)]
+    ensemble = models.forecaster(argv, 1)
+    point, quantiles, _ = ensemble.forecast(histories, 30, gift_eval.impute)
+    rows = [["--model", _model_of(release), "--pretrain_model_path", release, "--seq_len", 96],
+            ["--model", tuned.name, "--adaptation", "--pretrain_model_path", tuned.folder, "--checkpoint",
+             tuned.checkpoint, "--seq_len", 96, "--pred_len", 24, "--label_len", 0],
+            ["--model", "DLinear", "--checkpoint", tuned.studentt, *SHAPES, "--loss", "studentt"]]
+    own = [models.ModelForecaster([*row, "--num_threads", 1], 1).forecast(histories, 30, gift_eval.impute)[1]
+           for row in rows]
+    for (model, run), expected in zip(ensemble._built(30)[0], own):  # each member as the ensemble built it
+        assert np.array_equal(models.forecast_with(model, run, histories, 30, gift_eval.impute, ensemble.device)[1],
+                              expected), run.model
+    assert np.array_equal(quantiles, np.median(np.stack(own), 0)) and np.array_equal(point, quantiles[:, 4])
