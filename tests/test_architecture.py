@@ -314,7 +314,8 @@ def files_naming_releases(root):
     """{file: the release folders whose release it names (by --model name or folder path) outside them, beyond the
     table's one row}, for every .py and .toml file."""
     found = releases(root)
-    patterns = {name: re.compile(rf"\b{re.escape(name)}\b|foundation[./]{re.escape(folder)}\b")
+    # a name followed by "-<digit>" is another release's (NX-AI/TiRex-2 is TiRex2's, not TiRex's)
+    patterns = {name: re.compile(rf"\b{re.escape(name)}\b(?!-\d)|foundation[./]{re.escape(folder)}\b")
                 for folder, name in found.items()}
     named = {}
     for path in sorted([*root.rglob("*.py"), *root.rglob("*.toml")]):

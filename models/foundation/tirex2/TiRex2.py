@@ -2,7 +2,7 @@
 multivariate mode), 12 blocks, each a bidirectional xLSTM over patches of 32 steps (mLSTM and sLSTM blocks
 alternating; the reverse pass reads known covariates only) followed by attention across the variates of a group.
 It forecasts the quantiles 0.1 ... 0.9 of all future_len steps in ONE pass: the horizon is NaN patches after the
-context, predicted directly, never rolled out. "TiRex-2: Generalizing TiRex to Multivariate Data and Streaming",
+context, predicted directly, never rolled out. The TiRex-2 paper (multivariate data and streaming):
 arXiv 2607.01204; weights NX-AI/TiRex-2 (README.md here).
 
 Builds on the tirex-2 package (an optional extra: pip install -e '.[tirex2]'): the network is the package's own
@@ -80,7 +80,15 @@ def build(config):
     """The package's TiRex2 built from a release's config.json on the CPU kernels, without dropout, its patch
     embeddings eager."""
     kwargs = without_dropout({k: v for k, v in config.items() if k not in ("device", "matmul_precision")})
-    model = package.TiRex2(**kwargs, device="cpu")  # matmul_precision would set torch's global precision: not read
+    if torch.empty(()).device.type != "meta":
+        model = package.TiRex2(**kwargs, device="cpu")  # matmul_precision would set torch's global precision: not read
+    else:  # built on the meta device (benchmarks/memory_table.py): the package's closing .to("cpu") cannot copy
+        moves = package.TiRex2.to
+        package.TiRex2.to = lambda self, *args, **kw: self
+        try:
+            model = package.TiRex2(**kwargs, device="cpu")
+        finally:
+            package.TiRex2.to = moves
     for module in model.modules():
         if type(module) is residual_block.ResidualBlock:
             module.__class__ = EagerResidualBlock
@@ -135,6 +143,10 @@ class Model(nn.Module):
             differ = sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
             raise UserError(f"these TiRex2 weights come from another configuration ({', '.join(differ[:5])} differ): "
                             "build the model from the release they came from (--pretrain_model_path)")
+        weights = prefix + release.PREFIX  # every alias name loads the one tensor its group's first name holds,
+        for key in [k for k in state_dict if k.startswith(weights)]:  # as FSDP2 placed it (it knows that name only)
+            first = next(weights + n for n in release.alias_group(key[len(weights):]) if weights + n in state_dict)
+            state_dict[key] = state_dict[first]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
