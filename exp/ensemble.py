@@ -24,7 +24,7 @@ from exp.adaptation import forecast_series_as_given
 from exp.forward import direct_forward
 from models import FORWARD_INPUTS, canonical_name, get_model_class
 from models.Ensemble import Ensemble
-from models.foundation import export_formats
+from models.foundation import export_formats, release_signatures
 from models.foundation.release import open_release, release_of
 from utils.checkpoint import load_weights
 from utils.errors import UserError, require
@@ -102,6 +102,11 @@ def member_spec(item):
     if name is not None:
         require(canonical_name(name) == model, f"{where}: {path} was trained as --model {model}, not {name}")
     cls = get_model_class(model)
+    base = identity.get("pretrain_model_path") if identity.get("adaptation") else None
+    require(not base or os.path.exists(base) or model not in {reads for _, reads, _ in release_signatures()},
+            f"{where}: {path} was fine-tuned from the release {base} (its training record, last.pth, says so), "
+            f"which is not found from {os.getcwd()}; {model} is built from that folder: run the ensemble where that "
+            "path is valid, or put the release folder back there")
     require(not identity.get("lora_rank"), f"{where}: {path} holds LoRA adapters; merge them first "
                                            "(python -m exp.export export --base) and give the merged checkpoint")
     levels = native_levels(cls)

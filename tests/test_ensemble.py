@@ -310,7 +310,7 @@ def own_quantiles(alone, batch):
         return alone.args.objective.quantiles(forward(alone.raw_model, batch, alone.args, "test", alone.device)[0])
 
 
-def test_a_fine_tuned_release_forecasts_as_its_own_evaluation_at_any_context_and_horizon(setup, tuned):
+def test_a_fine_tuned_release_forecasts_as_its_own_evaluation_at_any_context_and_horizon(setup, tuned, tmp_path):
     """A checkpoint fine-tuned from a release is built from that release's folder (its record's
     --pretrain_model_path), so its own `--is_training 0 --adaptation --pretrain_model_path DIR` run evaluates it at
     any context and horizon, and the ensemble does as that run does: the same bits, at the shapes it was
@@ -339,6 +339,12 @@ def test_a_fine_tuned_release_forecasts_as_its_own_evaluation_at_any_context_and
     message = refusal([*ensemble_args(setup, [tuned.checkpoint, setup.folders[1]]), "--seq_len", seq_len,
                        "--pred_len", pred_len])
     assert message.startswith(f"ensemble member {tuned.checkpoint}: ") and re.search(says, message), message
+    # the release it was fine-tuned from gone (or a relative path read elsewhere): one line saying so
+    (tmp_path / "checkpoint.pth").symlink_to(tuned.checkpoint)
+    record = torch.load(tuned.checkpoint.parent / "last.pth", map_location="cpu", weights_only=True, mmap=True)
+    torch.save({"identity": {**record["identity"], "pretrain_model_path": "moved/away"}}, tmp_path / "last.pth")
+    assert "was fine-tuned from the release moved/away (its training record" in refusal(
+        ensemble_args(setup, [tmp_path / "checkpoint.pth", setup.folders[1]]))
 
 
 def test_a_distribution_member_is_scored_at_the_ensembles_levels_as_its_own_run(setup, tuned):
