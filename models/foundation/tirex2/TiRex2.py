@@ -12,13 +12,18 @@ for step (tests/test_tirex2.py and crosscheck.py hold it there), vectorised over
 - each channel of each window is a series of its own, a group of one (the package's variate attention then skips
   it: a no-op; the reverse pass reads covariates only, so it does not run either);
 - with tta_diff (the release's config), a series the package's PostProcessor finds trending (an OLS fit on its
-  z-scored values) is forecast as its first difference and integrated back;
+  z-scored values; here the same fit in torch float64, `trends`) is forecast as its first difference and
+  integrated back;
 - the series is NaN-padded by pred_len, then to future_len, then in front to context_len + future_len, z-scored
   (arcsinh), and run through ONE forward; the future_len steps after the context are the forecast, cut to pred_len;
 - the PostProcessor's band calibration (raw rows: median + sqrt(0.90) t^0.02 (q - median); differenced rows:
   cumsum of the median + sqrt(1.68) sign sqrt(cumsum offset^2) t^0.01 + the last value), one tensor expression
   for the batch where the package loops over groups;
 - with tta_sign_flip (the release's config), the forecast of -x, its levels mirrored, averaged with that of x.
+Nothing is read back to the host (tests/test_host_syncs.py): where the package asks the host (its scaler's
+`is_binary.any()`, each block's covariate split and group count), the univariate path gives the same values by
+torch.where, or by the instance attributes `build` sets on the package's modules (all rows forward, the variate
+attention of groups of one its input).
 
 The package decorates its ResidualBlock (the patch embeddings) with torch.compile at class level, so every call of
 the package's model compiles them with TorchInductor (a C++ build per input shape on a CPU). Ours are the same
@@ -47,6 +52,7 @@ from utils.optional import require_package
 
 package = require_package("tirex2.model.tirex2", "tirex-2", "tirex2", "TiRex2")
 residual_block = require_package("tirex2.model.component.residual_block", "tirex-2", "tirex2", "TiRex2")
+scaler_module = require_package("tirex2.model.component.scaler", "tirex-2", "tirex2", "TiRex2")
 
 
 # Batch invariance (zero-shot forecasts the same at any batch size and number of processes), on a CPU: MKL's GEMM
@@ -92,7 +98,86 @@ def build(config):
     for module in model.modules():
         if type(module) is residual_block.ResidualBlock:
             module.__class__ = EagerResidualBlock
+    model.scaler = Scaler(**vars(model.scaler))
+    for block in model.stack:  # every series a group of one, no covariates: the univariate path, with no host sync
+        block.time_mixer._split = _forward_only
+        block.time_mixer._recombine = _forward_output
+        block.variate_mixer.forward = _alone
     return model
+
+
+class Scaler(scaler_module.Scaler):
+    """The package's Scaler with the binary-aware choice made per series by torch.where, never by a host-side
+    `if is_binary.any()` (a sync): the same values, arcsinh where a series is not binary."""
+
+    def scale(self, x):
+        loc = torch.nan_to_num(torch.nanmean(x, dim=-1, keepdim=True), nan=0.0)
+        scale = torch.nan_to_num(torch.nanmean((x - loc) ** 2, dim=-1, keepdim=True).sqrt(), nan=1.0)
+        scale = torch.clamp_min(scale, min=self.eps)
+        scaled_x = (x - loc) / scale
+        is_binary = None
+        if self.binaryaware:
+            valid = ~torch.isnan(x)
+            is_binary = ((x == 0.0) | (x == 1.0) | ~valid).all(dim=-1, keepdim=True)
+            loc = torch.where(is_binary, torch.zeros_like(loc), loc)
+            scale = torch.where(is_binary, torch.ones_like(scale), scale)
+            scaled_x = (x - loc) / scale
+        if self.use_arcsinh:
+            scaled_x = torch.arcsinh(scaled_x) if is_binary is None else torch.where(is_binary, scaled_x,
+                                                                                      torch.arcsinh(scaled_x))
+        return scaled_x, (loc, scale, is_binary)
+
+    def re_scale(self, x, loc_scale):
+        loc, scale, is_binary = loc_scale
+        if self.use_arcsinh:
+            sinh_x = torch.sinh(torch.clamp(x, -20.0, 20.0))
+            x = sinh_x if is_binary is None else torch.where(is_binary[:, None], x, sinh_x)
+        return x * scale[:, None] + loc[:, None]
+
+
+def _forward_only(x, target_mask, known_covariate_mask=None):
+    """BiXLSTM's split when every row is a target: all forward, none reversed (the package finds that by a
+    torch.where over the masks, a host sync)."""
+    return x, x[:0], None, None
+
+
+def _forward_output(x_fwd, x_rev, fwd_idc, rev_idc, ref):
+    """BiXLSTM's recombination when no row was reversed: the forward output (the package writes the covariates'
+    combined rows into it; there are none)."""
+    return x_fwd.to(ref.dtype)
+
+
+def _alone(x, *args, **kwargs):
+    """The variate attention over groups of one: the package returns its input unchanged (after torch.unique over
+    the group ids, a host sync)."""
+    return x
+
+
+def trends(series, cfg):
+    """PostProcessor._detect_trends for rows [N, L], in torch (float64, no host sync): |slope| * L >= threshold and
+    R^2 >= trend_min_r2 of the least-squares line through the row's z-scored values (at least 4 of them, std at
+    least 1e-12); the package fits each row with numpy.polyfit, the same line up to float64 rounding."""
+    rows = series.detach().double()
+    window = max(1, round(cfg.trend_window * rows.shape[-1]))
+    rows = rows[:, -window:]
+    valid = ~torch.isnan(rows)
+    weight = valid.double()
+    count = weight.sum(-1, keepdim=True)
+    values = torch.where(valid, rows, 0.0)
+    mean = values.sum(-1, keepdim=True) / count
+    std = ((torch.where(valid, rows - mean, 0.0) ** 2).sum(-1, keepdim=True) / (count - 1)).sqrt()
+    z = torch.where(valid, (rows - mean) / std, 0.0)
+    steps = torch.arange(rows.shape[-1], dtype=torch.float64, device=rows.device).expand_as(rows)
+    step_mean = (steps * weight).sum(-1, keepdim=True) / count
+    z_mean = z.sum(-1, keepdim=True) / count
+    centred = (steps - step_mean) * weight
+    slope = (centred * (z - z_mean)).sum(-1, keepdim=True) / (centred ** 2).sum(-1, keepdim=True)
+    residual = torch.where(valid, z - (slope * steps + z_mean - slope * step_mean), 0.0)
+    total = (torch.where(valid, z - z_mean, 0.0) ** 2).sum(-1)
+    r2 = torch.where(total > 1e-12, 1.0 - (residual ** 2).sum(-1) / total, 0.0)
+    score = slope.squeeze(-1).abs() * rows.shape[-1]
+    return ((count.squeeze(-1) >= 4) & (std.squeeze(-1) >= 1e-12) & (score >= cfg.trend_threshold)
+            & (r2 >= cfg.trend_min_r2))
 
 
 class Model(nn.Module):
@@ -176,10 +261,10 @@ class Model(nn.Module):
         model, post = self.tirex2, self.tirex2.postprocessor
         count = series.shape[0]
         if self.tta_diff:
-            trending = torch.tensor(post._detect_trends(series.detach()), dtype=torch.bool, device=series.device)
+            trending = trends(series, post.cfg)
         else:
             trending = torch.zeros(count, dtype=torch.bool, device=series.device)
-        rows = torch.where(trending[:, None], post._diff_forward(series)[0], series) if bool(trending.any()) else series
+        rows = torch.where(trending[:, None], post._diff_forward(series)[0], series)
         last = post._diff_params(series)["last_values"]
         x = nn.functional.pad(rows, (0, self.pred_len), value=torch.nan)
         x = model._fix_context_size(self.pred_len, x, True)
@@ -210,8 +295,6 @@ def calibrated(cfg, pred, trending, last, exact_sqrt=True):
     offset = pred - median
     steps = torch.arange(1, pred.shape[-1] + 1, device=pred.device, dtype=pred.dtype)
     raw = median + (cfg.raw_band_scale ** 0.5) * (steps ** (cfg.raw_band_exponent - 0.5)) * offset
-    if not bool(trending.any()):
-        return raw
     path = torch.cumsum(median, dim=-1)
     sign = offset.sum(dim=-1, keepdim=True).sign()
     squares = torch.cumsum(offset * offset, dim=-1)

@@ -164,3 +164,23 @@ def test_without_the_package_the_model_is_one_line(tmp_path):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
     assert "model TiRex2 needs the tirex-2 package" in errors[0] and "pip install -e '.[tirex2]'" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_the_trend_test_is_the_packages():
+    """TiRex2.trends (torch, no host sync) decides as the package's PostProcessor._detect_trends (numpy.polyfit per
+    row) on 400 rows: random walks, noisy lines from clean to lost in noise, constants, rows with NaN gaps and rows
+    of fewer than 4 values."""
+    from tirex2.model.component.postprocessor import PostProcessor
+
+    generator = torch.Generator().manual_seed(3)
+    steps = torch.arange(96, dtype=torch.float32)
+    noise = torch.logspace(-2, 1.5, 200)[:, None]
+    rows = torch.cat([torch.randn(120, 96, generator=generator).cumsum(1),
+                      steps * 0.1 + noise * torch.randn(200, 96, generator=generator),
+                      torch.full((20, 96), 4.0), torch.randn(60, 96, generator=generator).cumsum(1) + steps])
+    rows[-60:-30, :50] = float("nan")
+    rows[-30:, :93] = float("nan")
+    post = PostProcessor()
+    want = torch.tensor(post._detect_trends(rows))
+    got = TiRex2.trends(rows, post.cfg)
+    assert 50 < int(want.sum()) < 350 and torch.equal(got, want)
