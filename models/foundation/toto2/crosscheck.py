@@ -125,15 +125,17 @@ def our_known(model, batch, known, pred_len, block=None):
                           known_ids=known_ids, block=block).permute(1, 3, 2, 0)
 
 
-def our_forecast(model, batch, joint=False, block=None):
+def our_forecast(model, batch, joint=False, block=None, horizon=None):
     target = batch[:, -model.context:].permute(0, 2, 1)
-    if not joint and block is None:
+    if not joint and block is None and horizon is None:
         return model(batch)
     if not joint:
         count, channels, length = target.shape
-        out = model.forecast(target.reshape(count * channels, 1, length), block=block)  # [9, B*C, 1, H]
+        out = model.forecast(target.reshape(count * channels, 1, length), horizon=horizon,
+                             block=block)  # [9, B*C, 1, H]
         return out.reshape(9, count, channels, -1).permute(1, 3, 2, 0)
-    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long), block=block)
+    out = model.forecast(target, series_ids=torch.zeros(target.shape[:-1], dtype=torch.long), horizon=horizon,
+                         block=block)
     return out.permute(1, 3, 2, 0)
 
 
@@ -225,7 +227,7 @@ def full_width(root=None):
     count = sum(p.numel() for p in model.parameters())
     with torch.no_grad():
         got = model.eval()(batch)
-        rolled_ours = our_forecast(model, batch, block=BLOCK)
+        rolled_ours = our_forecast(model, batch, block=BLOCK, horizon=720)
     what = f"the 2.5B release's shape ({count:,} parameters, 48 layers), each channel alone"
     return "\n".join([_row(what, 512, 64, got, want),
                       _row(f"{what}, decoded in blocks of {BLOCK}", 512, 720, rolled_ours, rolled)])
