@@ -31,6 +31,10 @@ modules run eagerly (EagerResidualBlock: the class's __call__ restored to nn.Mod
 difference to the compiled path. The recurrent kernels are the package's CPU ones (mlstm_kernels' native chunkwise
 mLSTM, flashrnn's vanilla sLSTM), wherever the model runs.
 
+The release's multivariate mode (a series' columns one group, with past and known covariates) is covariates.py's,
+for the fev-bench harness (`--covariates`): the package's predict on a model built here without the univariate
+shortcuts.
+
 Fine-tuning: the pinball loss over the nine quantiles after the post-processor (what is forecast and scored); every
 step of it is per series, so a window's loss does not depend on the batch it is in. Dropout is built at 0 (the
 release's dropout is a pre-training setting; --dropout is not read), so training is world-size exact without keyed
@@ -82,9 +86,10 @@ def without_dropout(config):
     return config
 
 
-def build(config):
+def build(config, univariate=True):
     """The package's TiRex2 built from a release's config.json on the CPU kernels, without dropout, its patch
-    embeddings eager."""
+    embeddings eager; `univariate`: its blocks on the univariate path (every series a group of one, no covariates),
+    which reads nothing back to the host (covariates.py builds it without)."""
     kwargs = without_dropout({k: v for k, v in config.items() if k not in ("device", "matmul_precision")})
     if torch.empty(()).device.type != "meta":
         model = package.TiRex2(**kwargs, device="cpu")  # matmul_precision would set torch's global precision: not read
@@ -99,7 +104,7 @@ def build(config):
         if type(module) is residual_block.ResidualBlock:
             module.__class__ = EagerResidualBlock
     model.scaler = Scaler(**vars(model.scaler))
-    for block in model.stack:  # every series a group of one, no covariates: the univariate path, with no host sync
+    for block in model.stack if univariate else ():  # groups of one, no covariates: no host sync
         block.time_mixer._split = _forward_only
         block.time_mixer._recombine = _forward_output
         block.variate_mixer.forward = _alone

@@ -15,6 +15,7 @@ tirex2 = pytest.importorskip("tirex2", reason="the tirex-2 package is not instal
 from exp.export import export, load_weights  # noqa: E402
 from models.foundation.tirex2 import TiRex2  # noqa: E402
 from models.foundation.tirex2.tests.writer import write as write_tirex2  # noqa: E402
+from models.foundation.tirex2.adapter import LEVELS  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 
 
@@ -184,3 +185,31 @@ def test_the_trend_test_is_the_packages():
     want = torch.tensor(post._detect_trends(rows))
     got = TiRex2.trends(rows, post.cfg)
     assert 50 < int(want.sum()) < 350 and torch.equal(got, want)
+
+
+def test_the_covariate_forecaster_is_the_packages_multivariate_predict(released):
+    """covariates.py (fev_bench --covariates): two target columns with a past-only and a known covariate, one
+    window, forecast as the package's own load_model(...).model.predict does with them (its multivariate mode:
+    variate attention across the group, the reverse pass over the known row); the covariates change the forecast."""
+    import numpy as np
+
+    from models.foundation.tirex2 import covariates
+
+    generator = torch.Generator().manual_seed(5)
+    target = torch.randn(2, 80, generator=generator).cumsum(1)
+    past = torch.randn(1, 80, generator=generator)
+    known = torch.sin(torch.arange(80 + 24) / 3.0)[None]
+    forecaster = covariates.CovariateForecaster(["--pretrain_model_path", str(released)], "cpu", list(LEVELS))
+    one = {"target": target.double().numpy(), "past": [past[0].double().numpy()], "known": [known[0].double().numpy()]}
+    got = forecaster.forecast([one], 24)[0]  # [2, 9, 24]
+    model = tirex2.load_model(str(released), device="cpu").model
+    with eager():
+        want = model.predict([tirex2.TimeseriesType(target=target, past_covariates=past, future_covariates=known)],
+                             24)[0]
+        alone = model.predict([tirex2.TimeseriesType(target=target, past_covariates=None, future_covariates=None)],
+                              24)[0]
+    assert got.shape == (2, 9, 24)
+    assert np.abs(got - want.double().numpy()).max() <= 1e-5 * float(want.abs().max())
+    assert (want - alone).abs().max() > 1e-3 * float(want.abs().max())
+    with pytest.raises(UserError, match="its future_len"):
+        forecaster.forecast([one], 65)
