@@ -293,6 +293,10 @@ def build_parser():
     g.add_argument("--sampling_steps", type=positive_int, default=None,
                    help="a flow-matching release's sampler: Euler steps a sample (default: its config.json's "
                         "num_sampling_steps; docs/foundation.md)")
+    g.add_argument("--decode_block_size", type=positive_int, default=None,
+                   help="Toto 2.0: forecast the horizon in blocks of this many steps (whole patches), each block's "
+                        "median fed back as observed (the package's decode_block_size; default: one forward, the "
+                        "leaderboard setting; docs/foundation.md)")
     g.add_argument("--num_workers", type=non_negative_int, default=0, help="loader workers (batches are gathered in one op; 0 is fastest)")
     g.add_argument("--data_on_device", default="auto", choices=("auto", "always", "never"),
                    help="GPU: keep the splits in GPU memory (auto: without --num_workers, when they take at most "

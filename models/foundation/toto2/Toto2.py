@@ -27,8 +27,8 @@ Block decoding (the package's decode_block_size, for long horizons): the horizon
 forward each over everything so far, each block's median fed back as observed (and flagged observed for every
 row) and the causal scaler run again. The package keeps the keys of earlier forwards in a KV cache, rotated and
 xPos-scaled at their own forward's centre; ours recomputes them and gives each position that centre, which the
-cache implies, so the forecasts agree. A configs attribute (decode_block_size) or Model.forecast's `block`; run.py
-forecasts in one forward, the setting of the release's leaderboard results.
+cache implies, so the forecasts agree. --decode_block_size or Model.forecast's `block`; without either a forecast
+is one forward, the setting of the release's leaderboard results.
 
 Each channel of a window is a series of its own: [B, L, C] -> B*C rows, so a variate layer sees one variate, and
 attention over one key is that key's value (computed so). In evaluation the rows are padded to a multiple of 8
@@ -85,11 +85,11 @@ class Model(nn.Module):
             raise ValueError(f"Toto 2.0 reads at most {release.ROPE_POSITIONS} patches of {self.patch} steps (its "
                              f"rotary table): --seq_len {self.seq_len} + --pred_len {self.pred_len} make {positions}; "
                              f"keep their patches within {release.ROPE_POSITIONS * self.patch} steps")
-        # the package's decode_block_size (a configs attribute, from Python; run.py's runs forecast in one forward)
+        # the package's decode_block_size (--decode_block_size; None: one forward, the leaderboard setting)
         self.decode_block = getattr(configs, "decode_block_size", None) or None
         if self.decode_block is not None and (self.decode_block <= 0 or self.decode_block % self.patch):
-            raise ValueError(f"decode_block_size {self.decode_block} is not a positive multiple of the Toto 2.0 patch "
-                             f"({self.patch} steps)")
+            raise ValueError(f"--decode_block_size {self.decode_block} is not a positive multiple of the Toto 2.0 "
+                             f"patch ({self.patch} steps)")
         self.toto = Network(config)
         # the levels' float32 bits as int32: on the model's device (no copy from the host per step) and exact in a
         # half-precision copy; not persistent, so not in the state dict

@@ -98,6 +98,24 @@ def test_block_decoding_equals_toto2_forecast_with_decode_block_size(expected):
         Toto2.Model(configs(FIXTURE, SEQ_LEN, 21, decode_block_size=12))
 
 
+def test_run_py_decodes_in_blocks_with_decode_block_size(tmp_path):
+    """--decode_block_size reaches the model run.py builds (its zero-shot metrics move off the one-forward run's);
+    a size that is not whole patches is one line."""
+    from helpers import ETTH1_ARGS, assert_ok, assert_one_error_line, records, run_cli, write_etth1_shaped
+    from models.foundation.toto2.crosscheck import FIXTURE_BLOCK
+
+    root = write_etth1_shaped(tmp_path / "data")
+    argv = (*ETTH1_ARGS, "--root_path", root, "--model", "Toto2", "--is_training", 0, "--pretrain_model_path",
+            FIXTURE, "--seq_len", SEQ_LEN, "--pred_len", 21, "--label_len", 0, "--test_windows", 4, "--val_windows",
+            4, "--num_threads", 1)
+    assert_ok(run_cli(tmp_path, *argv))
+    assert_ok(run_cli(tmp_path, *argv, "--decode_block_size", FIXTURE_BLOCK))
+    one, blocks = records(tmp_path)[-2:]
+    assert blocks["args"]["decode_block_size"] == FIXTURE_BLOCK and blocks["mse"] != one["mse"]
+    assert_one_error_line(run_cli(tmp_path, *argv, "--decode_block_size", 12),
+                          "--decode_block_size 12 is not a positive multiple of the Toto 2.0 patch")
+
+
 @pytest.mark.parametrize("part", ["per_dim_scale", "attn_tau", "xpos"])
 def test_the_agreement_sees_a_changed_part(expected, part, monkeypatch):
     """Not vacuous: a 5 % larger per-dim scale or residual weight of one layer, or rotary position without xPos,
