@@ -308,6 +308,31 @@ def test_a_context_or_horizon_it_cannot_take_is_one_line(name, tmp_path):
     ours(row, folder, row.run[1], row.run[3])  # what the runs take is taken
 
 
+# one release per official package: the package stood in by a module that cannot be imported
+PACKAGED = sorted({row.package.split(".")[0]: name for name, row in reversed(RELEASES.items()) if row.package}.values())
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_without_its_package_a_release_is_one_line_naming_the_install(name, tmp_path):
+    """A release built on an official package that cannot be imported (a stand-in first on the path): one line naming
+    the package and the extra to install, exit 2, no traceback, nothing written."""
+    from helpers import REPO, run_command
+
+    package = RELEASES[name].package.split(".")[0]
+    fake = tmp_path / "site" / package
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise ImportError('No module named {package} (stand-in)')\n")
+    proc = run_command(["python", str(REPO / "run.py"), "--model", name, "--data", "synthetic", "--synthetic_rows",
+                        "400", "--seq_len", "48", "--pred_len", "24", "--label_len", "0",
+                        "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")],
+                       extra_env={"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert re.search(rf"model {name} needs the \S+ package .*pip install -e '\.\[\w+\]'", errors[0]), errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "res").exists()
+
+
 def signature_folder(root, release):
     """Release `release`'s folder reduced to what tells it apart: its model.ckpt alone (no signature), else config.json
     (with a model.safetensors beside it)."""

@@ -234,21 +234,3 @@ def test_the_input_gate_bias_is_a_direction_the_forecast_does_not_depend_on(rele
         moved = model(windows)
     assert (shifted - before).abs().max() <= 1e-5 * before.abs().max()
     assert (moved - before).abs().max() > 1e-3 * before.abs().max()
-
-
-def test_without_the_package_the_model_is_one_line(tmp_path):
-    """A tirex that cannot be imported (a stand-in first on the path) gives one line naming the install."""
-    from helpers import REPO, run_command
-
-    fake = tmp_path / "site" / "tirex"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('No module named tirex (stand-in)')\n")
-    proc = run_command(["python", str(REPO / "run.py"), "--model", "TiRex", "--data", "synthetic",
-                        "--synthetic_rows", "400", "--seq_len", "48", "--pred_len", "24", "--label_len", "0",
-                        "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")],
-                       extra_env={"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"})
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "model TiRex needs the tirex-ts package" in errors[0] and "pip install -e '.[tirex]'" in errors[0]
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "ck").exists() and not (tmp_path / "res").exists()

@@ -150,23 +150,6 @@ def test_a_horizon_past_future_len_or_a_context_past_context_len_is_one_line(rel
         assert "\n" not in str(refused.value)
 
 
-def test_without_the_package_the_model_is_one_line(tmp_path):
-    """A tirex2 that cannot be imported (a stand-in first on the path) gives one line naming the install."""
-    from helpers import REPO, run_command
-
-    fake = tmp_path / "site" / "tirex2"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('No module named tirex2 (stand-in)')\n")
-    proc = run_command(["python", str(REPO / "run.py"), "--model", "TiRex2", "--data", "synthetic",
-                        "--synthetic_rows", "400", "--seq_len", "48", "--pred_len", "24", "--label_len", "0",
-                        "--checkpoints", str(tmp_path / "ck"), "--results_dir", str(tmp_path / "res")],
-                       extra_env={"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"})
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "model TiRex2 needs the tirex-2 package" in errors[0] and "pip install -e '.[tirex2]'" in errors[0]
-    assert "Traceback" not in proc.stderr
-
-
 def test_the_trend_test_is_the_packages():
     """TiRex2.trends (torch, no host sync) decides as the package's PostProcessor._detect_trends (numpy.polyfit per
     row) on 400 rows: random walks, noisy lines from clean to lost in noise, constants, rows with NaN gaps and rows
