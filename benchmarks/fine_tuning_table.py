@@ -1,7 +1,7 @@
 """Fine-tuning speed and memory per GPU: every release at its largest released shape (each release folder's
-LARGEST_SHAPES, random weights: no download), or those --releases names (scripts/gpu_check.sh: Chronos-2, TimesFM 2.5
-and Time-MoE-200M), each fine-tuned by run.py under DDP, FSDP2 and LoRA on one GPU, as a user runs them: samples/s
-and the peak GPU memory of the rank at a stated batch.
+LARGEST_SHAPES, random weights: no download), or those --releases names (scripts/gpu_check.sh: Chronos-2, TimesFM 2.5,
+Time-MoE-200M and Toto-2.0-2.5B), each fine-tuned by run.py under DDP, FSDP2 and LoRA on one GPU, as a user runs
+them: samples/s and the peak GPU memory of the rank at a stated batch.
 
     python -m benchmarks.fine_tuning_table                       # every cell (a GPU), or a CPU dry run at tiny shapes
     python -m benchmarks.fine_tuning_table --releases A,B --modes FSDP2   # some cells (--model names)

@@ -36,8 +36,8 @@
 #   part amp:
 #   8. every zoo model one epoch under bf16 and fp16 autocast (tests/gpu/test_gpu_amp.py; pytest_amp.log)
 #   part finetune (under --part all only when 150 s are left at its turn):
-#   9. the fine-tuning table: Chronos-2, TimesFM 2.5 and Time-MoE-200M (GPU_CHECK_FT_RELEASES, --model names; the
-#      first is step 3's) at their released shapes under DDP, FSDP2 and LoRA, samples/s and peak memory per GPU
+#   9. the fine-tuning table: Chronos-2, TimesFM 2.5, Time-MoE-200M and Toto-2.0-2.5B (GPU_CHECK_FT_RELEASES,
+#      --model names; the first is step 3's) at their released shapes under DDP, FSDP2 and LoRA, samples/s and peak memory per GPU
 #      (python -m benchmarks.fine_tuning_table --write): stored in $OUT as fine_tuning_table.json + .csv (copy both
 #      to benchmarks/results/, then python -m benchmarks.results_page write); fine_tuning_table.log
 #   then every log in $OUT: summary.txt, releases.log, fine_tuning.log, main_job.log, metrics.json, probe.log,
@@ -68,7 +68,7 @@ case $PART in
 esac
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
 # the releases of the fine-tuning steps (the first) and of the table (benchmarks/fine_tuning_table.py's --releases)
-FT_RELEASES=${GPU_CHECK_FT_RELEASES:-Chronos2,TimesFM25,TimeMoE}
+FT_RELEASES=${GPU_CHECK_FT_RELEASES:-Chronos2,TimesFM25,TimeMoE,Toto2}
 LIGHT=${GPU_CHECK_SMOKE_LIGHT:-0}
 FAILED=0
 part() { [[ $PART == all || $PART == "$1" ]]; }
