@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from models.foundation.release import config_in, open_release, release_of
+from models.foundation.release import another_release, config_in, open_release, release_of
 from utils.adapters import LIGHTNING_NAME, SAFETENSORS_NAME, CheckpointAdapter, any_key
 from utils.errors import UserError
 
@@ -40,6 +40,9 @@ def released_file(path):
         return path
     inside = os.path.join(path, RELEASED_FILE)
     if os.path.isfile(inside):
+        other = another_release(path, "TiRex")  # a model.ckpt of another release's layout (TiRex-2's older one)
+        if other:
+            raise UserError(other)
         return inside
     held = sorted(os.listdir(path))
     other = (" (config.json + model.safetensors: another model's Hugging Face release" + _model_type(path) + ")"
@@ -168,7 +171,8 @@ TIREX = TiRexAdapter()
 ADAPTERS = (TIREX,)  # `python -m exp.export export --to tirex`
 # what a downloaded folder of this release (or a relative we lack) looks like, for models/foundation/release.py
 SIGNATURES = (("TiRex's release (NX-AI/TiRex: model.ckpt, a Lightning checkpoint)", "TiRex",
-               lambda files, config: LIGHTNING_NAME in files and SAFETENSORS_NAME not in files),)
+               lambda files, config: LIGHTNING_NAME in files and SAFETENSORS_NAME not in files
+               and "model-config.yaml" not in files),)  # that YAML beside it: TiRex-2's older layout
 
 # The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
 # it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).

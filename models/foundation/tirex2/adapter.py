@@ -79,6 +79,10 @@ def read_release(path):
         raise UserError(f"--pretrain_model_path {path} is a file: TiRex2 reads the folder of {HUB_ID} "
                         f"({CONFIG_NAME} and {SAFETENSORS_NAME})")
     absent = [name for name in (CONFIG_NAME, SAFETENSORS_NAME) if not os.path.isfile(os.path.join(folder, name))]
+    if absent and is_legacy(set(os.listdir(folder))):
+        raise UserError(f"--pretrain_model_path {path} holds TiRex-2's older layout ({LEGACY_CONFIG} + model.ckpt), "
+                        f"which this TiRex2 does not read: download the current release ({HUB_ID}: {CONFIG_NAME} + "
+                        f"{SAFETENSORS_NAME})")
     if absent:
         other = another_release(folder, "TiRex2", "TiRex-2")
         if other:
@@ -222,8 +226,18 @@ class TiRex2Adapter(CheckpointAdapter):
 TIREX2 = TiRex2Adapter()
 ADAPTERS = (TIREX2,)  # `python -m exp.export export --to tirex2`
 # what a downloaded folder of this release looks like, for models/foundation/release.py
+LEGACY_CONFIG = "model-config.yaml"  # the package's older layout: this YAML + a torch-pickled model.ckpt
+
+
+def is_legacy(files):
+    """Whether a folder holding `files` is TiRex-2's older layout (TiRex 1's release is model.ckpt alone)."""
+    return LEGACY_CONFIG in files and "model.ckpt" in files and SAFETENSORS_NAME not in files
+
+
 SIGNATURES = (("TiRex-2's release (NX-AI/TiRex-2: config.json with stack_config, context_len and future_len, "
-               "+ model.safetensors)", "TiRex2", lambda files, config: is_tirex2(config)),)
+               "+ model.safetensors)", "TiRex2", lambda files, config: is_tirex2(config)),
+              (f"TiRex-2's older layout ({LEGACY_CONFIG} + model.ckpt; --model TiRex2 reads the current release, "
+               f"{CONFIG_NAME} + {SAFETENSORS_NAME})", None, lambda files, config: is_legacy(files)))
 
 # The largest released checkpoint's shape as run.py's size arguments, for benchmarks/memory_table.py (which builds
 # it on the meta device and counts its parameters): (checkpoint, arguments, published size, where they come from).
