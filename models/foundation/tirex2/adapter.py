@@ -230,7 +230,7 @@ LEGACY_CONFIG = "model-config.yaml"  # the package's older layout: this YAML + a
 
 
 def is_legacy(files):
-    """Whether a folder holding `files` is TiRex-2's older layout (TiRex 1's release is model.ckpt alone)."""
+    """Whether a folder holding `files` is TiRex-2's older layout (the YAML tells it from a model.ckpt alone)."""
     return LEGACY_CONFIG in files and "model.ckpt" in files and SAFETENSORS_NAME not in files
 
 

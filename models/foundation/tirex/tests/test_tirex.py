@@ -234,3 +234,17 @@ def test_the_input_gate_bias_is_a_direction_the_forecast_does_not_depend_on(rele
         moved = model(windows)
     assert (shifted - before).abs().max() <= 1e-5 * before.abs().max()
     assert (moved - before).abs().max() > 1e-3 * before.abs().max()
+
+
+def test_a_model_ckpt_beside_a_model_config_yaml_is_another_layout_not_this_release(tmp_path):
+    """A model.ckpt with a model-config.yaml beside it is the successor's older layout (its signature says so), not
+    this release's Lightning checkpoint: one line naming it, before the file is read."""
+    from models.foundation.tirex import adapter
+
+    folder = tmp_path / "release"
+    folder.mkdir()
+    torch.save({"stack.0.time_mixer.norm_lstm.weight": torch.ones(4)}, folder / "model.ckpt")
+    (folder / "model-config.yaml").write_text("num_blocks: 12\n")
+    with pytest.raises(UserError, match=r"older layout \(model-config.yaml \+ model.ckpt; .*cannot read it"):
+        adapter.released_file(str(folder))
+

@@ -198,20 +198,15 @@ def test_the_covariate_forecaster_is_the_packages_multivariate_predict(released)
         forecaster.forecast([one], 65)
 
 
-def test_the_older_layout_is_named_not_read_as_tirex_1(tmp_path):
+def test_the_older_layout_is_named_and_refused_in_one_line(tmp_path):
     """A folder in TiRex-2's older layout (model-config.yaml + a torch-pickled model.ckpt, which the package still
-    reads with a deprecation warning) holds a model.ckpt as TiRex 1's release does: neither model reads it as its
-    own, and both say what it is in one line (TiRex2 told the user to load it with --model TiRex, which refused it as
-    a checkpoint lacking hyper_parameters)."""
-    from models.foundation.tirex import adapter as tirex
+    reads with a deprecation warning): one line naming it and the current release (it was taken for the other
+    release whose folder is a model.ckpt; that release's side: its tests/)."""
     from models.foundation.tirex2 import adapter as tirex2
 
     folder = tmp_path / "TiRex-2"
     folder.mkdir()
     torch.save({"stack.0.time_mixer.norm_lstm.weight": torch.ones(4)}, folder / "model.ckpt")
     (folder / "model-config.yaml").write_text("num_blocks: 12\n")
-    with pytest.raises(UserError, match=r"is TiRex-2's older layout \(model-config.yaml \+ model.ckpt; --model TiRex2 "
-                                        r"reads the current release.*--model TiRex cannot read it"):
-        tirex.released_file(str(folder))
     with pytest.raises(UserError, match=r"holds TiRex-2's older layout .* download the current release \(NX-AI/TiRex-2"):
         tirex2.read_release(str(folder))
