@@ -111,6 +111,9 @@ class Release:
     one_process: tuple = ()  # arguments of the 1-process fine-tuning run (e.g. the 2 processes' micro-batches)
     keyed: tuple = ()  # (name ending, count): dropout modules a fine-tuning run must key by window
     too_long: tuple = ()  # (seq_len, pred_len, message) the release's folder refuses
+    # further exactness checks of its fine-tuning: "lora" (tests/test_lora.py: the same adapters on 1, 2 and 3
+    # processes, exported merged), "fsdp" (tests/test_fsdp.py: --fsdp on 2 and 3 processes, one process's weights)
+    checks: tuple = ()
 
     def write(self, release, **damage):
         """The release's folder at path `release`, damaged as a bad input needs (see writer)."""
@@ -120,10 +123,11 @@ class Release:
 RUN = ("--label_len", 0, "--val_windows", 12, "--test_windows", 20, "--num_threads", 1)  # 20: 7 + 7 + 6 on 3
 RELEASES = {row.name: row for row in [
     Release("ChronosBolt", "chronos_bolt", "chronos-bolt-small", package="chronos", export_to="chronos-bolt",
+            checks=("lora",),
             signature={"architectures": ["ChronosBoltModelForForecasting"], "model_type": "t5"},
             run=("--seq_len", 64, "--pred_len", 24, *RUN), rel=1e-12, keyed=("Attention.weights_dropout", 3),
             too_long=(2049, 24, "longer than the 2048 steps of context Chronos-Bolt reads")),
-    Release("Chronos2", "chronos2", "chronos-2", package="chronos.chronos2", export_to="chronos2",
+    Release("Chronos2", "chronos2", "chronos-2", package="chronos.chronos2", export_to="chronos2", checks=("lora",),
             signature={"architectures": ["Chronos2Model"], "model_type": "t5"},
             run=("--seq_len", 32, "--pred_len", 24, *RUN), levels=LEVELS_9, rel=1e-6, tune=("--dropout", 0.1),
             keyed=("self_attention.weights_dropout", 4),
@@ -136,6 +140,7 @@ RELEASES = {row.name: row for row in [
             owner="NX-AI", run=("--seq_len", 96, "--pred_len", 48, *RUN),
             too_long=(513, 24, "at most 512 steps of context")),
     Release("TiRex2", "tirex2", "TiRex-2", package="tirex2", owner="NX-AI", export_to="tirex2",
+            checks=("lora", "fsdp"),
             signature={"stack_config": {"templates": {}, "recipe": []}, "context_len": 2048, "future_len": 320,
                        "tokenizer_cfg": {}},
             run=("--seq_len", 96, "--pred_len", 48, *RUN), too_long=(97, 24, "at most 96 steps of context")),
@@ -147,7 +152,7 @@ RELEASES = {row.name: row for row in [
             signature={"architectures": ["SundialForPrediction"], "model_type": "sundial"},
             run=("--seq_len", 96, "--pred_len", 30, *RUN, "--num_samples", 4, "--sampling_steps", 2), rel=1e-7,
             too_long=(3, 30, "--seq_len 3 is shorter than one")),
-    Release("TimeMoE", "time_moe", "TimeMoE-50M", export_to="time-moe",
+    Release("TimeMoE", "time_moe", "TimeMoE-50M", export_to="time-moe", checks=("fsdp",),
             signature={"architectures": ["TimeMoeForPrediction"], "model_type": "time_moe"},
             run=("--seq_len", 96, "--pred_len", 20, *RUN), levels=(), one_process=("--accumulation_steps", 2),
             too_long=(4090, 24, "at most 4096 positions")),
@@ -156,7 +161,7 @@ RELEASES = {row.name: row for row in [
                        "num_predict_token": 4, "quantile_levels": LEVELS_9},
             run=("--seq_len", 96, "--pred_len", 24, *RUN), tune_folder={"attn_dropout_p": 0.1, "dropout_p": 0.1},
             too_long=(200, 60, r"at most 64 tokens of 4 steps")),
-    Release("Toto2", "toto2", "Toto-2.0-2.5B", export_to="toto2",
+    Release("Toto2", "toto2", "Toto-2.0-2.5B", export_to="toto2", checks=("lora", "fsdp"),
             signature={"d_model": 2048, "num_heads": 32, "num_layers": 48, "layer_group_size": 48, "patch_size": 32,
                        "num_variate_layers_per_group": 1, "variate_layer_first": False,
                        "residual_attn_ratio": 5.136215466577748},

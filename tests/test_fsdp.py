@@ -174,31 +174,31 @@ def test_fsdp_trains_patchtst_with_global_batch_norm_as_one_process_does(tmp_pat
                 torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=f"{nproc}: {name}")
 
 
-def _micro_batch_loss_releases():
-    """The releases whose training loss is each micro-batch's (a mixture of experts' balancing loss): those whose
-    1-process fine-tuning row takes the 2 processes' micro-batches."""
+def _fsdp_rows():
     from test_foundation import RELEASES
 
-    return [name for name, row in RELEASES.items() if "--accumulation_steps" in row.one_process]
+    return [name for name, row in RELEASES.items() if "fsdp" in row.checks]
 
 
-@pytest.mark.parametrize("name", _micro_batch_loss_releases())
-def test_fsdp_fine_tunes_a_mixture_of_experts_release_as_one_process_does(tmp_path, name):
-    """The release's fixture folder (mixture-of-experts blocks, each sharded apart), fine-tuned with --adaptation:
-    --fsdp on 2 and 3 processes ends with the weights one plain process trains (1e-6), which moved. Its
-    load-balancing loss is each micro-batch's, so every run takes micro-batches of 2 windows. Rate 1e-4: Adam's
-    first steps move a weight by about the rate whatever its gradient, so a gradient near Adam's epsilon turns
-    rounding into differences that scale with the rate (1.2e-6 at 1e-3, one weight of one expert on 3)."""
+@pytest.mark.parametrize("name", _fsdp_rows())
+def test_fsdp_fine_tunes_a_release_as_one_process_does(tmp_path, name):
+    """The release's fixture folder, each repeated block sharded apart, fine-tuned with --adaptation: --fsdp on 2
+    and 3 processes ends with the weights one plain process trains (1e-6), which moved. A release whose loss is
+    each micro-batch's (a mixture of experts' balancing loss: its 1-process row takes the processes' micro-batches)
+    takes micro-batches of 2 windows in every run. Rate 1e-4: Adam's first steps move a weight by about the rate
+    whatever its gradient, so a gradient near Adam's epsilon turns rounding into differences that scale with the
+    rate (1.2e-6 at 1e-3, one weight of one expert of the Time-MoE fixture on 3)."""
     from test_foundation import RELEASES, TUNE, needs, released_folder, run_args, write_etth1_shaped
 
     row = needs(RELEASES[name])
     folder = released_folder(row, tmp_path / "release")
-    # its balancing loss is each micro-batch's: micro-batches of 2 windows everywhere (12 = 1 x 6 = 2 x 3 = 3 x 2)
     argv = [*run_args(row, write_etth1_shaped(tmp_path / "etth1"), folder), *TUNE, *row.tune,
             "--global_batch_size", 12, "--learning_rate", 1e-4]
+    # 12 = 1 x 6 = 2 x 3 = 3 x 2 micro-batches of 2 windows, or one batch a step
+    micro = "--accumulation_steps" in row.one_process
     runs = {}
-    for nproc, extra in ((None, ("--accumulation_steps", 6)), (2, ("--fsdp", "--accumulation_steps", 3)),
-                         (3, ("--fsdp", "--accumulation_steps", 2))):
+    for nproc, steps in ((None, 6), (2, 3), (3, 2)):
+        extra = (("--fsdp",) if nproc else ()) + (("--accumulation_steps", steps) if micro else ())
         out = tmp_path / f"nproc{nproc or 1}"
         assert_ok(run_cli(out, *argv, *extra, nproc=nproc, timeout=300))
         runs[nproc] = _weights(out)

@@ -132,16 +132,16 @@ def test_the_same_global_batch_trains_the_same_adapters_on_1_2_3_processes(tmp_p
     assert all(torch.equal(loaded[k], v) for k, v in states[0].items() if ".lora_" in k)
 
 
-def _chronos_rows():
+def _lora_rows():
     from test_foundation import RELEASES
 
-    return [name for name, row in RELEASES.items() if row.folder.startswith("chronos")]
+    return [name for name, row in RELEASES.items() if "lora" in row.checks]
 
 
 LORA_RUN = ("--lora_rank", 4, "--lora_dropout", 0.2)
 
 
-@pytest.fixture(scope="module", params=_chronos_rows())
+@pytest.fixture(scope="module", params=_lora_rows())
 def release_tuned(request, tmp_path_factory):
     """A release's fixture folder LoRA fine-tuned on 1, 2 and 3 processes (one global batch): its row, folder,
     each run's checkpoint.pth and the first run's record and checkpoint path."""
@@ -190,7 +190,8 @@ def test_a_release_exports_merged_and_its_package_predicts_as_our_merged_model(r
     row, folder, _, _, checkpoint = release_tuned
     exported = tmp_path / "exported" / row.dirname
     export(str(checkpoint), str(exported), row.export_to, base=str(folder))
-    x = own_tests(row).windows(length=row.run[1])
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(6, row.run[1], 3, generator=generator).cumsum(1) + 10 * torch.rand(6, 1, 3, generator=generator)
     lora = _lora_model(row, folder, checkpoint)
     with torch.no_grad():
         with_adapters = lora(x)
@@ -198,8 +199,9 @@ def test_a_release_exports_merged_and_its_package_predicts_as_our_merged_model(r
         back = ours(row, exported, row.run[1], row.run[3])(x)  # ours, read from the export
         base = ours(row, folder, row.run[1], row.run[3])(x)
     assert _relative(merged, with_adapters) <= 1e-5 and _relative(back, with_adapters) <= 1e-5
-    package = own_tests(row).zero_shot_quantiles(exported, x, row.run[3], None)
-    assert _relative(package, merged) <= 1e-5
+    if row.package:  # installed (needs): the package reads the export (a native release's: its crosscheck.py)
+        package = own_tests(row).zero_shot_quantiles(exported, x, row.run[3], None)
+        assert _relative(package, merged) <= 1e-5
     assert _relative(with_adapters, base) > 1e-4, "the adapters change too little for the checks above to see them"
 
 

@@ -46,6 +46,7 @@ flags); without it, the presumed released architecture (adapter.presumed_config)
 context_len (the package would silently drop the oldest steps) or a --pred_len past future_len (the package would
 return fewer steps, with a warning) is refused."""
 import copy
+import types
 
 import torch
 from torch import nn
@@ -223,7 +224,8 @@ class Model(nn.Module):
         for module in self.tirex2.modules():
             bias = getattr(module, "_bias_", None)
             if isinstance(bias, nn.Parameter) and bias.dim() == 3:  # an sLSTM cell's [heads, gates i f z o, head_dim]
-                bias.register_hook(_without_input_gate)
+                # read at every forward, so it holds for whatever tensor the cell has then (FSDP2's gathered one)
+                module.get_bias = types.MethodType(_without_input_gate, module)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Weights of another configuration (another context_len, recipe or scaler) are refused in one line."""
@@ -233,10 +235,14 @@ class Model(nn.Module):
             differ = sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
             raise UserError(f"these TiRex2 weights come from another configuration ({', '.join(differ[:5])} differ): "
                             "build the model from the release they came from (--pretrain_model_path)")
-        weights = prefix + release.PREFIX  # every alias name loads the one tensor its group's first name holds,
-        for key in [k for k in state_dict if k.startswith(weights)]:  # as FSDP2 placed it (it knows that name only)
-            first = next(weights + n for n in release.alias_group(key[len(weights):]) if weights + n in state_dict)
-            state_dict[key] = state_dict[first]
+        # every alias name loads the one tensor its group's first name holds, as FSDP2 placed it (it knows that name
+        # only), and is filled in where absent (torch's sharded load gives each tensor under one name)
+        weights = prefix + release.PREFIX
+        for key in [k for k in state_dict if k.startswith(weights)]:
+            group = [weights + n for n in release.alias_group(key[len(weights):])]
+            first = next(name for name in group if name in state_dict)
+            for name in group:
+                state_dict[name] = state_dict[first]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x_enc, x_mark_enc=None, x_dec=None, x_mark_dec=None):
@@ -280,15 +286,14 @@ class Model(nn.Module):
         return calibrated(post.cfg, pred, trending, last, exact_sqrt=not torch.is_grad_enabled())
 
 
-def _without_input_gate(grad):
-    """An sLSTM cell's bias gradient with the input gate's entries at their exact value, 0: a constant shift of the
-    exponential input gate moves the stabilizer m by the same amount (at the first step m is the input gate
-    itself), so the gates, the cell and the normaliser are unchanged and the loss does not depend on that bias; its
-    computed gradient is rounding noise, which Adam scales to learning-rate-sized steps that differ between world
-    sizes."""
-    grad = grad.clone()
-    grad[:, 0] = 0
-    return grad
+def _without_input_gate(cell):
+    """An sLSTM cell's bias [heads, gates, head_dim] as its get_bias returns it, the same values, with the input
+    gate's entries detached, so that their gradient is its exact value, 0: a constant shift of the exponential
+    input gate moves the stabilizer m by the same amount (at the first step m is the input gate itself), so the
+    gates, the cell and the normaliser are unchanged and the loss does not depend on that bias; its computed
+    gradient is rounding noise, which Adam scales to learning-rate-sized steps that differ between world sizes."""
+    bias = cell._bias_
+    return torch.cat((bias[:, :1].detach(), bias[:, 1:]), dim=1)
 
 
 def calibrated(cfg, pred, trending, last, exact_sqrt=True):

@@ -251,36 +251,6 @@ def test_a_truncated_or_foreign_folder_is_one_line(tmp_path):
         Toto2.Model(configs(folder, 96, 24))
 
 
-def test_fsdp_fine_tunes_as_one_process_does(tmp_path):
-    """FSDP2 at a reduced shape (the fixture folder): --adaptation with --fsdp on 2 processes ends with the weights
-    one plain process trains (1e-6), which moved. Gradients are plain autograd (u-muP's backward rescaling by the
-    local batch is not applied), so the sharded sum is the one process's."""
-    import shutil
-
-    from helpers import ETTH1_ARGS, assert_ok, run_cli, write_etth1_shaped
-
-    folder = tmp_path / "Toto-2.0"
-    folder.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, folder / name)
-    argv = [*ETTH1_ARGS, "--model", "Toto2", "--seq_len", 48, "--pred_len", 24, "--label_len", 0,
-            "--val_windows", 4, "--test_windows", 4, "--num_threads", 1, "--root_path", write_etth1_shaped(tmp_path),
-            "--pretrain_model_path", folder, "--adaptation", "--train_steps", 2, "--global_batch_size", 8,
-            "--learning_rate", 1e-3, "--test_every_epoch", "false"]
-    runs = {}
-    for nproc, extra in ((None, ()), (2, ("--fsdp",))):
-        out = tmp_path / f"nproc{nproc or 1}"
-        assert_ok(run_cli(out, *argv, *extra, nproc=nproc, timeout=300))
-        (path,) = out.rglob("checkpoint.pth")
-        runs[nproc] = torch.load(path, map_location="cpu", weights_only=True)
-    one, two = runs[None], runs[2]
-    initial = ours(folder, 48, 24).state_dict()
-    assert one.keys() == two.keys() == initial.keys()
-    assert max(float((one[k].double() - initial[k].double()).abs().max()) for k in one) > 1e-4, "nothing trained"
-    for key in one:
-        assert torch.allclose(one[key].double(), two[key].double(), rtol=0, atol=1e-6), key
-
-
 def test_fev_bench_covariates_are_the_releases_rows():
     """benchmarks.fev_bench --covariates (covariates.py): two target columns one series, a past-only column as a
     target row, known columns over past and horizon (a categorical one as its ordinal codes), statics as constant
