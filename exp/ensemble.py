@@ -237,6 +237,12 @@ def member_run(configs, spec, settings, fixed=False):
                     f"{shapes['pred_len']} and takes only those (its weights' shapes); the ensemble asks --seq_len "
                     f"{ns.seq_len} --pred_len {ns.pred_len}: give the ensemble those, or a checkpoint trained for "
                     "these")
+        # --covariate sets which channels every member forecasts: a member trained otherwise cannot be combined
+        trained = bool(identity.get("covariate", False))
+        require(trained == bool(ns.covariate),
+                f"{where}: {spec.model} was trained {'with' if trained else 'without'} --covariate (it forecasts "
+                f"{'the target channel only' if trained else 'every channel'}), the ensemble runs "
+                f"{'with' if ns.covariate else 'without'} it: give the ensemble the same, or a checkpoint trained so")
         for name in (*settings.EVALUATION_IDENTITY, "loss", "quantiles", "adaptation", "pretrain_model_path"):
             if name in identity and name not in ("members", "ensemble_rule"):
                 setattr(ns, name, identity[name])

@@ -187,6 +187,10 @@ def test_bad_members_are_one_line(setup, tmp_path):
     other = next(n for n in foundation.RELEASES if n != name)
     quartiles = fake_checkpoint(tmp_path / "quartiles", loss="quantile", quantiles="0.25,0.5,0.75")
     longer = fake_checkpoint(tmp_path / "longer", seq_len=96)
+    target_only = fake_checkpoint(tmp_path / "target_only")  # trained with --covariate: the last channel only
+    record = torch.load(target_only.parent / "last.pth", weights_only=False)
+    record["identity"]["covariate"] = True
+    torch.save(record, target_only.parent / "last.pth")
     cases = {
         "needs --members A,B": [],
         "at least two members": [folder],
@@ -198,6 +202,8 @@ def test_bad_members_are_one_line(setup, tmp_path):
         "no training record (last.pth)": [folder, _without_record(tmp_path / "bare")],
         "share no quantile level but the median": [folder, quartiles],
         "was trained for --seq_len 96 --pred_len 24": [folder, longer],
+        "was trained with --covariate (it forecasts the target channel only), the ensemble runs without it":
+            [folder, target_only],
     }
     for message, members in cases.items():
         argv = ensemble_args(setup, members) if members else [*ETTH1_ARGS, "--root_path", setup.data, "--model",
