@@ -128,7 +128,7 @@ class EnsembleForecaster(ModelForecaster):
         return self.models[horizon]
 
     def forecast(self, histories, horizon, impute):
-        from models.Ensemble import combine
+        from models.Ensemble import combine, combine_members
 
         members, args = self._built(horizon)
         forecasts = [forecast_with(model, run, histories, horizon, impute, self.device) for model, run in members]
@@ -136,11 +136,8 @@ class EnsembleForecaster(ModelForecaster):
         points = [torch.from_numpy(p) for p, q, _ in forecasts if q is None]
         if not quantiles:
             return combine(torch.stack(points), args.ensemble_rule).numpy(), None, 0
-        combined = combine(torch.stack(quantiles), args.ensemble_rule)
         median = LEVELS.index(0.5)
-        if points:
-            combined[:, median] = combine(torch.stack([q[:, median] for q in quantiles] + points), args.ensemble_rule)
-        q = combined.numpy()
+        q = combine_members(quantiles, points, median, args.ensemble_rule, dim=1).numpy()  # [B, 9, P]
         return q[:, median].copy(), q, int((np.diff(q, axis=1) < 0).any(axis=1).sum())
 
 

@@ -74,9 +74,15 @@ def member_specs(text):
     return specs
 
 
-def member_spec(item):
+def named_path(item):
+    """(the --model named or None, the path) of one --members item, `DIR`, `Name=DIR` or a checkpoint: the first
+    '=' ends the name, so a path may hold '=' when a name is given."""
     name, path = item.split("=", 1) if "=" in item else (None, item)
-    name, path = (name.strip() or None) if name else None, path.strip()
+    return (name.strip() or None) if name else None, path.strip()
+
+
+def member_spec(item):
+    name, path = named_path(item)
     where = f"ensemble member {item}"
     require(os.path.exists(path), f"{where}: {path} not found; give a release folder as downloaded or a trained "
                                   "run's checkpoints/SETTING/checkpoint.pth")
@@ -201,7 +207,7 @@ def _stamps(text):
     changed under the same --members."""
     stamps = []
     for item in str(text or "").split(","):
-        path = item.rpartition("=")[2].strip()
+        path = named_path(item)[1]
         for name in (path, os.path.join(os.path.dirname(os.path.abspath(path)), "last.pth")):
             stamps.append(os.stat(name).st_mtime_ns if os.path.exists(name) else None)
     return tuple(stamps)

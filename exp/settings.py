@@ -584,7 +584,9 @@ def setting_name(args, ii):
     if args.loss not in POINT_LOSSES:  # a probabilistic model is another model: its own folder
         parts.append(args.loss)
     if getattr(args, "members", None):  # an ensemble is its members and its rule: each its own folder
-        members = ",".join(os.path.realpath(item.split("=", 1)[-1].strip()) for item in args.members.split(","))
+        from exp.ensemble import named_path
+
+        members = ",".join(os.path.realpath(named_path(item)[1]) for item in args.members.split(","))
         parts.append(f"{args.ensemble_rule}{hashlib.sha256(members.encode()).hexdigest()[:8]}")
     return "_".join(parts + [args.des, f"seed{args.seed}", str(ii)])
 

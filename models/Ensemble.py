@@ -33,6 +33,19 @@ def combine(values, rule):
     return middle if count % 2 else (middle + ordered[count // 2]) / 2
 
 
+def combine_members(quantiles, points, median, rule, dim=-1):
+    """The ensemble's forecast from its members': `quantiles`, each at the ensemble's levels along `dim`; `points`,
+    point forecasts (without that dimension), which join the level at index `median` only. Every level combined
+    over the members that forecast it (float64); point members only: their combination as the one level."""
+    if not quantiles:
+        return combine(torch.stack(points), rule).unsqueeze(dim)
+    combined = combine(torch.stack(quantiles), rule)
+    if points:  # the median level over every member, point members included
+        medians = torch.stack([q.select(dim, median) for q in quantiles] + points)
+        combined.select(dim, median).copy_(combine(medians, rule))
+    return combined
+
+
 class Ensemble(nn.Module):
     """members: modules forecasting [B, P, C, levels] (or [B, P, C], a point); picks: per member, the indices of
     the ensemble's levels among its own (None: a point member); median: the index of 0.5 among the ensemble's
@@ -58,10 +71,4 @@ class Ensemble(nn.Module):
         # the widest of the members' dtypes: a distribution member's quantiles (float64, its inverse CDF's) are
         # combined and returned as its own run scores them, whatever the members' order
         dtype = functools.reduce(torch.promote_types, [out.dtype for out in outputs])
-        if not quantiles:  # point members only: their median (or mean) is the one level
-            return combine(torch.stack(points), self.rule).to(dtype).unsqueeze(-1)
-        combined = combine(torch.stack(quantiles), self.rule)  # [B, P, C, levels]
-        if points:  # the median level over every member, point members included
-            medians = torch.stack([q[..., self.median] for q in quantiles] + points)
-            combined[..., self.median] = combine(medians, self.rule)
-        return combined.to(dtype)
+        return combine_members(quantiles, points, self.median, self.rule).to(dtype)  # [B, P, C, levels]
